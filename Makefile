@@ -1,0 +1,30 @@
+# Every target bootstraps .venv itself from this repository's own files.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo lab test lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first and pinned: the local CPU wheel, not the registry's CUDA build
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[lab,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/workbench demo
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/00-quickstart.ipynb
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: lint
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+clean:
+	rm -rf $(VENV) workbench-runs test-artifacts

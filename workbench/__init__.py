@@ -1,0 +1,53 @@
+"""Deploy Workbench: PyTorch -> ONNX Runtime and ncnn, one stage at a time.
+
+The public API is re-exported here lazily, so ``import workbench`` stays fast: torch,
+onnx and onnxruntime are imported by the stage that needs them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .artifact import Artifact, Diagnostic, Workspace
+from .errors import (
+    ExportError,
+    InputError,
+    ManifestError,
+    ModelFileError,
+    SimplifyError,
+    WorkbenchError,
+    WorkspaceError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "export": ("workbench.stages.export", "export"),
+    "simplify": ("workbench.stages.simplify", "simplify"),
+    "Pipeline": ("workbench.pipeline", "Pipeline"),
+    "summarize": ("workbench.graph", "summarize"),
+    "GraphSummary": ("workbench.graph", "GraphSummary"),
+    "default_model": ("workbench.models", "default_model"),
+    "runtime": ("workbench.runtime", None),
+}
+
+__all__ = [
+    "Artifact", "Diagnostic", "Workspace", "WorkbenchError", "InputError", "ModelFileError",
+    "WorkspaceError", "ManifestError", "ExportError", "SimplifyError", *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

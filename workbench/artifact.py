@@ -1,0 +1,438 @@
+"""Artifacts, diagnostics and the Workspace that records them.
+
+A Workspace is a folder: one sub-folder per artifact (its files plus an ``artifact.json``
+sidecar) and a ``manifest.json`` index of every artifact. Writes are atomic (temp file or
+staging folder + rename) and nothing is overwritten: running a stage again makes a new
+artifact. The sidecars make the manifest rebuildable when it is missing or corrupt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError, ManifestError, WorkspaceError
+
+if TYPE_CHECKING:
+    from .graph import GraphSummary
+
+MANIFEST_VERSION = 1
+SIDECAR = "artifact.json"
+DEFAULT_ROOT = Path("workbench-runs")
+TOOLS = ("torch", "onnx", "onnxruntime", "onnxslim", "onnxsim", "onnxscript", "onnx-ir",
+         "pnnx", "ncnn", "deploy-workbench")
+
+
+@functools.lru_cache(maxsize=1)
+def tool_versions() -> dict[str, str]:
+    """Installed versions of the tools a stage may use (read from metadata, nothing imported)."""
+    from importlib import metadata
+
+    out = {}
+    for name in TOOLS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Diagnostic:
+    """Something a stage noticed: ``level`` info/warning/error, a stable ``code``, and a hint."""
+
+    level: str
+    code: str
+    message: str
+    hint: str = ""
+    source: str | None = None  # "file.py:12" where the cause lives, when known
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Diagnostic:
+        return cls(**{k: d.get(k) for k in ("level", "code", "message", "hint", "source")
+                      if k in d})
+
+    def __str__(self) -> str:
+        where = f" [{self.source}]" if self.source else ""
+        hint = f"\n    hint: {self.hint}" if self.hint else ""
+        return f"{self.level}: {self.code}{where}: {self.message}{hint}"
+
+
+@dataclass(eq=False)
+class Artifact:
+    """One output of one stage: files on disk plus what made them (lineage, params, tools)."""
+
+    id: str
+    stage: str
+    format: str
+    path: Path
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parent_id: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    tools: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    workspace: Workspace | None = field(default=None, repr=False)
+    _graph: Any = field(default=None, repr=False)
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+    @property
+    def parent(self) -> Artifact | None:
+        if self.parent_id is None or self.workspace is None:
+            return None
+        return self.workspace.get(self.parent_id)
+
+    def lineage(self) -> list[Artifact]:
+        """This artifact and its ancestors, oldest first."""
+        chain: list[Artifact] = []
+        node: Artifact | None = self
+        while node is not None and node not in chain:
+            chain.append(node)
+            node = node.parent
+        return chain[::-1]
+
+    @property
+    def graph(self) -> GraphSummary:
+        if self._graph is None:
+            from .graph import summarize
+
+            self._graph = summarize(self.path)
+        return self._graph
+
+    @property
+    def ok(self) -> bool:
+        """False when any diagnostic is an error (a numeric mismatch, a checker failure...)."""
+        return not any(d.level == "error" for d in self.diagnostics)
+
+    def diagnostics_with(self, code: str) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.code == code]
+
+    def summary(self) -> str:
+        g = self.graph
+        err = self.metrics.get("max_abs")
+        err_s = f", max abs {err:.3g}" if isinstance(err, (int, float)) else ""
+        issues = sum(d.level != "info" for d in self.diagnostics)
+        return (f"{self.id}: {self.format} from {self.stage}, {g.node_count} nodes"
+                f"{err_s}, {self.seconds:.2f} s, {issues} warning(s)/error(s)")
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "stage": self.stage, "format": self.format,
+            "main": self.path.name, "files": self.files, "parent": self.parent_id,
+            "params": self.params, "tools": self.tools, "seconds": round(self.seconds, 4),
+            "diagnostics": [d.to_dict() for d in self.diagnostics],
+            "metrics": self.metrics, "created": self.created,
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any], folder: Path,
+                    workspace: Workspace | None = None) -> Artifact:
+        return cls(
+            id=rec["id"], stage=rec["stage"], format=rec["format"],
+            path=folder / rec["main"], files=rec.get("files", {}), parent_id=rec.get("parent"),
+            params=rec.get("params", {}), tools=rec.get("tools", {}),
+            seconds=rec.get("seconds", 0.0),
+            diagnostics=[Diagnostic.from_dict(d) for d in rec.get("diagnostics", [])],
+            metrics=rec.get("metrics", {}), created=rec.get("created", ""), workspace=workspace,
+        )
+
+    def __repr__(self) -> str:
+        return f"Artifact({self.id!r}, format={self.format!r}, path='{self.path}')"
+
+
+class Workspace:
+    """A folder of artifacts with a ``manifest.json`` index.
+
+    ``problems`` lists what was found wrong with the manifest when the workspace was opened
+    (missing, corrupt, out of step with the artifact folders); each is also a warning.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        if path is None:
+            path = DEFAULT_ROOT / "default"
+        self.path = Path(path).absolute()
+        self.problems: list[Diagnostic] = []
+        self._ensure_writable()
+        self._artifacts: dict[str, Artifact] = {}
+        with self._lock():
+            self._load()
+
+    # -- opening ---------------------------------------------------------------------------
+    def _ensure_writable(self) -> None:
+        hint = ("pass a folder you can write to, e.g. wb.Workspace('runs/mymodel'), "
+                "or leave workspace=None for ./workbench-runs/default")
+        if self.path.exists() and not self.path.is_dir():
+            raise WorkspaceError(f"workspace {str(self.path)!r} is a file, expected a folder",
+                                 hint)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / f".write-probe-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise WorkspaceError(
+                f"workspace {str(self.path)!r} is not writable: {e.strerror or e}", hint
+            ) from e
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        with open(self.path / ".lock", "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _report(self, code: str, message: str, hint: str = "") -> None:
+        diag = Diagnostic("warning", code, message, hint)
+        self.problems.append(diag)
+        warnings.warn(f"{code}: {message}", stacklevel=3)
+
+    def _scan_sidecars(self) -> dict[str, Artifact]:
+        found: dict[str, Artifact] = {}
+        for side in sorted(self.path.glob(f"*/{SIDECAR}")):
+            try:
+                rec = json.loads(side.read_text(encoding="utf-8"))
+                art = Artifact.from_record(rec, side.parent, self)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                self._report("artifact-record-unreadable",
+                             f"{side} cannot be read ({e}); that artifact is left out",
+                             "inspect or remove the folder by hand")
+                continue
+            found[art.id] = art
+        return found
+
+    def _load(self) -> None:
+        on_disk = self._scan_sidecars()
+        manifest: dict[str, Any] | None = None
+        if self.manifest_path.exists():
+            try:
+                manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
+                if not isinstance(manifest, dict) or "artifacts" not in manifest:
+                    raise ValueError("no 'artifacts' list")
+            except ValueError as e:
+                backup = self.manifest_path.with_name(
+                    f"manifest.json.corrupt-{_dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}")
+                os.replace(self.manifest_path, backup)
+                self._report("manifest-corrupt",
+                             f"{self.manifest_path} is not a valid manifest ({e}); kept as "
+                             f"{backup.name} and rebuilt from {len(on_disk)} artifact record(s)",
+                             "compare the kept copy with the rebuilt manifest if anything "
+                             "looks missing")
+                manifest = None
+            else:
+                version = manifest.get("version")
+                if version != MANIFEST_VERSION:
+                    raise ManifestError(
+                        f"{self.manifest_path} has manifest version {version!r}, expected "
+                        f"{MANIFEST_VERSION}",
+                        "open it with the workbench version that wrote it, or use a new "
+                        "workspace folder")
+        elif on_disk:
+            self._report("manifest-missing",
+                         f"{self.manifest_path} was missing; rebuilt from {len(on_disk)} "
+                         "artifact record(s)")
+        self._artifacts = on_disk
+        if manifest is not None:
+            listed = {a.get("id") for a in manifest.get("artifacts", [])}
+            if listed != set(on_disk):
+                gone, extra = sorted(listed - set(on_disk)), sorted(set(on_disk) - listed)
+                self._report("manifest-out-of-step",
+                             f"manifest lists {len(listed)} artifact(s), folders hold "
+                             f"{len(on_disk)}; missing folders: {gone or 'none'}, "
+                             f"unlisted folders: {extra or 'none'}; manifest rebuilt")
+                manifest = None
+        if manifest is None and (on_disk or not self.manifest_path.exists()):
+            self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        doc = {"version": MANIFEST_VERSION, "workspace": str(self.path), "updated": _now(),
+               "artifacts": [a.to_record() for a in self._artifacts.values()]}
+        atomic_write_text(self.manifest_path, json.dumps(doc, indent=2, default=str))
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def artifacts(self) -> list[Artifact]:
+        return list(self._artifacts.values())
+
+    def get(self, artifact_id: str) -> Artifact:
+        try:
+            return self._artifacts[artifact_id]
+        except KeyError:
+            raise InputError(
+                f"no artifact {artifact_id!r} in workspace {self.path}",
+                f"known ids: {', '.join(self._artifacts) or 'none yet'}") from None
+
+    __getitem__ = get
+
+    def __len__(self) -> int:
+        return len(self._artifacts)
+
+    def __iter__(self) -> Iterator[Artifact]:
+        return iter(self.artifacts)
+
+    def __repr__(self) -> str:
+        return f"Workspace('{self.path}', {len(self)} artifacts)"
+
+    def verify(self) -> list[str]:
+        """Check every artifact's files against the sha256 recorded; return the problems."""
+        problems = []
+        for art in self.artifacts:
+            for rel, meta in art.files.items():
+                f = art.dir / rel
+                if not f.exists():
+                    problems.append(f"{art.id}: {rel} is missing")
+                elif sha256_file(f) != meta.get("sha256"):
+                    problems.append(f"{art.id}: {rel} changed since it was written (sha256)")
+        return problems
+
+    # -- writing ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A fresh folder inside the workspace for a stage to write into before ``commit``."""
+        d = self.path / f".staging-{uuid.uuid4().hex}"
+        d.mkdir()
+        try:
+            yield d
+        finally:
+            if d.exists():
+                shutil.rmtree(d, ignore_errors=True)
+
+    def commit(self, staging: Path, *, stage: str, format: str, main: str,
+               parent: Artifact | None = None, params: dict[str, Any] | None = None,
+               seconds: float = 0.0, diagnostics: list[Diagnostic] | None = None,
+               metrics: dict[str, Any] | None = None) -> Artifact:
+        """Turn a staging folder into a new artifact: hash files, rename, update the manifest."""
+        files = {
+            str(p.relative_to(staging)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for p in sorted(staging.rglob("*")) if p.is_file() and p.name != SIDECAR
+        }
+        if main not in files:
+            raise WorkspaceError(f"stage {stage!r} did not write its main file {main!r}",
+                                 "this is a workbench bug; please report it")
+        safe_stage = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "stage"
+        with self._lock():
+            # another process may have committed since we loaded: re-read the sidecars
+            self._artifacts.update(self._scan_sidecars())
+            n = 1 + max((int(i.split("-", 1)[0]) for i in self._artifacts
+                         if i.split("-", 1)[0].isdigit()), default=0)
+            art_id = f"{n:04d}-{safe_stage}"
+            art = Artifact(
+                id=art_id, stage=stage, format=format, path=self.path / art_id / main,
+                files=files, parent_id=parent.id if parent is not None else None,
+                params=_jsonable(params or {}), tools=dict(tool_versions()), seconds=seconds,
+                diagnostics=list(diagnostics or []), metrics=_jsonable(metrics or {}),
+                created=_now(), workspace=self,
+            )
+            atomic_write_text(staging / SIDECAR, json.dumps(art.to_record(), indent=2,
+                                                            default=str))
+            os.rename(staging, self.path / art_id)
+            self._artifacts[art_id] = art
+            self._write_manifest()
+        return art
+
+    def import_file(self, path: str | os.PathLike[str], format: str | None = None) -> Artifact:
+        """Copy a model file (and the external-data files it names) in as an ``import`` artifact."""
+        from .onnx_io import check_model_file, external_data_files
+
+        src = Path(path)
+        fmt = format or check_model_file(src)
+        t0 = time.perf_counter()
+        with self.staging() as d:
+            shutil.copy2(src, d / src.name)
+            if fmt == "onnx":
+                for rel in external_data_files(src):
+                    (d / rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src.parent / rel, d / rel)
+            return self.commit(d, stage="import", format=fmt, main=src.name,
+                               params={"source": str(src.absolute())}, seconds=time.perf_counter() - t0)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Params and metrics as plain JSON values (tuples -> lists, paths -> str, numpy -> float)."""
+    return json.loads(json.dumps(obj, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "item") and callable(o.item):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+_DEFAULT: dict[Path, Workspace] = {}
+
+
+def as_workspace(ws: Workspace | str | os.PathLike[str] | None) -> Workspace:
+    """A Workspace from a Workspace, a path, or None (the default under ./workbench-runs/)."""
+    if isinstance(ws, Workspace):
+        return ws
+    if ws is None:
+        key = (DEFAULT_ROOT / "default").absolute()
+        if key not in _DEFAULT:
+            _DEFAULT[key] = Workspace(key)
+        return _DEFAULT[key]
+    if isinstance(ws, (str, os.PathLike)):
+        return Workspace(ws)
+    raise InputError(f"workspace must be a Workspace, a path or None, got {type(ws).__name__}",
+                     "pass workspace=wb.Workspace('runs/mymodel')")

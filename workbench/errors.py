@@ -1,0 +1,39 @@
+"""Errors the workbench raises: each names the input, what was expected and what came, and a hint."""
+
+from __future__ import annotations
+
+
+class WorkbenchError(Exception):
+    """Base of every workbench error; ``hint`` says what to do next."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
+
+
+class InputError(WorkbenchError, ValueError):
+    """An argument given to a stage is not what the stage needs."""
+
+
+class ModelFileError(WorkbenchError, ValueError):
+    """A model file is missing, not ONNX, or truncated."""
+
+
+class WorkspaceError(WorkbenchError, OSError):
+    """The workspace folder cannot be created or written."""
+
+
+class ManifestError(WorkbenchError):
+    """The workspace manifest is missing or corrupt and could not be rebuilt."""
+
+
+class ExportError(WorkbenchError):
+    """torch -> ONNX export failed (unsupported op, exporter error)."""
+
+
+class SimplifyError(WorkbenchError):
+    """A simplification backend failed; the input artifact is left intact."""

@@ -1,0 +1,167 @@
+"""GraphSummary: what every widget, report and `workbench inspect` shows about a model.
+
+Cheap on purpose: the ONNX protobuf is read without its external data and nothing is
+inferred or executed; initializer sizes come from dims, not from the bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+Dim = int | str | None  # a fixed size, a symbolic name, or unknown
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[Dim, ...] | None  # None when the rank is unknown
+    dtype: str
+
+    def __str__(self) -> str:
+        dims = "?" if self.shape is None else "x".join("?" if d is None else str(d)
+                                                       for d in self.shape)
+        return f"{self.name}: {self.dtype}[{dims}]"
+
+    @property
+    def dynamic_dims(self) -> dict[int, str | None]:
+        """Axes that are not a fixed size, by index: their symbolic name or None."""
+        return {i: d for i, d in enumerate(self.shape or ()) if not isinstance(d, int)}
+
+
+@dataclass
+class GraphSummary:
+    format: str
+    node_count: int
+    op_histogram: dict[str, int]
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    opsets: dict[str, int] = field(default_factory=dict)
+    ir_version: int | None = None
+    initializer_count: int = 0
+    initializer_bytes: int = 0
+    functions: list[str] = field(default_factory=list)
+    producer: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["inputs"] = [asdict(t) for t in self.inputs]
+        d["outputs"] = [asdict(t) for t in self.outputs]
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def text(self) -> str:
+        """A readable multi-line summary (what `workbench inspect` prints)."""
+        lines = [f"format: {self.format}"]
+        if self.ir_version is not None:
+            lines.append(f"ir_version: {self.ir_version}   producer: {self.producer or '-'}")
+        if self.opsets:
+            lines.append("opsets: " + ", ".join(f"{d or 'ai.onnx'}={v}"
+                                                for d, v in self.opsets.items()))
+        lines.append(f"nodes: {self.node_count}   initializers: {self.initializer_count} "
+                     f"({_human(self.initializer_bytes)})")
+        lines += ["inputs:"] + [f"  {t}" for t in self.inputs]
+        lines += ["outputs:"] + [f"  {t}" for t in self.outputs]
+        lines.append("ops:")
+        width = max((len(k) for k in self.op_histogram), default=0)
+        lines += [f"  {k:<{width}}  {v}" for k, v in self.op_histogram.items()]
+        if self.functions:
+            lines.append("local functions: " + ", ".join(self.functions))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        ops = ", ".join(f"{k}x{v}" for k, v in list(self.op_histogram.items())[:6])
+        more = ", ..." if len(self.op_histogram) > 6 else ""
+        return f"{self.format}: {self.node_count} nodes ({ops}{more})"
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def summarize(source: Any) -> GraphSummary:
+    """GraphSummary of an Artifact, a path, or an ``onnx.ModelProto``."""
+    import onnx
+
+    from .onnx_io import detect_format, load_onnx
+
+    if hasattr(source, "graph") and isinstance(source.graph, GraphSummary):
+        return source.graph
+    if isinstance(source, onnx.ModelProto):
+        return summarize_onnx(source)
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        fmt = detect_format(path)
+        if fmt != "onnx":
+            raise InputError(f"no graph summary for {fmt} files yet ({path.name})",
+                             "the ncnn conversion issue adds .ncnn.param and .pnnx.param")
+        return summarize_onnx(load_onnx(path, external_data=False))
+    raise InputError(f"cannot summarize a {type(source).__name__}",
+                     "pass an Artifact, a path to a .onnx file, or an onnx.ModelProto")
+
+
+def _dtype_name(elem_type: int) -> str:
+    import onnx
+
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name
+    except (KeyError, ValueError, TypeError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+
+
+def _tensor_info(vi) -> TensorInfo:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return TensorInfo(vi.name, None, t.WhichOneof("value") or "unknown")
+    tt = t.tensor_type
+    shape: tuple[Dim, ...] | None = None
+    if tt.HasField("shape"):
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                      for d in tt.shape.dim)
+    return TensorInfo(vi.name, shape, _dtype_name(tt.elem_type))
+
+
+def _tensor_bytes(t) -> int:
+    import onnx
+
+    n = 1
+    for d in t.dims:
+        n *= d
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        itemsize = 1
+    if t.data_type in (onnx.TensorProto.STRING,):
+        return sum(len(s) for s in t.string_data)
+    return n * itemsize
+
+
+def summarize_onnx(model) -> GraphSummary:
+    g = model.graph
+    hist = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+                   for n in g.node)
+    init_names = {t.name for t in g.initializer}
+    return GraphSummary(
+        format="onnx",
+        node_count=len(g.node),
+        op_histogram=dict(hist.most_common()),
+        inputs=[_tensor_info(v) for v in g.input if v.name not in init_names],
+        outputs=[_tensor_info(v) for v in g.output],
+        opsets={o.domain: o.version for o in model.opset_import},
+        ir_version=model.ir_version,
+        initializer_count=len(g.initializer),
+        initializer_bytes=sum(_tensor_bytes(t) for t in g.initializer),
+        functions=[f"{f.domain}::{f.name}" for f in model.functions],
+        producer=f"{model.producer_name} {model.producer_version}".strip(),
+    )

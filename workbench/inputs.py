@@ -1,0 +1,56 @@
+"""Example inputs: normalise what users pass, and describe it in error messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InputError
+
+
+def describe(x: Any) -> str:
+    """'float32[1x3x64x64]' for a tensor or array, the type name otherwise."""
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    if shape is None or dtype is None:
+        return type(x).__name__
+    dt = str(dtype).replace("torch.", "")
+    return f"{dt}[{'x'.join(str(int(d)) for d in shape)}]"
+
+
+def as_tensor_tuple(inputs: Any, what: str = "example inputs") -> tuple:
+    """A tuple of torch tensors from a tensor, an array, or a tuple/list of them."""
+    import numpy as np
+    import torch
+
+    if isinstance(inputs, (torch.Tensor, np.ndarray)):
+        inputs = (inputs,)
+    if isinstance(inputs, dict):
+        raise InputError(f"{what} given as a dict; expected a tuple of tensors in forward() order",
+                         "pass (x,) or (x, y); keyword inputs are not supported by export yet")
+    if not isinstance(inputs, (tuple, list)):
+        raise InputError(f"{what} must be a tensor or a tuple of tensors, got "
+                         f"{type(inputs).__name__}", "pass e.g. (torch.randn(1, 3, 64, 64),)")
+    out = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(x)
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"{what}[{i}] is a {type(x).__name__}, expected a torch.Tensor",
+                             "wrap numbers with torch.tensor(...); ONNX graph inputs are tensors")
+        out.append(x)
+    return tuple(out)
+
+
+def flatten_outputs(out: Any) -> list:
+    """Tensors of a model output (tensor, tuple/list, dict, nested) in order."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in flatten_outputs(v)]
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in flatten_outputs(v)]
+    if hasattr(out, "to_tuple"):  # transformers ModelOutput
+        return flatten_outputs(out.to_tuple())
+    return []

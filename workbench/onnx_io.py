@@ -1,0 +1,174 @@
+"""Reading, checking and fixing up ONNX files so the installed onnxruntime can run them."""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .artifact import Diagnostic
+from .errors import ModelFileError
+
+if TYPE_CHECKING:
+    import onnx
+
+TEXT_FORMATS = {".ncnn.param": "ncnn", ".pnnx.param": "pnnx"}
+
+
+def detect_format(path: Path) -> str:
+    name = path.name.lower()
+    for suffix, fmt in TEXT_FORMATS.items():
+        if name.endswith(suffix):
+            return fmt
+    return "onnx"
+
+
+def check_model_file(path: str | Path) -> str:
+    """Return the format of ``path`` ('onnx', 'ncnn', 'pnnx') or raise ModelFileError."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelFileError(f"model file {str(path)!r} does not exist",
+                             "check the path; relative paths start at the current folder "
+                             f"({Path.cwd()})")
+    if path.is_dir():
+        raise ModelFileError(f"model file {str(path)!r} is a folder, expected a file",
+                             "pass the .onnx file inside it")
+    fmt = detect_format(path)
+    if fmt == "onnx":
+        load_onnx(path, external_data=False)
+    return fmt
+
+
+def load_onnx(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
+    """onnx.load with errors that say whether the file is not ONNX or is truncated."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.is_file():
+        check_model_file(path)  # raises the right error
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if size == 0:
+        raise ModelFileError(f"{str(path)!r} is empty (0 bytes), expected an ONNX model",
+                             "the export or copy that wrote it probably failed; write it again")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise _not_onnx(path, head, size, str(e)) from None
+    if not model.HasField("graph") or not model.opset_import:
+        raise _not_onnx(path, head, size, "parsed, but it has no graph or no opset_import")
+    if external_data:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError) as e:
+            raise ModelFileError(
+                f"{str(path)!r} refers to external data that cannot be read: {e}",
+                "keep the .onnx file and its .data file(s) together in one folder") from None
+    return model
+
+
+def _not_onnx(path: Path, head: bytes, size: int, why: str) -> ModelFileError:
+    looks_onnx = head[:1] == b"\x08"  # field 1 (ir_version, varint) opens every ONNX file
+    printable = head and all(32 <= b < 127 or b in (9, 10, 13) for b in head)
+    if looks_onnx:
+        return ModelFileError(
+            f"{str(path)!r} ({size} bytes) starts like an ONNX model but cannot be read: "
+            f"it is probably truncated or corrupt ({why})",
+            "write the file again (an interrupted export or download leaves it cut short)")
+    what = f"text starting {head[:24].decode(errors='replace')!r}" if printable else "binary data"
+    return ModelFileError(
+        f"{str(path)!r} is not an ONNX model: expected an ONNX protobuf, found {what}",
+        "pass a .onnx file; ncnn models are .ncnn.param and pnnx graphs .pnnx.param")
+
+
+def external_data_files(path: str | Path) -> list[str]:
+    """Relative locations of the external-data files an ONNX model refers to."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    model = load_onnx(path, external_data=False)
+    locs: set[str] = set()
+    for t in _get_all_tensors(model):
+        for kv in t.external_data:
+            if kv.key == "location":
+                locs.add(kv.value)
+    return sorted(locs)
+
+
+@functools.lru_cache(maxsize=1)
+def ort_max_ir_version() -> int:
+    """The highest ONNX IR version the installed onnxruntime loads (probed once)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = onnx.IR_VERSION
+    try:
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        return onnx.IR_VERSION
+    except Exception as e:  # onnxruntime raises its own Fail type
+        m = re.search(r"max supported IR version: (\d+)", str(e))
+        if m:
+            return int(m.group(1))
+        raise
+
+
+def lower_ir_version(model: onnx.ModelProto) -> Diagnostic | None:
+    """Lower ``model.ir_version`` in place to what onnxruntime reads; say so in a Diagnostic."""
+    import onnxruntime as ort
+
+    limit = ort_max_ir_version()
+    if model.ir_version <= limit:
+        return None
+    old = model.ir_version
+    model.ir_version = limit
+    return Diagnostic(
+        "info", "ir-version-lowered",
+        f"IR version {old} lowered to {limit}: onnxruntime {ort.__version__} reads IR <= {limit}",
+        "nothing to do; other runtimes that read newer IR are unaffected")
+
+
+def ensure_ort_readable(path: str | Path) -> Diagnostic | None:
+    """Rewrite ``path`` with a lower IR version if onnxruntime cannot read it (external data kept)."""
+    from .artifact import atomic_write_bytes
+
+    model = load_onnx(path, external_data=False)
+    diag = lower_ir_version(model)
+    if diag is not None:
+        atomic_write_bytes(Path(path), model.SerializeToString())
+    return diag
+
+
+def session(path_or_model: str | Path | onnx.ModelProto, **options: Any):
+    """An onnxruntime CPU InferenceSession, quiet, with the IR version lowered in memory if needed."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # errors reach the caller as exceptions, not as stderr noise
+    for k, v in options.items():
+        setattr(so, k, v)
+    if isinstance(path_or_model, (str, Path)):
+        path = Path(path_or_model)
+        model = load_onnx(path, external_data=False)
+        if model.ir_version <= ort_max_ir_version():
+            return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        lower_ir_version(model)
+        if external_data_files(path):
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, str(path.parent))
+        return ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+    model = path_or_model
+    if model.ir_version > ort_max_ir_version():
+        model = type(model).FromString(model.SerializeToString())
+        lower_ir_version(model)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

@@ -1,0 +1,50 @@
+"""One runner per backend, one interface: ``run(inputs, capture="outputs" | "all")``.
+
+Runners know nothing of comparison (Polygraphy's split): they turn inputs into a dict of
+named numpy arrays in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Runner
+
+__all__ = ["Runner", "TorchRunner", "OrtRunner", "runner_for"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TorchRunner":
+        from .torch_runner import TorchRunner
+
+        return TorchRunner
+    if name == "OrtRunner":
+        from .ort_runner import OrtRunner
+
+        return OrtRunner
+    raise AttributeError(name)
+
+
+def runner_for(thing: Any) -> Runner:
+    """The runner for an ``nn.Module``, an ONNX artifact or path, or a runner itself."""
+    from pathlib import Path
+
+    from ..errors import InputError
+
+    if isinstance(thing, Runner):
+        return thing
+    fmt = getattr(thing, "format", None)
+    if fmt == "onnx" or (isinstance(thing, (str, Path)) and str(thing).endswith(".onnx")):
+        from .ort_runner import OrtRunner
+
+        return OrtRunner(thing)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if torch is not None and isinstance(thing, torch.nn.Module):
+        from .torch_runner import TorchRunner
+
+        return TorchRunner(thing)
+    raise InputError(f"no runner for a {type(thing).__name__} (format {fmt!r})",
+                     "pass an nn.Module, an ONNX artifact or a path to a .onnx file")

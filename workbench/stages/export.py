@@ -1,0 +1,546 @@
+"""Export stage: torch.nn.Module -> ONNX, with the tracing traps caught and explained.
+
+After export: onnx.checker, the IR version lowered for the installed onnxruntime, a numeric
+check against torch, each declared dynamic axis tried at a second size, and (when given) a
+second set of example inputs to catch branches and loops the trace froze.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import linecache
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
+from ..errors import ExportError, InputError
+from ..inputs import as_tensor_tuple, describe, flatten_outputs
+
+EXPORTERS = ("torchscript", "dynamo")
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
+MAIN = "model.onnx"
+
+
+def export(
+    model: Any,
+    inputs: Any,
+    *,
+    workspace: Workspace | str | None = None,
+    exporter: str = "torchscript",
+    opset: int = 17,
+    input_names: list[str] | None = None,
+    output_names: list[str] | None = None,
+    dynamic_axes: dict[str, Any] | None = None,
+    inputs2: Any = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+) -> Artifact:
+    """Export ``model`` on example ``inputs`` to ONNX and check the result.
+
+    ``dynamic_axes`` is {name: {axis: "dim name"}} (or {name: [axes]}) and is translated to
+    ``dynamic_shapes`` for the dynamo exporter. ``inputs2`` is a second set of example inputs:
+    torch and ONNX Runtime are compared on it to find branches or loops the trace froze.
+    Returns an ``onnx`` Artifact whose ``diagnostics`` hold every trap found.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}",
+                         "pass the module object, e.g. wb.export(MyNet().eval(), (x,))")
+    if exporter not in EXPORTERS:
+        raise InputError(f"exporter={exporter!r} is not one of {EXPORTERS}",
+                         "use 'torchscript' (torch.onnx.export dynamo=False) or 'dynamo' "
+                         "(torch.export based)")
+    _check_opset(opset, exporter)
+    args = as_tensor_tuple(inputs)
+    _check_arity(model, args)
+    reference = _run_torch(model, args, "example inputs")
+    input_names = _names(input_names, len(args), "input", "input_names", "example inputs")
+    output_names = _names(output_names, len(reference), "output", "output_names",
+                          "model outputs", allow_fewer=True)
+    axes = _normalize_dynamic_axes(dynamic_axes, input_names, output_names, args)
+    args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
+    if args2 is not None and len(args2) != len(args):
+        raise InputError(f"inputs2 has {len(args2)} tensor(s), the example inputs "
+                         f"{len(args)}", "give the same inputs at other values or shapes")
+    ws = as_workspace(workspace)
+
+    diags: list[Diagnostic] = []
+    with ws.staging() as stage_dir:
+        path = stage_dir / MAIN
+        _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
+                      diags)
+        external = _finalize_external_data(path, external_data_threshold, diags)
+        _check_onnx(path, diags)
+        np.savez(stage_dir / "example_inputs.npz",
+                 **{n: a.detach().cpu().numpy() for n, a in zip(input_names, args, strict=True)})
+        metrics = _numeric_checks(model, args, args2, reference, path, input_names, axes,
+                                  atol, rtol, diags)
+        params = {
+            "exporter": exporter, "opset": opset, "input_names": input_names,
+            "output_names": output_names, "dynamic_axes": axes,
+            "input_shapes": [list(a.shape) for a in args],
+            "input_dtypes": [str(a.dtype).replace("torch.", "") for a in args],
+            "model_class": type(model).__qualname__, "external_data": external,
+            "atol": atol, "rtol": rtol,
+        }
+        return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
+                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+
+
+# -- argument checks ---------------------------------------------------------------------------
+def _opset_range(exporter: str) -> tuple[int, int]:
+    from torch.onnx import _constants as c
+
+    hi = c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET if exporter == "torchscript" else c.ONNX_MAX_OPSET
+    return c.ONNX_MIN_OPSET, hi
+
+
+def _check_opset(opset: Any, exporter: str) -> None:
+    lo, hi = _opset_range(exporter)
+    if not isinstance(opset, int) or isinstance(opset, bool) or not lo <= opset <= hi:
+        raise InputError(f"opset={opset!r} is outside what the {exporter} exporter writes "
+                         f"({lo}..{hi})", f"pick an opset in {lo}..{hi}; 17 is a safe default")
+
+
+def _check_arity(model: Any, args: tuple) -> None:
+    try:
+        sig = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if not len(required) <= len(args) <= len(positional):
+        want = (f"{len(required)}" if len(required) == len(positional)
+                else f"{len(required)} to {len(positional)}")
+        raise InputError(
+            f"{type(model).__name__}.forward({', '.join(p.name for p in positional)}) takes "
+            f"{want} input(s), got {len(args)} example input(s): "
+            f"{', '.join(describe(a) for a in args) or 'none'}",
+            "pass a tuple with one tensor per forward() argument, e.g. (x,) for one input")
+
+
+def _run_torch(model: Any, args: tuple, what: str) -> list:
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = flatten_outputs(_eval(model)(*args))
+    except Exception as e:  # the model's own error says what it wanted
+        shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
+        raise InputError(
+            f"{type(model).__name__} rejected the {what} ({shapes}): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            "give inputs of the shape and dtype the model's forward() expects, e.g. "
+            "torch.randn(1, 3, 224, 224) for an image model") from e
+    if not out:
+        raise InputError(f"{type(model).__name__} returned no tensor on the {what}",
+                         "an exported model needs at least one tensor output")
+    return [t.detach().cpu().numpy() for t in out]
+
+
+def _eval(model: Any) -> Any:
+    model.eval()
+    return model
+
+
+def _names(names: Any, n: int, stem: str, arg: str, what: str,
+           allow_fewer: bool = False) -> list[str]:
+    if names is None:
+        return [stem] if n == 1 else [f"{stem}_{i}" for i in range(n)]
+    names = list(names)
+    if not all(isinstance(x, str) and x for x in names) or len(set(names)) != len(names):
+        raise InputError(f"{arg} must be distinct non-empty strings, got {names!r}",
+                         f"e.g. {arg}=['{stem}']")
+    if len(names) > n or (len(names) < n and not allow_fewer):
+        raise InputError(f"{arg} has {len(names)} name(s) {names}, the {what} number {n}",
+                         f"give one name per {what[:-1] if what.endswith('s') else what}")
+    return names + [f"{stem}_{i}" for i in range(len(names), n)]
+
+
+def _normalize_dynamic_axes(axes: Any, input_names: list[str], output_names: list[str],
+                            args: tuple) -> dict[str, dict[int, str]]:
+    if not axes:
+        return {}
+    if not isinstance(axes, dict):
+        raise InputError(f"dynamic_axes must be a dict, got {type(axes).__name__}",
+                         "e.g. dynamic_axes={'input': {0: 'batch', 2: 'h', 3: 'w'}}")
+    ranks = {n: a.dim() for n, a in zip(input_names, args, strict=True)}
+    out: dict[str, dict[int, str]] = {}
+    for name, spec in axes.items():
+        if name not in input_names and name not in output_names:
+            raise InputError(
+                f"dynamic_axes names {name!r}, which is not an input or output; inputs are "
+                f"{input_names}, outputs {output_names}",
+                "use the names given in input_names/output_names (defaults: 'input', "
+                "'output', or input_0, input_1...)")
+        if isinstance(spec, (list, tuple)):
+            spec = {int(a): f"{name}_dim{a}" for a in spec}
+        if not isinstance(spec, dict):
+            raise InputError(f"dynamic_axes[{name!r}] must be a dict {{axis: name}} or a list "
+                             f"of axes, got {spec!r}", "e.g. {0: 'batch'}")
+        norm = {}
+        for axis, dim in spec.items():
+            rank = ranks.get(name)
+            if not isinstance(axis, int) or (rank is not None and not -rank <= axis < rank):
+                raise InputError(f"dynamic_axes[{name!r}] has axis {axis!r}, but {name!r} has "
+                                 f"rank {rank}", f"axes of {name!r} are 0..{(rank or 1) - 1}")
+            axis = axis % rank if rank is not None else axis
+            norm[axis] = str(dim)
+        out[name] = dict(sorted(norm.items()))
+    return out
+
+
+# -- running the exporter ----------------------------------------------------------------------
+def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int,
+                  input_names: list[str], output_names: list[str],
+                  axes: dict[str, dict[int, str]], diags: list[Diagnostic]) -> None:
+    import torch
+
+    from .._capture import capture
+
+    error: Exception | None = None
+    with capture() as cap:
+        try:
+            if exporter == "torchscript":
+                torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
+                                  input_names=input_names, output_names=output_names,
+                                  dynamic_axes=axes or None, do_constant_folding=True)
+            else:
+                prog = torch.onnx.export(
+                    model, args, dynamo=True, opset_version=opset, input_names=input_names,
+                    output_names=output_names, verbose=False,
+                    dynamic_shapes=_dynamic_shapes(axes, input_names, args) if axes else None)
+                prog.save(str(path))
+        except Exception as e:  # translated below, after the capture is closed
+            error = e
+    diags.extend(_warning_diagnostics(cap))
+    if error is not None:
+        raise _export_error(error, exporter, opset, cap.output) from error
+
+
+def _dynamic_shapes(axes: dict[str, dict[int, str]], input_names: list[str],
+                    args: tuple) -> tuple:
+    """dynamic_axes -> torch.export dynamic_shapes: one Dim per name, shared across inputs."""
+    from torch.export import Dim
+
+    dims: dict[str, Any] = {}
+
+    def dim(name: str) -> Any:
+        ident = re.sub(r"\W", "_", name)
+        ident = ident if ident and not ident[0].isdigit() else f"d_{ident}"
+        return dims.setdefault(ident, Dim(ident))
+
+    return tuple({a: dim(d) for a, d in axes.get(n, {}).items()} or None for n in input_names)
+
+
+_TRACER_CODES = [
+    (re.compile(r"Python (number|integer|float|index)"), "tracer-constant",
+     "a tensor became a Python number and froze into a constant",
+     "keep it a tensor (use x.shape[i] or tensor ops instead of .item()/int()), or pass the "
+     "value as a model input; dynamic_axes cannot free a frozen constant"),
+    (re.compile(r"Python list"), "tracer-constant",
+     "a tensor became a Python list (.tolist()) and froze into constants",
+     "keep the values in a tensor; lists are recorded by value in the trace"),
+    (re.compile(r"torch\.tensor results are registered as constants|torch\.as_tensor"),
+     "tracer-constant", "torch.tensor(...) of Python values is recorded as a constant",
+     "build it from the input's tensors (e.g. torch.stack of shape values) or pass it in"),
+    (re.compile(r"Python boolean"), "tracer-branch",
+     "a tensor became a Python bool: the trace took one side of an if and froze it",
+     "use torch.where, or script that function (torch.jit.script), or exporter='dynamo' with "
+     "torch.cond; then check with inputs2=(other inputs,)"),
+    (re.compile(r"Iterating over a tensor"), "tracer-loop",
+     "a loop over a tensor was unrolled for its traced length",
+     "vectorise the loop, or script it (torch.jit.script) so it exports as a Loop"),
+]
+
+
+def _warning_diagnostics(cap: Any) -> list[Diagnostic]:
+    """Warnings and exporter output as diagnostics; tracer traps with their source line."""
+    diags: list[Diagnostic] = []
+    seen: set[tuple[str, str | None, str]] = set()
+    for w in cap.warnings:
+        text = str(w.message)
+        cat = w.category.__name__
+        source = f"{w.filename}:{w.lineno}"
+        code, level, msg, hint = "torch-warning", "warning", text, ""
+        if cat == "TracerWarning":
+            code, msg, hint = "tracer-warning", text, "check the line; the trace may not generalise"
+            for pattern, c, m, h in _TRACER_CODES:
+                if pattern.search(text):
+                    code, msg, hint = c, m, h
+                    break
+            line = linecache.getline(w.filename, w.lineno).strip()
+            msg = f"{msg}: `{line}`" if line else msg
+        elif "legacy TorchScript-based ONNX export" in text:
+            code, level = "legacy-exporter", "info"
+            msg = "the TorchScript exporter is deprecated in torch >= 2.9"
+            hint = "exporter='dynamo' is torch's default path going forward"
+        elif cat == "DeprecationWarning" or cat == "FutureWarning":
+            code, level = "deprecation", "info"
+        key = (code, source, msg)
+        if key in seen:
+            continue
+        seen.add(key)
+        diags.append(Diagnostic(level, code, msg, hint, source if code.startswith("tracer")
+                                or code == "torch-warning" else None))
+    lines = [ln for ln in cap.lines() if not ln.startswith("[torch.onnx]")]
+    if lines:
+        diags.append(Diagnostic("info", "exporter-log", "\n".join(lines[-40:])))
+    return diags
+
+
+def _export_error(e: Exception, exporter: str, opset: int, log: str) -> ExportError:
+    text = str(e)
+    m = re.search(r"operator '([\w.]+::[\w.]+)'", text)
+    if m is None and exporter == "dynamo":
+        m = re.search(r"No ONNX function found for <OpOverload\(op='(\w+)\.(\w+)'", text)
+        op = f"{m.group(1)}::{m.group(2)}" if m else None
+    else:
+        op = m.group(1) if m else None
+    if op is not None and ("not supported" in text or "No ONNX function" in text):
+        return _unsupported_op_error(op, exporter, opset)
+    first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    tail = "\n".join(log.splitlines()[-15:])
+    other = "dynamo" if exporter == "torchscript" else "torchscript"
+    return ExportError(
+        f"{exporter} export failed: {type(e).__name__}: {first}"
+        + (f"\nexporter output (last lines):\n{tail}" if tail.strip() else ""),
+        f"read the first error above; trying exporter='{other}' often gets past exporter "
+        "limitations, and data-dependent Python control flow needs torch.where/torch.cond")
+
+
+def supported_opsets(op: str) -> list[int]:
+    """Opsets at which the TorchScript exporter has a symbolic for ``op`` (e.g. 'aten::asinh')."""
+    from torch.onnx import _constants as c
+    from torch.onnx._internal.torchscript_exporter import registration
+
+    for v in range(c.ONNX_MIN_OPSET, c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1):
+        try:  # the symbolic modules register themselves on import
+            importlib.import_module(f"torch.onnx._internal.torchscript_exporter.symbolic_opset{v}")
+        except ImportError:
+            pass
+    group = registration.registry.get_function_group(op)
+    if group is None:
+        return []
+    return [v for v in range(c.ONNX_MIN_OPSET, c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1)
+            if group.get(v) is not None]
+
+
+def op_schema(op: str) -> tuple[str, list[str]]:
+    """The first ATen schema of ``op`` and its argument names ('', [] when unknown)."""
+    import torch
+
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(op)
+    except RuntimeError:
+        schemas = []
+    tensor_schemas = [s for s in schemas if any("Tensor" in str(a.type) for a in s.arguments)]
+    if not tensor_schemas:
+        return "", []
+    s = tensor_schemas[0]
+    return str(s), [a.name for a in s.arguments if not a.kwarg_only]
+
+
+def _unsupported_op_error(op: str, exporter: str, opset: int) -> ExportError:
+    schema, arg_names = op_schema(op)
+    where = supported_opsets(op) if exporter == "torchscript" else []
+    short = op.split("::")[-1]
+    args = ", ".join(["g", *arg_names]) if arg_names else "g, *args"
+    onnx_op = short[:1].upper() + short[1:]
+    first_arg = arg_names[0] if arg_names else "args[0]"
+    skeleton = (
+        f"import torch\n\n"
+        f"def {short}_symbolic({args}):\n"
+        f"    return g.op(\"{onnx_op}\", {first_arg})  # or compose ops opset {opset} has\n\n"
+        f"torch.onnx.register_custom_op_symbolic(\"{op}\", {short}_symbolic, {opset})\n"
+        f"# then export again (wb.register_symbolic will wrap this for both exporters)")
+    if where:
+        avail = (f"the {exporter} exporter supports it at opset(s) "
+                 f"{where[0]}..{where[-1]}" if where == list(range(where[0], where[-1] + 1))
+                 else f"supported at opsets {where}")
+        hint = f"export with opset={where[0]} or later, or register a symbolic:\n{skeleton}"
+    else:
+        avail = f"the {exporter} exporter has no conversion for it at any opset"
+        hint = f"register a symbolic for it:\n{skeleton}"
+        if exporter == "torchscript":
+            hint += "\n# or try exporter='dynamo', whose op library (torchlib) is larger"
+    return ExportError(
+        f"unsupported operator {op} at opset {opset}: {avail}"
+        + (f"\nschema: {schema}" if schema else ""), hint)
+
+
+# -- after export ------------------------------------------------------------------------------
+def _finalize_external_data(path: Path, threshold: int, diags: list[Diagnostic]) -> bool:
+    """Move initializers to one ``model.onnx.data`` file when they pass ``threshold`` bytes."""
+    import onnx
+
+    from ..graph import summarize_onnx
+    from ..onnx_io import external_data_files
+
+    existing = external_data_files(path)
+    model = onnx.load(str(path), load_external_data=False)
+    size = summarize_onnx(model).initializer_bytes
+    if size <= threshold and not existing:
+        return False
+    model = onnx.load(str(path))  # with its external data, to write it again as one file
+    for rel in existing:
+        (path.parent / rel).unlink()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=f"{path.name}.data", size_threshold=1024)
+    diags.append(Diagnostic("info", "external-data",
+                            f"initializers ({size} bytes) are stored in {path.name}.data "
+                            f"beside {path.name} (threshold {threshold} bytes)",
+                            "keep the two files together when you move the model"))
+    return True
+
+
+def _check_onnx(path: Path, diags: list[Diagnostic]) -> None:
+    import onnx
+
+    from ..onnx_io import ensure_ort_readable
+
+    lowered = ensure_ort_readable(path)
+    if lowered is not None:
+        diags.append(lowered)
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as e:
+        diags.append(Diagnostic("error", "onnx-checker",
+                                f"onnx.checker rejects the model: {str(e).splitlines()[0]}",
+                                "the exporter wrote an invalid graph; try the other exporter "
+                                "or another opset"))
+
+
+def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: list, path: Path,
+                    input_names: list[str], axes: dict[str, dict[int, str]], atol: float,
+                    rtol: float, diags: list[Diagnostic]) -> dict[str, Any]:
+    from ..runtime.ort_runner import OrtRunner
+
+    runner = OrtRunner(path)
+    try:
+        got = list(runner.run(args).values())
+    except Exception as e:
+        diags.append(Diagnostic("error", "ort-failed",
+                                f"ONNX Runtime cannot run the exported model: {_first(e)}",
+                                "see the other diagnostics; an op or opset onnxruntime lacks, "
+                                "or a custom domain without its implementation"))
+        return {"max_abs": None, "max_rel": None}
+    errs = max_errors(reference, got)
+    metrics = {"max_abs": errs["max_abs"], "max_rel": errs["max_rel"]}
+    if not within(errs, atol, rtol, reference):
+        diags.append(Diagnostic(
+            "error", "numeric-mismatch",
+            f"ONNX Runtime differs from torch on the example inputs: max abs "
+            f"{errs['max_abs']:.3g}, max rel {errs['max_rel']:.3g}"
+            + (f", shapes {errs['shape_mismatch']}" if errs["shape_mismatch"] else ""),
+            "wb.compare(model, [artifact], inputs) finds the first op that diverges"))
+    for name, spec in axes.items():
+        if name in input_names:
+            diags.extend(_check_dynamic_axes(model, args, runner, input_names.index(name), name,
+                                             spec, path, atol, rtol))
+    if args2 is not None:
+        diags.extend(_check_second_inputs(model, args2, runner, atol, rtol, diags))
+    return metrics
+
+
+def _first(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1] if text else type(e).__name__
+
+
+def _ort_node(e: Exception) -> str:
+    m = re.search(r"running (\w+) node\. Name:'([^']*)'", str(e))
+    return f"{m.group(1)} node '{m.group(2)}'" if m else ""
+
+
+def _resized(args: tuple, index: int, axis: int) -> tuple:
+    """The example inputs with input ``index`` tiled twice along ``axis`` (values stay valid)."""
+    reps = [1] * args[index].dim()
+    reps[axis] = 2
+    return tuple(a.repeat(*reps) if i == index else a for i, a in enumerate(args))
+
+
+def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: str,
+                        spec: dict[int, str], path: Path, atol: float,
+                        rtol: float) -> list[Diagnostic]:
+    """Run each declared dynamic axis at another size in torch and ONNX Runtime."""
+    from ..graph import summarize
+
+    diags = []
+    declared = summarize(path).inputs[index]
+    for axis, dim_name in spec.items():
+        where = f"{name!r} axis {axis} ({dim_name!r})"
+        if declared.shape is not None and isinstance(declared.shape[axis], int):
+            diags.append(Diagnostic(
+                "warning", "dynamic-axis-frozen",
+                f"{where} was declared dynamic but the exported input has fixed size "
+                f"{declared.shape[axis]}",
+                "the exporter specialised it: something in forward() depends on that size"))
+            continue
+        trial = _resized(args, index, axis)
+        size = trial[index].shape[axis]
+        try:
+            ref = _run_torch(model, trial, f"inputs with {where} = {size}")
+        except InputError:
+            diags.append(Diagnostic("info", "dynamic-axis-untested",
+                                    f"{where}: torch itself rejects size {size}, so the axis "
+                                    "was not tried", "pass inputs2= with a valid second shape"))
+            continue
+        try:
+            got = list(runner.run(trial).values())
+        except Exception as e:
+            node = _ort_node(e)
+            diags.append(Diagnostic(
+                "warning", "dynamic-axis-frozen",
+                f"{where} is declared dynamic but the model breaks at size {size}"
+                + (f" in {node}" if node else "") + f": {_first(e)}",
+                "a shape froze into a constant during tracing (often a Reshape/view built "
+                "from int(x.size(i)) or a Python number); use x.shape[i] or -1 in view/reshape"))
+            continue
+        errs = max_errors(ref, got)
+        if not within(errs, atol, rtol, ref):
+            detail = (f"output shapes {errs['shape_mismatch']}" if errs["shape_mismatch"]
+                      else f"max abs {errs['max_abs']:.3g}")
+            diags.append(Diagnostic(
+                "warning", "dynamic-axis-frozen",
+                f"{where}: at size {size} ONNX Runtime runs but differs from torch ({detail})",
+                "a size or value froze into a constant; see the tracer-* diagnostics for the "
+                "line"))
+    return diags
+
+
+def _check_second_inputs(model: Any, args2: tuple, runner: Any, atol: float, rtol: float,
+                         prior: list[Diagnostic]) -> list[Diagnostic]:
+    ref = _run_torch(model, args2, "inputs2")
+    lines = [d.source for d in prior if d.code in ("tracer-branch", "tracer-loop",
+                                                   "tracer-constant") and d.source]
+    at = f" (suspect: {', '.join(lines)})" if lines else ""
+    try:
+        got = list(runner.run(args2).values())
+    except Exception as e:
+        return [Diagnostic("warning", "trace-diverges",
+                           f"the exported graph cannot run inputs2: {_first(e)}{at}",
+                           "inputs2 has a shape the export fixed; declare it in dynamic_axes")]
+    errs = max_errors(ref, got)
+    if within(errs, atol, rtol, ref):
+        return []
+    detail = (f"output shapes {errs['shape_mismatch']}" if errs["shape_mismatch"]
+              else f"max abs {errs['max_abs']:.3g}")
+    return [Diagnostic(
+        "warning", "trace-diverges",
+        f"on inputs2 the exported graph differs from torch ({detail}): the trace froze a branch "
+        f"or loop for the first example inputs{at}",
+        "script the data-dependent part (torch.jit.script), use torch.where, or export with "
+        "exporter='dynamo' and torch.cond")]
