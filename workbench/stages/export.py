@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..checks import save_reference
 from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
 from ..errors import ExportError, InputError
 from ..inputs import as_tensor_tuple, describe, flatten_outputs
@@ -80,8 +79,8 @@ def export(
                       diags)
         external = _finalize_external_data(path, external_data_threshold, diags)
         _check_onnx(path, diags)
-        np.savez(stage_dir / "example_inputs.npz",
-                 **{n: a.detach().cpu().numpy() for n, a in zip(input_names, args, strict=True)})
+        save_reference(stage_dir, {n: a.detach().cpu().numpy()
+                                   for n, a in zip(input_names, args, strict=True)}, reference)
         metrics = _numeric_checks(model, args, args2, reference, path, input_names, axes,
                                   atol, rtol, diags)
         params = {

@@ -1,0 +1,98 @@
+"""Pipeline: every stage that exists, one after another, in one result object."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .artifact import Artifact, Workspace, as_workspace
+from .errors import WorkbenchError
+
+STAGES = ("export", "simplify")
+
+
+@dataclass
+class PipelineResult:
+    artifacts: dict[str, Artifact] = field(default_factory=dict)
+    errors: dict[str, WorkbenchError] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(a.ok for a in self.artifacts.values())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per stage: stage, artifact id, format, nodes, max abs vs torch, seconds."""
+        rows = []
+        for stage, art in self.artifacts.items():
+            err = art.metrics.get("max_abs")
+            rows.append({"stage": stage, "artifact": art.id, "format": art.format,
+                         "nodes": art.graph.node_count, "max_abs_vs_torch": err,
+                         "seconds": round(art.seconds, 3),
+                         "status": "ok" if art.ok else "errors",
+                         "warnings": sum(d.level == "warning" for d in art.diagnostics)})
+        for stage, e in self.errors.items():
+            rows.append({"stage": stage, "artifact": "-", "format": "-", "nodes": None,
+                         "max_abs_vs_torch": None, "seconds": None, "status": "failed",
+                         "warnings": 0, "error": e.message})
+        return rows
+
+    def table(self) -> str:
+        """The rows as a fixed-width text table (what `workbench demo` prints)."""
+        head = ["stage", "artifact", "format", "nodes", "max abs vs torch", "seconds", "status"]
+        body = [[r["stage"], r["artifact"], r["format"], _fmt(r["nodes"]),
+                 _fmt(r["max_abs_vs_torch"], "{:.3g}"), _fmt(r["seconds"], "{:.2f}"),
+                 r["status"]] for r in self.rows()]
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
+        lines = ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip()
+                 for row in [head, ["-" * w for w in widths], *body]]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fmt(v: Any, spec: str = "{}") -> str:
+    return "-" if v is None else spec.format(v)
+
+
+class Pipeline:
+    """Run export then simplify (later: raise, ncnn, compare) on one model.
+
+    ``export`` and ``simplify`` are dicts of keyword arguments for those stages.
+    """
+
+    def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
+                 export: dict[str, Any] | None = None,
+                 simplify: dict[str, Any] | None = None) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.workspace = workspace
+        self.options = {"export": dict(export or {}), "simplify": dict(simplify or {})}
+
+    def run(self, progress: bool = True) -> PipelineResult:
+        from tqdm.auto import tqdm
+
+        from .stages.export import export
+        from .stages.simplify import simplify
+
+        ws = as_workspace(self.workspace)
+        result = PipelineResult()
+        t0 = time.perf_counter()
+        bar = tqdm(STAGES, desc="pipeline", disable=not progress, leave=False)
+        for stage in bar:
+            bar.set_postfix_str(stage)
+            try:
+                if stage == "export":
+                    art = export(self.model, self.inputs, workspace=ws, **self.options[stage])
+                else:
+                    art = simplify(result.artifacts["export"], workspace=ws,
+                                   **self.options[stage])
+            except WorkbenchError as e:  # keep what was written, say where it stopped
+                result.errors[stage] = e
+                break
+            result.artifacts[stage] = art
+        bar.close()
+        result.seconds = time.perf_counter() - t0
+        return result

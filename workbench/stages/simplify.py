@@ -1,0 +1,188 @@
+"""Simplify stage: constant folding and glue-op removal by a well-kept backend.
+
+Backends: onnxslim (default), onnxsim, onnxscript's optimizer, or any callable
+``ModelProto -> ModelProto`` (your own pass). The output is checked against the input with
+ONNX Runtime on the example inputs and on random inputs at other dynamic sizes; a backend
+that changes the numbers is reported as such, not passed off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL
+from ..errors import InputError, SimplifyError
+
+MAIN = "model.onnx"
+
+
+def _onnxslim(model):
+    import onnxslim
+
+    return onnxslim.slim(model)
+
+
+def _onnxsim(model):
+    import onnxsim
+
+    simplified, ok = onnxsim.simplify(model)
+    if not ok:
+        raise RuntimeError("onnxsim's own check of the simplified model failed")
+    return simplified
+
+
+def _onnxscript(model):
+    import onnxscript.optimizer
+
+    return onnxscript.optimizer.optimize(model)
+
+
+BACKENDS: dict[str, Callable[[Any], Any]] = {
+    "onnxslim": _onnxslim, "onnxsim": _onnxsim, "onnxscript": _onnxscript,
+}
+_PACKAGES = {"onnxslim": "onnxslim", "onnxsim": "onnxsim", "onnxscript": "onnxscript"}
+
+
+def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str) -> Artifact:
+    """An ONNX Artifact from an Artifact or a path (imported into the workspace)."""
+    if isinstance(source, Artifact):
+        if source.format != "onnx":
+            raise InputError(f"{stage} takes an ONNX model; artifact {source.id} is "
+                             f"{source.format}", "pass the ONNX artifact from export or simplify")
+        return source
+    if isinstance(source, (str, Path)):
+        from ..onnx_io import check_model_file
+
+        if check_model_file(source) != "onnx":
+            raise InputError(f"{stage} takes an ONNX model; {str(source)!r} is not .onnx",
+                             "pass a .onnx file or the artifact wb.export returned")
+        return as_workspace(workspace).import_file(source)
+    raise InputError(f"{stage} takes an Artifact or a path to a .onnx file, got "
+                     f"{type(source).__name__}", "e.g. wb.simplify(wb.export(model, (x,)))")
+
+
+def simplify(
+    source: Artifact | str | Path,
+    *,
+    backend: str | Callable[[Any], Any] = "onnxslim",
+    workspace: Workspace | str | None = None,
+    inputs: dict[str, Any] | None = None,
+    atol: float = DEFAULT_ATOL,
+    rtol: float = DEFAULT_RTOL,
+    seed: int = 0,
+) -> Artifact:
+    """Simplify an ONNX model; returns a new Artifact (the input is never touched).
+
+    ``inputs`` (a dict by input name) adds a feed to the numeric check; by default the
+    example inputs stored at export and random inputs respecting dynamic dims are used.
+    """
+    import onnx
+
+    from .._capture import capture
+    from ..checks import check_against, error_vs_torch, random_feeds, reference_data
+    from ..onnx_io import ensure_ort_readable, load_onnx
+    from ..runtime.ort_runner import OrtRunner
+
+    t0 = time.perf_counter()
+    name, fn = _backend(backend)
+    parent = as_onnx_artifact(source, workspace, "simplify")
+    ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
+    model = load_onnx(parent.path)
+    before = parent.graph
+    diags: list[Diagnostic] = []
+    with capture() as cap:
+        try:
+            result = fn(model)
+        except Exception as e:
+            error: Exception | None = e
+        else:
+            error = None
+    if error is not None:
+        raise SimplifyError(
+            f"simplify backend {name!r} failed on {parent.id} ({parent.path.name}): "
+            f"{type(error).__name__}: {_first_line(error)}",
+            f"artifact {parent.id} is intact; try backend="
+            f"{'onnxsim' if name != 'onnxsim' else 'onnxslim'!r} or 'onnxscript'") from error
+    if not isinstance(result, onnx.ModelProto):
+        raise SimplifyError(f"simplify backend {name!r} returned a {type(result).__name__}, "
+                            "expected an onnx.ModelProto",
+                            "a custom backend must return the simplified ModelProto")
+    for w in cap.warnings:
+        diags.append(Diagnostic("info", "backend-warning", f"{w.category.__name__}: {w.message}"))
+    if cap.lines():
+        diags.append(Diagnostic("info", "backend-log", "\n".join(cap.lines()[-30:])))
+
+    with ws.staging() as d:
+        path = d / MAIN
+        large = not _fits(result) or result.ByteSize() > 1_800_000_000
+        onnx.save_model(result, str(path), save_as_external_data=large,
+                        all_tensors_to_one_file=True, location=f"{MAIN}.data")
+        lowered = ensure_ort_readable(path)
+        if lowered:
+            diags.append(lowered)
+        try:
+            onnx.checker.check_model(str(path))
+        except onnx.checker.ValidationError as e:
+            diags.append(Diagnostic("error", "onnx-checker",
+                                    f"onnx.checker rejects the output of {name}: "
+                                    f"{_first_line(e)}", "use another backend"))
+        ref = reference_data(parent)
+        example = dict(ref[0]) if ref else None
+        feeds = random_feeds(parent.graph, example, seed)
+        if inputs is not None:
+            feeds.insert(0, {k: _np(v) for k, v in inputs.items()})
+        after_runner = OrtRunner(path)
+        vs_parent, more = check_against(OrtRunner(parent.path), after_runner, feeds,
+                                        f"simplify ({name})", atol, rtol)
+        diags.extend(more)
+        from ..graph import summarize
+
+        after = summarize(path)
+        metrics = {
+            "max_abs": error_vs_torch(path, ref, after_runner),
+            "max_abs_vs_parent": vs_parent["max_abs"], "max_rel_vs_parent": vs_parent["max_rel"],
+            "feeds_checked": vs_parent["feeds"],
+            "nodes_before": before.node_count, "nodes_after": after.node_count,
+            "ops_before": before.op_histogram, "ops_after": after.op_histogram,
+        }
+        return ws.commit(d, stage="simplify", format="onnx", main=MAIN, parent=parent,
+                         params={"backend": name, "atol": atol, "rtol": rtol, "seed": seed},
+                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+
+
+def _fits(model) -> bool:
+    try:
+        model.ByteSize()
+        return True
+    except Exception:  # protobuf refuses to size messages over 2 GB
+        return False
+
+
+def _np(v: Any):
+    import numpy as np
+
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+
+
+def _backend(backend: Any) -> tuple[str, Callable[[Any], Any]]:
+    if callable(backend):
+        return getattr(backend, "__name__", "custom"), backend
+    if backend not in BACKENDS:
+        raise InputError(f"simplify backend {backend!r} is not one of {sorted(BACKENDS)}",
+                         "use 'onnxslim' (default), 'onnxsim', 'onnxscript', or pass a "
+                         "function ModelProto -> ModelProto")
+    import importlib.util
+
+    if importlib.util.find_spec(_PACKAGES[backend]) is None:
+        raise SimplifyError(f"simplify backend {backend!r} is not installed",
+                            f"pip install {_PACKAGES[backend]}")
+    return backend, BACKENDS[backend]
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
