@@ -353,10 +353,6 @@ def test_external_data_missing(tmp_path):
     # summaries never read the external data: sizes come from dims
     s = summarize(p)
     assert s.initializer_count == 1 and s.initializer_bytes == 32 * 32 * 4
-    # BUG: workbench/onnx_io.py:66-68 (load_onnx) catches only (OSError, ValueError) around
-    # load_external_data_for_model, but onnx 1.23 reports a missing external-data file as
-    # onnx.checker.ValidationError (a plain Exception subclass), so the raw onnx error escapes
-    # instead of the ModelFileError "refers to external data that cannot be read".
     with pytest.raises(ModelFileError) as e:
         onnx_io.load_onnx(p)
     assert "external data" in e.value.message

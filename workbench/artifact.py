@@ -267,8 +267,11 @@ class Workspace:
         if self.manifest_path.exists():
             try:
                 manifest = json.loads(self.manifest_path.read_text(encoding="utf-8"))
-                if not isinstance(manifest, dict) or "artifacts" not in manifest:
+                if not isinstance(manifest, dict) or not isinstance(manifest.get("artifacts"),
+                                                                      list):
                     raise ValueError("no 'artifacts' list")
+                if not all(isinstance(a, dict) and "id" in a for a in manifest["artifacts"]):
+                    raise ValueError("an entry of 'artifacts' is not an artifact record")
             except ValueError as e:
                 backup = self.manifest_path.with_name(
                     f"manifest.json.corrupt-{_dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}")
@@ -372,7 +375,8 @@ class Workspace:
         safe_stage = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "stage"
         with self._lock():
             # another process may have committed since we loaded: re-read the sidecars
-            self._artifacts.update(self._scan_sidecars())
+            for art_id, art in self._scan_sidecars().items():
+                self._artifacts.setdefault(art_id, art)  # keep the objects callers hold
             n = 1 + max((int(i.split("-", 1)[0]) for i in self._artifacts
                          if i.split("-", 1)[0].isdigit()), default=0)
             art_id = f"{n:04d}-{safe_stage}"
@@ -413,10 +417,10 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):  # numpy arrays and scalars, torch tensors
+        return o.tolist()
     if hasattr(o, "item") and callable(o.item):
         return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
     return str(o)
 
 

@@ -61,15 +61,19 @@ def load_onnx(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
     if not model.HasField("graph") or not model.opset_import:
         raise _not_onnx(path, head, size, "parsed, but it has no graph or no opset_import")
     if external_data:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        try:
-            load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as e:
-            raise ModelFileError(
-                f"{str(path)!r} refers to external data that cannot be read: {e}",
-                "keep the .onnx file and its .data file(s) together in one folder") from None
+        _load_external(model, path)
     return model
+
+
+def _load_external(model: onnx.ModelProto, path: Path) -> None:
+    from onnx.external_data_helper import load_external_data_for_model
+
+    try:
+        load_external_data_for_model(model, str(path.parent))
+    except Exception as e:  # onnx raises OSError, ValueError or checker.ValidationError
+        raise ModelFileError(
+            f"{str(path)!r} refers to external data that cannot be read: {e}",
+            "keep the .onnx file and its .data file(s) together in one folder") from None
 
 
 def _not_onnx(path: Path, head: bytes, size: int, why: str) -> ModelFileError:
@@ -162,9 +166,7 @@ def session(path_or_model: str | Path | onnx.ModelProto, **options: Any):
             return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         lower_ir_version(model)
         if external_data_files(path):
-            from onnx.external_data_helper import load_external_data_for_model
-
-            load_external_data_for_model(model, str(path.parent))
+            _load_external(model, path)
         return ort.InferenceSession(model.SerializeToString(), so,
                                     providers=["CPUExecutionProvider"])
     model = path_or_model

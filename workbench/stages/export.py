@@ -61,7 +61,10 @@ def export(
     _check_opset(opset, exporter)
     args = as_tensor_tuple(inputs)
     _check_arity(model, args)
-    reference = _run_torch(model, args, "example inputs")
+    from .._capture import capture
+
+    with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
+        reference = _run_torch(model, args, "example inputs")
     input_names = _names(input_names, len(args), "input", "input_names", "example inputs")
     output_names = _names(output_names, len(reference), "output", "output_names",
                           "model outputs", allow_fewer=True)
@@ -76,13 +79,14 @@ def export(
     with ws.staging() as stage_dir:
         path = stage_dir / MAIN
         _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
-                      diags)
+                      diags, ref_cap)
         external = _finalize_external_data(path, external_data_threshold, diags)
         _check_onnx(path, diags)
         save_reference(stage_dir, {n: a.detach().cpu().numpy()
                                    for n, a in zip(input_names, args, strict=True)}, reference)
-        metrics = _numeric_checks(model, args, args2, reference, path, input_names, axes,
-                                  atol, rtol, diags)
+        with capture():  # torch re-runs for the checks; its warnings are already recorded
+            metrics = _numeric_checks(model, args, args2, reference, path, input_names, axes,
+                                      atol, rtol, diags)
         params = {
             "exporter": exporter, "opset": opset, "input_names": input_names,
             "output_names": output_names, "dynamic_axes": axes,
@@ -204,7 +208,8 @@ def _normalize_dynamic_axes(axes: Any, input_names: list[str], output_names: lis
 # -- running the exporter ----------------------------------------------------------------------
 def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int,
                   input_names: list[str], output_names: list[str],
-                  axes: dict[str, dict[int, str]], diags: list[Diagnostic]) -> None:
+                  axes: dict[str, dict[int, str]], diags: list[Diagnostic],
+                  earlier: Any = None) -> None:
     import torch
 
     from .._capture import capture
@@ -224,6 +229,9 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
                 prog.save(str(path))
         except Exception as e:  # translated below, after the capture is closed
             error = e
+    if earlier is not None:
+        cap.warnings[:0] = earlier.warnings
+        cap.output = "\n".join(x for x in (earlier.output, cap.output) if x)
     diags.extend(_warning_diagnostics(cap))
     if error is not None:
         raise _export_error(error, exporter, opset, cap.output) from error

@@ -91,6 +91,7 @@ def simplify(
     name, fn = _backend(backend)
     parent = as_onnx_artifact(source, workspace, "simplify")
     ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
+    user_feed = _user_feed(inputs, parent) if inputs is not None else None
     model = load_onnx(parent.path)
     before = parent.graph
     diags: list[Diagnostic] = []
@@ -133,8 +134,8 @@ def simplify(
         ref = reference_data(parent)
         example = dict(ref[0]) if ref else None
         feeds = random_feeds(parent.graph, example, seed)
-        if inputs is not None:
-            feeds.insert(0, {k: _np(v) for k, v in inputs.items()})
+        if user_feed is not None:
+            feeds.insert(0, user_feed)
         after_runner = OrtRunner(path)
         vs_parent, more = check_against(OrtRunner(parent.path), after_runner, feeds,
                                         f"simplify ({name})", atol, rtol)
@@ -162,10 +163,16 @@ def _fits(model) -> bool:
         return False
 
 
-def _np(v: Any):
+def _user_feed(inputs: Any, parent: Artifact) -> dict[str, Any]:
     import numpy as np
 
-    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+    names = [t.name for t in parent.graph.inputs]
+    if not isinstance(inputs, dict) or sorted(inputs) != sorted(names):
+        got = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
+        raise InputError(f"simplify inputs= must be a dict keyed by the model's inputs {names}, "
+                         f"got {got}", f"e.g. inputs={{{names[0]!r}: x}}" if names else "")
+    return {k: v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+            for k, v in inputs.items()}
 
 
 def _backend(backend: Any) -> tuple[str, Callable[[Any], Any]]:
