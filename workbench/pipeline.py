@@ -47,6 +47,7 @@ class PipelineResult:
         widths = [max(len(str(x)) for x in col) for col in zip(head, *body, strict=True)]
         lines = ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip()
                  for row in [head, ["-" * w for w in widths], *body]]
+        lines += [f"{stage} failed: {e.message.splitlines()[0]}" for stage, e in self.errors.items()]
         return "\n".join(lines)
 
     def __str__(self) -> str:

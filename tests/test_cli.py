@@ -1,0 +1,104 @@
+"""The `workbench` command: demo, inspect, export, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+
+
+def test_demo_prints_the_stage_table(tmp_path, capsys):
+    rc = main(["demo", "--workspace", str(tmp_path / "ws")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    header = next(line for line in out.splitlines() if line.startswith("stage"))
+    assert header.split()[:4] == ["stage", "artifact", "format", "nodes"]
+    assert "max abs vs torch" in header and "seconds" in header
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.startswith(("export ", "simplify "))}
+    assert set(rows) == {"export", "simplify"}
+    assert rows["export"][2] == "onnx" and int(rows["simplify"][3]) <= int(rows["export"][3])
+    assert float(rows["export"][4]) < 1e-4
+    manifest = json.loads((tmp_path / "ws" / "manifest.json").read_text())
+    assert [a["stage"] for a in manifest["artifacts"]] == ["export", "simplify"]
+
+
+def test_inspect_text_and_json(tmp_path, capsys):
+    main(["demo", "--workspace", str(tmp_path / "ws")])
+    capsys.readouterr()
+    model = next((tmp_path / "ws").glob("*-export/model.onnx"))
+    assert main(["inspect", str(model)]) == 0
+    text = capsys.readouterr().out
+    assert "nodes: 7" in text and "Conv" in text and "input: float32[1x3x64x64]" in text
+    assert main(["inspect", str(model), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["node_count"] == 7 and data["op_histogram"]["Conv"] == 3
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b"hello, not a model", "is not an ONNX model"),
+    (b"\x08\x08\x12\x07pytorch\x1a", "truncated"),
+])
+def test_inspect_bad_file_is_a_clear_error(tmp_path, capsys, content, expected):
+    f = tmp_path / "bad.onnx"
+    f.write_bytes(content)
+    assert main(["inspect", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "hint:" in err
+
+
+def test_inspect_missing_file(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nope.onnx")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_export_from_a_file_factory(tmp_path, capsys):
+    src = tmp_path / "nets.py"
+    src.write_text(textwrap.dedent("""
+        import torch
+        def make():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    """))
+    rc = main(["export", f"{src}:make", "--input", "1x3x16x16", "--opset", "13",
+               "--dynamic", "input:0=batch", "--simplify", "--out", str(tmp_path / "ws")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    model = Path(out.strip().splitlines()[-1].removeprefix("model: "))
+    assert model.exists() and "simplify" in model.parent.name
+    import onnx
+
+    m = onnx.load(str(model))
+    assert m.opset_import[0].version == 13
+    assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["export", "nets_without_colon", "--input", "1x3"], "expected MODULE:FACTORY"),
+    (["export", "no_such_module_xyz:make", "--input", "1x3"], "cannot import"),
+    (["export", "json:no_such_factory", "--input", "1x3"], "has no callable 'no_such_factory'"),
+])
+def test_export_bad_model_spec(argv, expected, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "hint:" in err
+
+
+def test_export_bad_shape_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["export", "x:y", "--input", "1xax3"])
+    assert e.value.code == 2
+    assert "expected sizes joined by x" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "workbench"
+    assert exe.exists()
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
+    assert all(cmd in out for cmd in ("demo", "inspect", "export"))

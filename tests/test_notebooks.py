@@ -1,0 +1,108 @@
+"""The tutorial notebooks run top to bottom in this environment and are stored clean.
+
+Each notebook is executed from a temporary copy, so the workspaces it creates (``runs/...``,
+relative to the notebook) land in ``tmp_path``. The notebooks assert their own key results,
+so a regression in the engine fails the cell that shows it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import NoSuchKernel
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+KERNEL = "python3"
+CELL_TIMEOUT = 300
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _kernel_python() -> str | None:
+    """The interpreter the ``python3`` kernel spec would start, as jupyter_client resolves it."""
+    try:
+        cmd = KernelManager(kernel_name=KERNEL).format_kernel_cmd()
+    except NoSuchKernel:
+        return None
+    return cmd[0] if cmd else None
+
+
+@pytest.fixture
+def python3_kernel(tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make ``python3`` start a kernel in this interpreter's environment.
+
+    ipykernel's own spec does that when it is installed here (its argv ``python`` is replaced
+    by ``sys.executable``); a ``python3`` spec in a user or system folder may point elsewhere.
+    Then a spec for ``sys.executable`` is written to a temp folder put first on JUPYTER_PATH.
+    """
+    if _kernel_python() != sys.executable:
+        spec_dir = tmp_path_factory.mktemp("jupyter") / "kernels" / KERNEL
+        spec_dir.mkdir(parents=True)
+        spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": f"Python 3 ({sys.executable})", "language": "python"}
+        (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+        monkeypatch.setenv("JUPYTER_PATH", os.pathsep.join(
+            [str(spec_dir.parent.parent), *filter(None, [os.environ.get("JUPYTER_PATH")])]))
+    return KERNEL
+
+
+def _failure(nb: nbformat.NotebookNode, name: str, error: Exception) -> str:
+    """Which cell failed, its source, and its error without terminal colours."""
+    for index, cell in enumerate(nb.cells):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            tb = "\n".join(ANSI.sub("", line) for line in errors[0].get("traceback", []))
+            return (f"{name}: cell {index} failed: {errors[0].get('ename')}: "
+                    f"{errors[0].get('evalue')}\n--- cell source ---\n{cell.source}\n"
+                    f"--- traceback ---\n{tb}")
+    return f"{name}: {type(error).__name__}: {ANSI.sub('', str(error))}"
+
+
+def test_notebooks_exist() -> None:
+    assert PATHS, f"no notebooks in {NOTEBOOKS}"
+
+
+def test_python3_kernel_is_this_interpreter(python3_kernel: str) -> None:
+    assert _kernel_python() == sys.executable
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
+def test_notebook_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
+    before = sorted(p.name for p in NOTEBOOKS.iterdir())
+    copy = tmp_path / path.name
+    shutil.copy2(path, copy)
+    nb = nbformat.read(copy, as_version=4)
+    client = NotebookClient(nb, kernel_name=python3_kernel, timeout=CELL_TIMEOUT,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute()
+    except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+        pytest.fail(_failure(nb, path.name, e), pytrace=False)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert code_cells and all(c.execution_count is not None for c in code_cells), \
+        f"{path.name}: not every code cell ran"
+    assert sorted(p.name for p in NOTEBOOKS.iterdir()) == before, \
+        f"{path.name} wrote into {NOTEBOOKS} instead of its working directory"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
+def test_notebook_is_stored_clean(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, (f"{path.name}: cells {dirty} have outputs or execution counts; "
+                       "clear them before committing (jupyter nbconvert --clear-output "
+                       "--inplace)")
+    assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL

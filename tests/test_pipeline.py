@@ -1,0 +1,39 @@
+"""wb.Pipeline: every stage in order, one result, failures kept apart from what was written."""
+
+from __future__ import annotations
+
+import torch
+import trap_models as tm
+
+import workbench as wb
+
+
+def test_pipeline_runs_every_stage(ws, sr_model):
+    model, x = sr_model
+    result = wb.Pipeline(model, x, workspace=ws, simplify={"backend": "onnxsim"}).run(
+        progress=False)
+    assert result.ok and list(result.artifacts) == ["export", "simplify"]
+    assert result.artifacts["simplify"].parent is result.artifacts["export"]
+    rows = result.rows()
+    assert [r["stage"] for r in rows] == ["export", "simplify"]
+    assert all(r["max_abs_vs_torch"] < 1e-4 for r in rows)
+    assert "simplify" in result.table().splitlines()[-1]
+
+
+def test_pipeline_stops_at_a_failed_stage_and_keeps_the_error(ws):
+    result = wb.Pipeline(tm.Asinh(), (torch.rand(2),), workspace=ws,
+                         export={"opset": 9}).run(progress=False)
+    assert not result.ok and list(result.errors) == ["export"]
+    assert result.artifacts == {} and len(ws) == 0
+    assert "aten::asinh" in result.table()
+
+
+def test_pipeline_keeps_export_when_simplify_fails(ws, sr_model):
+    model, x = sr_model
+
+    def broken(m):
+        raise ValueError("nope")
+
+    result = wb.Pipeline(model, x, workspace=ws, simplify={"backend": broken}).run(progress=False)
+    assert list(result.artifacts) == ["export"] and list(result.errors) == ["simplify"]
+    assert len(ws) == 1 and ws.verify() == []
