@@ -151,6 +151,20 @@ def test_opset_below_what_an_op_needs_names_the_opsets_that_work(ws):
     assert art.metrics["max_abs"] < 1e-4
 
 
+@pytest.mark.parametrize("exporter, opset, registration", [
+    ("torchscript", 17, 'register_custom_op_symbolic("wbtest::twice", twice_symbolic, 17)'),
+    ("dynamo", 18, "custom_translation_table={torch.ops.wbtest.twice.default: twice_onnx}"),
+])
+def test_custom_namespace_op_gets_the_registration_for_its_exporter(ws, exporter, opset,
+                                                                   registration):
+    with pytest.raises(wb.ExportError) as info:
+        wb.export(tm.CustomOp(), (torch.rand(2, 3),), workspace=ws, exporter=exporter,
+                  opset=opset)
+    assert f"unsupported operator wbtest::twice at opset {opset}" in info.value.message
+    assert "schema: wbtest::twice(Tensor x) -> Tensor" in info.value.message
+    assert registration in info.value.hint
+
+
 def test_model_warnings_become_diagnostics_not_stderr(ws, capfd):
     with warnings.catch_warnings(record=True) as escaped:
         warnings.simplefilter("always")

@@ -93,3 +93,20 @@ def trap_line(marker: str) -> int:
             if f"# TRAP: {marker}" in line:
                 return i
     raise KeyError(marker)
+
+
+@torch.library.custom_op("wbtest::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _twice_fake(x):
+    return torch.empty_like(x)
+
+
+class CustomOp(nn.Module):
+    """A torch.library op in a custom namespace that no exporter knows."""
+
+    def forward(self, x):
+        return twice(x) + 1

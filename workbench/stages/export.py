@@ -310,13 +310,14 @@ def _warning_diagnostics(cap: Any) -> list[Diagnostic]:
 
 def _export_error(e: Exception, exporter: str, opset: int, log: str) -> ExportError:
     text = str(e)
-    m = re.search(r"operator '([\w.]+::[\w.]+)'", text)
-    if m is None and exporter == "dynamo":
-        m = re.search(r"No ONNX function found for <OpOverload\(op='(\w+)\.(\w+)'", text)
-        op = f"{m.group(1)}::{m.group(2)}" if m else None
-    else:
-        op = m.group(1) if m else None
-    if op is not None and ("not supported" in text or "No ONNX function" in text):
+    op = None
+    if m := re.search(r"operator '([\w.]+::[\w.]+)'.*not supported", text):
+        op = m.group(1)
+    elif m := re.search(r"unrecognized namespace (\w+::\w+)", text):
+        op = m.group(1)
+    elif m := re.search(r"No ONNX function found for <OpOverload\(op='(\w+)\.(\w+)'", text):
+        op = f"{m.group(1)}::{m.group(2)}"
+    if op is not None:
         return _unsupported_op_error(op, exporter, opset)
     first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
     tail = "\n".join(log.splitlines()[-15:])
@@ -363,25 +364,37 @@ def op_schema(op: str) -> tuple[str, list[str]]:
 def _unsupported_op_error(op: str, exporter: str, opset: int) -> ExportError:
     schema, arg_names = op_schema(op)
     where = supported_opsets(op) if exporter == "torchscript" else []
-    short = op.split("::")[-1]
-    args = ", ".join(["g", *arg_names]) if arg_names else "g, *args"
-    onnx_op = short[:1].upper() + short[1:]
+    namespace, short = op.split("::", 1)
+    custom = namespace not in ("aten", "prim", "quantized")
+    params = ", ".join(arg_names) if arg_names else "*args"
     first_arg = arg_names[0] if arg_names else "args[0]"
-    skeleton = (
-        f"import torch\n\n"
-        f"def {short}_symbolic({args}):\n"
-        f"    return g.op(\"{onnx_op}\", {first_arg})  # or compose ops opset {opset} has\n\n"
-        f"torch.onnx.register_custom_op_symbolic(\"{op}\", {short}_symbolic, {opset})\n"
-        f"# then export again (wb.register_symbolic will wrap this for both exporters)")
+    onnx_op = f"{namespace}::{short}" if custom else short[:1].upper() + short[1:]
+    note = "a node in your own domain" if custom else f"or compose ops opset {opset} has"
+    if exporter == "torchscript":
+        skeleton = (
+            f"import torch\n\n"
+            f"def {short}_symbolic(g, {params}):\n"
+            f"    return g.op(\"{onnx_op}\", {first_arg})  # {note}\n\n"
+            f"torch.onnx.register_custom_op_symbolic(\"{op}\", {short}_symbolic, {opset})")
+    else:
+        fn_op = (f"op.{onnx_op}({first_arg})" if not custom
+                 else f"op.Identity({first_arg})  # replace with ONNX ops, or a custom-domain node")
+        skeleton = (
+            f"import torch\nfrom onnxscript import opset{opset} as op\n\n"
+            f"def {short}_onnx({params}):\n"
+            f"    return {fn_op}\n\n"
+            f"torch.onnx.export(model, args, dynamo=True, custom_translation_table="
+            f"{{torch.ops.{namespace}.{short}.default: {short}_onnx}})")
+    skeleton += "\n# (the workbench's custom-op helpers will wrap this for both exporters)"
     if where:
         avail = (f"the {exporter} exporter supports it at opset(s) "
                  f"{where[0]}..{where[-1]}" if where == list(range(where[0], where[-1] + 1))
                  else f"supported at opsets {where}")
-        hint = f"export with opset={where[0]} or later, or register a symbolic:\n{skeleton}"
+        hint = f"export with opset={where[0]} or later, or register a conversion:\n{skeleton}"
     else:
         avail = f"the {exporter} exporter has no conversion for it at any opset"
-        hint = f"register a symbolic for it:\n{skeleton}"
-        if exporter == "torchscript":
+        hint = f"register a conversion for it:\n{skeleton}"
+        if exporter == "torchscript" and not custom:
             hint += "\n# or try exporter='dynamo', whose op library (torchlib) is larger"
     return ExportError(
         f"unsupported operator {op} at opset {opset}: {avail}"
