@@ -24,6 +24,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "export": ("workbench.stages.export", "export"),
     "simplify": ("workbench.stages.simplify", "simplify"),
+    "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
+    "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),
     "GraphSummary": ("workbench.graph", "GraphSummary"),

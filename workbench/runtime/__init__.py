@@ -10,7 +10,7 @@ from typing import Any
 
 from .base import Runner
 
-__all__ = ["Runner", "TorchRunner", "OrtRunner", "runner_for"]
+__all__ = ["Runner", "TorchRunner", "OrtRunner", "NcnnRunner", "runner_for"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,6 +22,10 @@ def __getattr__(name: str) -> Any:
         from .ort_runner import OrtRunner
 
         return OrtRunner
+    if name == "NcnnRunner":
+        from .ncnn_runner import NcnnRunner
+
+        return NcnnRunner
     raise AttributeError(name)
 
 
@@ -38,6 +42,10 @@ def runner_for(thing: Any) -> Runner:
         from .ort_runner import OrtRunner
 
         return OrtRunner(thing)
+    if fmt == "ncnn" or (isinstance(thing, (str, Path)) and str(thing).endswith(".ncnn.param")):
+        from .ncnn_runner import NcnnRunner
+
+        return NcnnRunner(thing)
     try:
         import torch
     except ImportError:  # pragma: no cover
@@ -47,4 +55,4 @@ def runner_for(thing: Any) -> Runner:
 
         return TorchRunner(thing)
     raise InputError(f"no runner for a {type(thing).__name__} (format {fmt!r})",
-                     "pass an nn.Module, an ONNX artifact or a path to a .onnx file")
+                     "pass an nn.Module, an ONNX or ncnn artifact, or a .onnx / .ncnn.param path")

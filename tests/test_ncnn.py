@@ -1,0 +1,153 @@
+"""wb.to_ncnn through the pnnx binary, checked; NcnnRunner with its input checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+from torch import nn
+
+import workbench as wb
+from workbench.runtime import NcnnRunner, runner_for
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    model, x = wb.default_model()
+    ws = wb.Workspace(tmp_path_factory.mktemp("ncnn") / "ws")
+    return model, x, wb.to_ncnn(model, x, workspace=ws)
+
+
+def test_module_converts_with_pnnx_parent_and_matches_torch(converted):
+    _, _, art = converted
+    assert art.format == "ncnn" and art.stage == "ncnn"
+    assert {"model.ncnn.param", "model.ncnn.bin", "model_ncnn.py"} == set(art.files)
+    pnnx_art = art.parent
+    assert pnnx_art.format == "pnnx"
+    assert {"model.pnnx.param", "model.pnnx.bin", "model_pnnx.py", "pnnx.log"} == set(
+        pnnx_art.files)
+    assert art.params["precision"] == "fp32" and art.params["fp16"] is False
+    assert art.metrics["max_abs"] < 1e-4 and art.metrics["max_abs_fp16"] is not None
+    assert art.ok and art.workspace.verify() == []
+    # the generated code no longer points at the temporary folder pnnx ran in
+    assert 'load_param("model.ncnn.param")' in (art.dir / "model_ncnn.py").read_text()
+
+
+def test_runner_reads_batch_axes_and_captures_every_blob(converted):
+    model, (x,), art = converted
+    r = NcnnRunner(art)
+    assert r.in_specs["in0"].batch_axis == 0 and r.out_specs["out0"].batch_axis == 0
+    out = r.run((x,))["out0"]
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model(x).numpy(), atol=1e-4)
+    blobs = r.run({"in0": x}, capture="all")
+    assert set(blobs) >= {"in0", "out0"} and len(blobs) > 3
+    assert blobs["2"].shape == (64, 192, 192)  # an intermediate conv+relu blob
+    assert isinstance(runner_for(art), NcnnRunner)
+
+
+def test_runner_narrows_float64_instead_of_crashing(converted):
+    model, (x,), art = converted
+    out = NcnnRunner(art).run((x.double().numpy(),))["out0"]
+    assert out.dtype == np.float32
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model(x).numpy(), atol=1e-4)
+
+
+@pytest.mark.parametrize("bad, message", [
+    ((np.zeros(64, np.float32),), "expected rank 4"),
+    ((np.zeros((1, 3, 8, 8), np.float32),) * 2, "takes 1 input"),
+    ({"input": np.zeros((1, 3, 8, 8), np.float32)}, "expected blobs ['in0']"),
+    ((np.array(["a", "b"]),), "expected rank 4|not numeric"),
+])
+def test_runner_rejects_inputs_that_would_crash_ncnn(converted, bad, message):
+    with pytest.raises(wb.InputError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        NcnnRunner(converted[2]).run(bad)
+
+
+def test_runner_bad_construction(converted, tmp_path):
+    with pytest.raises(wb.InputError, match="precision='int8' is not one of"):
+        NcnnRunner(converted[2], precision="int8")
+    with pytest.raises(wb.InputError, match="needs a .ncnn.param"):
+        NcnnRunner(tmp_path / "model.onnx")
+    with pytest.raises(wb.InputError, match="does not exist"):
+        NcnnRunner(tmp_path / "m.ncnn.param")
+
+
+def test_fp16_weights_are_recorded_and_cost_accuracy(converted):
+    model, x, fp32 = converted
+    art = wb.to_ncnn(model, x, workspace=fp32.workspace, fp16=True)
+    assert art.params["precision"] == "fp16" and art.params["fp16"] is True
+    assert art.files["model.ncnn.bin"]["bytes"] < fp32.files["model.ncnn.bin"]["bytes"]
+    assert art.metrics["max_abs"] > fp32.metrics["max_abs"]
+
+
+def test_onnx_artifact_converts_with_stored_example_inputs(tmp_path):
+    model, x = wb.default_model()
+    onx = wb.export(model, x, workspace=tmp_path / "ws")
+    art = wb.to_ncnn(onx)
+    assert art.parent.parent is onx and art.params["source"] == "onnx"
+    assert art.metrics["max_abs"] < 1e-4
+
+
+@pytest.mark.parametrize("fn, layer", [
+    (lambda x: torch.cumprod(x, dim=1), "torch.cumprod"),
+    (lambda x: x.reshape(1, 1, 2, 2, 3, 8).permute(0, 1, 3, 2, 4, 5).reshape(1, 3, 4, 8),
+     "Tensor.reshape"),
+])
+def test_layers_ncnn_cannot_load_fail_and_keep_the_pnnx_graph(tmp_path, fn, layer):
+    ws = wb.Workspace(tmp_path / "ws")
+    with pytest.raises(wb.ConversionError) as info:
+        wb.to_ncnn(Lambda(fn), (torch.rand(1, 3, 4, 8),), workspace=ws)
+    assert "layer(s) ncnn cannot load" in info.value.message and layer in info.value.message
+    assert info.value.hint
+    (kept,) = ws.artifacts
+    assert kept.format == "pnnx" and kept.id in info.value.message
+    assert layer in kept.path.read_text()
+
+
+def test_pnnx_crash_is_a_conversion_error_and_the_caller_lives(tmp_path):
+    # this torch build has no LAPACK: pnnx aborts (SIGABRT) while running the traced module
+    inv = Lambda(torch.linalg.inv)
+    with pytest.raises(wb.ConversionError, match="pnnx was killed by signal 6") as info:
+        wb.to_ncnn(inv, (torch.rand(1, 4, 4) + torch.eye(4),), workspace=tmp_path / "ws")
+    assert "pnnx log (last lines)" in info.value.message
+    assert torch.ones(1).item() == 1.0  # still here
+
+
+def test_pnnx_failure_on_unknown_onnx_op_names_it(tmp_path):
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Foo", ["r"], ["y"],
+                                                                  domain="mylib")],
+        "g", [helper.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", 1, [1, 3, 8, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("mylib", 1)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "custom.onnx")
+    # pnnx segfaults on it (signal 11): a crash of the binary, not of the caller
+    with pytest.raises(wb.ConversionError, match="pnnx (was killed by signal|exited)") as info:
+        wb.to_ncnn(tmp_path / "custom.onnx", (torch.rand(1, 3, 8, 8),),
+                   workspace=tmp_path / "ws")
+    assert "Foo" in info.value.hint and "\x1b[" not in info.value.message
+
+
+def test_bad_arguments(tmp_path):
+    model, x = wb.default_model()
+    with pytest.raises(wb.InputError, match="needs example inputs"):
+        wb.to_ncnn(model, workspace=tmp_path / "ws")
+    with pytest.raises(wb.InputError, match="optlevel=5"):
+        wb.to_ncnn(model, x, optlevel=5, workspace=tmp_path / "ws")
+    with pytest.raises(wb.ModelFileError):
+        wb.to_ncnn(tmp_path / "missing.onnx", x, workspace=tmp_path / "ws")

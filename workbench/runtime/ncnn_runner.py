@@ -1,0 +1,171 @@
+"""NcnnRunner: an ncnn model (.ncnn.param + .ncnn.bin) with checked inputs.
+
+ncnn crashes instead of raising on many mismatches (a 1-D array into a conv net, an 8-byte
+dtype), so every input is checked against what pnnx declared before native code sees it.
+The batch axis of each input and output is the one pnnx chose, read from the ``_ncnn.py``
+it writes beside the param (never assumed to be axis 0).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .base import Runner
+
+PRECISIONS = ("fp32", "fp16")
+_TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
+                 "long": "int64", "int64": "int64", "int32": "int32", "double": "float64",
+                 "float64": "float64"}
+
+
+@dataclass
+class BlobSpec:
+    name: str
+    rank: int | None = None
+    dtype: str = "float32"
+    batch_axis: int | None = None
+    example_shape: tuple[int, ...] | None = None
+
+
+def parse_ncnn_py(path: Path) -> tuple[dict[str, BlobSpec], dict[str, BlobSpec]]:
+    """Inputs and outputs as pnnx's generated ``_ncnn.py`` feeds and reads them."""
+    text = path.read_text()
+    inputs: dict[str, BlobSpec] = {}
+    for m in re.finditer(r"^\s*(in\d+) = torch\.(rand|randint)\((.*)\)\s*$", text, re.M):
+        name, args = m.group(1), m.group(3)
+        dt = re.search(r"dtype=torch\.(\w+)", args)
+        nums = [int(n) for n in re.findall(r"(?<![=\w.])(\d+)(?![\w.])", args.split("dtype")[0])]
+        if m.group(2) == "randint":
+            nums = nums[2:] if len(nums) > 2 else nums  # randint(low, high, (shape))
+        inputs[name] = BlobSpec(name, len(nums), _TORCH_DTYPES.get(dt.group(1) if dt else
+                                                                     "float", "float32"),
+                                example_shape=tuple(nums))
+    for m in re.finditer(r'ex\.input\("([^"]+)", ncnn\.Mat\((\w+)\.numpy\(\)(?:, batch_index=(\d+))?',
+                         text):
+        spec = inputs.setdefault(m.group(2), BlobSpec(m.group(1)))
+        spec.name = m.group(1)
+        spec.batch_axis = int(m.group(3)) if m.group(3) else None
+    outputs: dict[str, BlobSpec] = {}
+    for m in re.finditer(r'_, (\w+) = ex\.extract\("([^"]+)"\)', text):
+        outputs[m.group(2)] = BlobSpec(m.group(2))
+        b = re.search(rf"{m.group(1)}\.numpy\(batch_index=(\d+)\)", text)
+        outputs[m.group(2)].batch_axis = int(b.group(1)) if b else None
+    return {s.name: s for s in inputs.values()}, outputs
+
+
+class NcnnRunner(Runner):
+    name = "ncnn"
+
+    def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2) -> None:
+        if precision not in PRECISIONS:
+            raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
+                             "fp32 for accuracy checks; fp16 is what ncnn does by default")
+        self.param = Path(getattr(source, "path", source))
+        if not self.param.name.endswith(".ncnn.param"):
+            raise InputError(f"NcnnRunner needs a .ncnn.param file, got {self.param.name!r}",
+                             "pass the artifact wb.to_ncnn returned, or its .ncnn.param path")
+        self.bin = self.param.with_name(self.param.name[: -len(".param")] + ".bin")
+        for f in (self.param, self.bin):
+            if not f.exists():
+                raise InputError(f"ncnn model file {str(f)!r} does not exist",
+                                 "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
+        self.precision = precision
+        self.num_threads = num_threads
+        py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
+        self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
+        self._net = None
+
+    @property
+    def net(self):
+        if self._net is None:
+            import ncnn
+
+            net = ncnn.Net()
+            fp16 = self.precision == "fp16"
+            # must be set before load_param: ncnn enables fp16 by default
+            net.opt.use_fp16_storage = fp16
+            net.opt.use_fp16_packed = fp16
+            net.opt.use_fp16_arithmetic = fp16
+            net.opt.num_threads = self.num_threads
+            if net.load_param(str(self.param)) != 0 or net.load_model(str(self.bin)) != 0:
+                raise InputError(f"ncnn cannot load {self.param.name}",
+                                 "the param holds a layer ncnn does not know, or the .bin does "
+                                 "not match it; convert again with wb.to_ncnn")
+            self._net = net
+        return self._net
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.net.input_names())
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.net.output_names())
+
+    def feed(self, inputs: Any) -> dict[str, Any]:
+        """Inputs checked (names, count, rank, dtype) and made C-contiguous numpy arrays."""
+        import numpy as np
+
+        names = self.input_names
+        if isinstance(inputs, dict):
+            if sorted(inputs) != sorted(names):
+                raise InputError(f"inputs for {self.param.name}: expected blobs {names}, got "
+                                 f"{sorted(inputs)}", "key the dict by ncnn input blob names")
+            values = [inputs[n] for n in names]
+        else:
+            values = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+            if len(values) != len(names):
+                raise InputError(f"{self.param.name} takes {len(names)} input(s) {names}, got "
+                                 f"{len(values)}", "one array per input blob, in order")
+        out = {}
+        for name, v in zip(names, values, strict=True):
+            arr = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+            spec = self.in_specs.get(name)
+            if spec is not None and spec.rank is not None and arr.ndim != spec.rank:
+                raise InputError(
+                    f"input {name!r} of {self.param.name}: expected rank {spec.rank} "
+                    f"(converted with shape {list(spec.example_shape or ())}), got shape "
+                    f"{list(arr.shape)}", "feeding ncnn the wrong rank crashes it; reshape first")
+            if arr.dtype.kind not in "fiub":
+                raise InputError(f"input {name!r}: dtype {arr.dtype} is not numeric", "")
+            want = spec.dtype if spec is not None else "float32"
+            # ncnn.Mat takes 8-byte arrays silently and then reads garbage: narrow them
+            want = {"int64": "int32", "float64": "float32"}.get(want, want)
+            if arr.dtype.itemsize == 8 or arr.dtype.name != want:
+                arr = arr.astype(want)
+            if arr.ndim - (spec.batch_axis is not None if spec else 0) > 4:
+                raise InputError(f"input {name!r}: ncnn holds at most 4 axes besides batch, "
+                                 f"got shape {list(arr.shape)}", "")
+            out[name] = np.ascontiguousarray(arr)
+        return out
+
+    def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
+        import ncnn
+        import numpy as np
+
+        self._check_capture(capture)
+        feed = self.feed(inputs)
+        ex = self.net.create_extractor()
+        ex.set_light_mode(capture == "outputs")
+        for name, arr in feed.items():
+            spec = self.in_specs.get(name)
+            mat = (ncnn.Mat(arr, batch_index=spec.batch_axis)
+                   if spec is not None and spec.batch_axis is not None else ncnn.Mat(arr))
+            ex.input(name, mat.clone())
+        wanted = self.output_names if capture == "outputs" else [
+            b.name for b in self.net.blobs()]
+        result = {}
+        for name in wanted:
+            ret, mat = ex.extract(name)
+            if ret != 0:
+                raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
+            spec = self.out_specs.get(name)
+            if spec is not None and spec.batch_axis is not None:
+                result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
+            else:
+                result[name] = np.array(mat)
+        return result

@@ -1,0 +1,299 @@
+"""ncnn stage: a torch module or an ONNX model -> pnnx -> ncnn, with pnnx run as a checked
+subprocess.
+
+pnnx's Python ``convert`` ignores the exit code of the binary it runs, and ``pnnx.export``
+can raise after a good conversion (when importing its generated ``_pnnx.py`` fails), so the
+binary is run here directly: a timeout, its log captured into diagnostics, and failure when
+it exits non-zero or by a signal, leaves an output missing, or writes an ncnn param that
+holds layers ncnn cannot load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..errors import InputError, WorkbenchError
+from ..inputs import as_tensor_tuple, describe
+
+_PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
+               "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
+
+
+class ConversionError(WorkbenchError):
+    """pnnx/ncnn conversion failed; the message carries the tail of the pnnx log."""
+
+
+def pnnx_binary() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pnnx")
+    if spec is None or spec.origin is None:
+        raise ConversionError("pnnx is not installed", "pip install pnnx")
+    exe = Path(spec.origin).parent / "pnnx"
+    if not exe.exists():
+        raise ConversionError(f"the pnnx package has no binary at {exe}", "pip install -U pnnx")
+    return exe
+
+
+def _shape_arg(tensors: tuple) -> str:
+    parts = []
+    for t in tensors:
+        dt = _PNNX_TYPES.get(str(t.dtype).replace("torch.", ""))
+        if dt is None:
+            raise InputError(f"pnnx cannot take an input of dtype {t.dtype}",
+                             "pass float32 or int64 example inputs")
+        parts.append("[" + ",".join(str(int(d)) for d in t.shape) + "]" + dt)
+    return ",".join(parts)
+
+
+def to_ncnn(
+    source: Any,
+    inputs: Any = None,
+    *,
+    workspace: Workspace | str | None = None,
+    fp16: bool = False,
+    inputs2: Any = None,
+    moduleop: tuple[str, ...] | list[str] | str = (),
+    optlevel: int = 2,
+    timeout: float = 600.0,
+) -> Artifact:
+    """Convert through pnnx; returns the ncnn Artifact whose parent is the pnnx Artifact.
+
+    ``source`` is an ``nn.Module`` (traced with ``inputs``) or an ONNX Artifact or path
+    (``inputs`` default to the example inputs stored at export). ``fp16=False`` keeps fp32
+    weights. ``inputs2`` gives pnnx a second shape for dynamic axes (``inputshape2``);
+    ``moduleop`` keeps the named module classes as one op each.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    if optlevel not in (0, 1, 2):
+        raise InputError(f"optlevel={optlevel!r} is not 0, 1 or 2", "pnnx's default is 2")
+    moduleop = [moduleop] if isinstance(moduleop, str) else list(moduleop)
+    parent: Artifact | None = None
+    reference = None
+    diags: list[Diagnostic] = []
+    if isinstance(source, torch.nn.Module):
+        if inputs is None:
+            raise InputError("to_ncnn(module) needs example inputs to trace the module",
+                             "wb.to_ncnn(model, (x,))")
+        args = as_tensor_tuple(inputs)
+        ws = as_workspace(workspace)
+        kind = "torchscript"
+    else:
+        from .simplify import as_onnx_artifact
+
+        parent = as_onnx_artifact(source, workspace, "to_ncnn")
+        ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
+        if inputs is None:
+            from ..checks import reference_data
+
+            reference = reference_data(parent)
+            if reference is None:
+                raise InputError(f"to_ncnn({parent.path.name}) needs example inputs: the ONNX "
+                                 "file carries no stored example", "wb.to_ncnn(path, (x,))")
+            inputs = tuple(torch.from_numpy(v) for v in reference[0].values())
+        args = as_tensor_tuple(inputs)
+        kind = "onnx"
+    args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
+
+    with tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir:
+        tmp = Path(tmp_dir)
+        if kind == "torchscript":
+            model_file = tmp / "model.pt"
+            diags += _trace(source, args, model_file)
+            ref_out = _torch_outputs(source, args)
+        else:
+            model_file = tmp / "model.onnx"
+            shutil.copy2(parent.path, model_file)
+            for extra in parent.files:
+                if extra.startswith(parent.path.name + ".") and extra.endswith(".data"):
+                    shutil.copy2(parent.dir / extra, tmp / extra)
+            ref_out = reference[1] if reference else None
+        cmd = [str(pnnx_binary()), model_file.name, f"inputshape={_shape_arg(args)}",
+               "device=cpu", f"optlevel={optlevel}", f"fp16={int(fp16)}"]
+        if args2 is not None:
+            cmd.append(f"inputshape2={_shape_arg(args2)}")
+        if moduleop:
+            cmd.append("moduleop=" + ",".join(moduleop))
+        log, rc = _run_pnnx(cmd, tmp, timeout)
+        diags += _log_diagnostics(log)
+        stem = "model"
+        pnnx_files = [f"{stem}.pnnx.param", f"{stem}.pnnx.bin", f"{stem}_pnnx.py"]
+        ncnn_files = [f"{stem}.ncnn.param", f"{stem}.ncnn.bin", f"{stem}_ncnn.py"]
+        (tmp / "pnnx.log").write_text(log)
+        _check_exit(rc, log, cmd)
+        params = {"source": kind, "fp16": fp16, "optlevel": optlevel, "moduleop": moduleop,
+                  "inputshape": _shape_arg(args),
+                  "inputshape2": _shape_arg(args2) if args2 is not None else None,
+                  "precision": "fp16" if fp16 else "fp32", "command": cmd}
+        missing = [f for f in pnnx_files[:2] if not (tmp / f).exists()]
+        if missing:
+            raise ConversionError(f"pnnx exited 0 but did not write {missing}" + _tail(log),
+                                  _hint_for(log))
+        pnnx_art = _commit(ws, tmp, pnnx_files + ["pnnx.log"], stage="pnnx", format="pnnx",
+                           main=pnnx_files[0], parent=parent, params=params,
+                           seconds=time.perf_counter() - t0, diagnostics=diags)
+        missing = [f for f in ncnn_files[:2] if not (tmp / f).exists()]
+        if missing:
+            raise ConversionError(
+                f"pnnx wrote the pnnx graph ({pnnx_art.id}) but not {missing}" + _tail(log),
+                _hint_for(log))
+        bad = unloadable_layers(tmp / ncnn_files[0])
+        if bad:
+            listing = ", ".join(f"{t} ({n})" for t, n in bad[:8])
+            raise ConversionError(
+                f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
+                f"graph is kept as {pnnx_art.id}" + _tail(log), _hint_for(log, bad))
+        metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out)
+        return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
+                       parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
+                       diagnostics=checks, metrics=metrics)
+
+
+def _commit(ws: Workspace, tmp: Path, names: list[str], **kw: Any) -> Artifact:
+    with ws.staging() as d:
+        for n in names:
+            if (tmp / n).exists():
+                text_fix = n.endswith(".py")
+                if text_fix:  # the generated code names the temp folder; point it at its new home
+                    (d / n).write_text((tmp / n).read_text().replace(str(tmp) + "/", ""))
+                else:
+                    shutil.copy2(tmp / n, d / n)
+        return ws.commit(d, **kw)
+
+
+def _trace(model: Any, args: tuple, out: Path) -> list[Diagnostic]:
+    import torch
+
+    from .._capture import capture
+    from .export import _warning_diagnostics
+
+    model.eval()
+    with capture() as cap:
+        try:
+            traced = torch.jit.trace(model, args, check_trace=False)
+            traced.save(str(out))
+            error = None
+        except Exception as e:
+            error = e
+    if error is not None:
+        raise ConversionError(f"torch.jit.trace failed before pnnx could run: "
+                              f"{type(error).__name__}: {str(error).splitlines()[0]}",
+                              "pnnx converts traced TorchScript; make forward() traceable, or "
+                              "export to ONNX first and pass the ONNX artifact") from error
+    return _warning_diagnostics(cap)
+
+
+def _torch_outputs(model: Any, args: tuple) -> list:
+    from .export import _run_torch
+
+    return _run_torch(model, args, "example inputs")
+
+
+def _run_pnnx(cmd: list[str], cwd: Path, timeout: float) -> tuple[str, int]:
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                              env=env, errors="replace")
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (
+            e.stdout or "")
+        raise ConversionError(f"pnnx did not finish in {timeout:g} s" + _tail(out),
+                              "pass a smaller input shape, or raise timeout=") from None
+    log = (proc.stdout or "") + (proc.stderr or "")
+    return re.sub(r"\x1b\[[0-9;]*m", "", log), proc.returncode  # no terminal colours
+
+
+def _check_exit(rc: int, log: str, cmd: list[str]) -> None:
+    if rc == 0:
+        return
+    how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
+    raise ConversionError(f"pnnx {how}" + _tail(log) + "\ncommand: " + " ".join(cmd),
+                          _hint_for(log))
+
+
+def _tail(log: str, n: int = 15) -> str:
+    lines = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("#####")]
+    return ("\npnnx log (last lines):\n" + "\n".join(lines[-n:])) if lines else ""
+
+
+_NOT_SUPPORTED = re.compile(r"(\S+) not supported(?: yet)?(.*)")
+
+
+def _log_diagnostics(log: str) -> list[Diagnostic]:
+    diags, seen = [], set()
+    for line in log.splitlines():
+        m = _NOT_SUPPORTED.search(line)
+        if m and line not in seen:
+            seen.add(line)
+            diags.append(Diagnostic("warning", "pnnx-unsupported",
+                                    f"pnnx: {line.strip()}", _hint_for(line),
+                                    source=m.group(1)))
+    return diags
+
+
+def _hint_for(log: str, bad: list[tuple[str, str]] | None = None) -> str:
+    if m := re.search(r"(\S+) is not a registered function/op|unexpected op_type (\S+)", log):
+        return (f"the model holds an op pnnx does not know ({m.group(1) or m.group(2)}); lower it "
+                "to standard ops before conversion, or register it as a custom op")
+    if re.search(r"dynamic shape|batch axis", log, re.I):
+        return "pass a fixed input shape (inputs=) and, for dynamic axes, inputs2="
+    if bad:
+        return ("ncnn has no layer for these; keep the op on non-batch axes, rewrite it with "
+                "supported ops, or register a custom ncnn layer (the custom-op helpers)")
+    return ("read the pnnx log above for the op it stopped at; try optlevel=0, or convert the "
+            "simplified ONNX artifact instead of the module")
+
+
+def unloadable_layers(param: Path) -> list[tuple[str, str]]:
+    """(layer type, layer name) of every layer in an ncnn param that ncnn cannot create."""
+    import ncnn
+
+    bad = []
+    lines = param.read_text().splitlines()[2:]
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 2 and ncnn.layer_to_index(parts[0]) < 0:
+            bad.append((parts[0], parts[1]))
+    return bad
+
+
+def _check_numbers(param: Path, args: tuple,
+                   reference: list | None) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """ncnn fp32 and fp16 against torch on the example inputs."""
+    from ..compare.metrics import max_errors
+    from ..runtime.ncnn_runner import NcnnRunner
+
+    metrics: dict[str, Any] = {}
+    diags: list[Diagnostic] = []
+    if reference is None:
+        return metrics, diags
+    for precision in ("fp32", "fp16"):
+        key = "max_abs" if precision == "fp32" else "max_abs_fp16"
+        metrics[key] = None
+        try:
+            got = list(NcnnRunner(param, precision=precision).run(args).values())
+        except Exception as e:  # recorded: the converted model is kept either way
+            diags.append(Diagnostic("error", "ncnn-run-failed",
+                                    f"ncnn ({precision}) cannot run the model on the example "
+                                    f"inputs ({', '.join(map(describe, args))}): {e}"))
+            continue
+        errs = max_errors(reference, got)
+        if errs["shape_mismatch"]:
+            diags.append(Diagnostic("error", "ncnn-shape-mismatch",
+                                    f"ncnn ({precision}) outputs differ in shape from torch: "
+                                    f"{errs['shape_mismatch']}",
+                                    "a batch or layout axis was handled differently; see the "
+                                    "_ncnn.py pnnx wrote"))
+        else:
+            metrics[key] = errs["max_abs"]
+    return metrics, diags
