@@ -20,13 +20,16 @@ def test_demo_prints_the_stage_table(tmp_path, capsys):
     header = next(line for line in out.splitlines() if line.startswith("stage"))
     assert header.split()[:4] == ["stage", "artifact", "format", "nodes"]
     assert "max abs vs torch" in header and "seconds" in header
-    rows = {line.split()[0]: line.split() for line in out.splitlines()
-            if line.startswith(("export ", "simplify "))}
-    assert set(rows) == {"export", "simplify"}
+    rows = {" ".join(line.split()[:2]) if line.startswith("ncnn") else line.split()[0]:
+            line.split() for line in out.splitlines()
+            if line.startswith(("export ", "simplify ", "ncnn "))}
+    assert set(rows) == {"export", "simplify", "ncnn fp32", "ncnn fp16"}
     assert rows["export"][2] == "onnx" and int(rows["simplify"][3]) <= int(rows["export"][3])
     assert float(rows["export"][4]) < 1e-4
+    assert rows["ncnn fp32"][3] == "ncnn" and float(rows["ncnn fp32"][5]) < 1e-4
+    assert float(rows["ncnn fp16"][5]) < 1e-2
     manifest = json.loads((tmp_path / "ws" / "manifest.json").read_text())
-    assert [a["stage"] for a in manifest["artifacts"]] == ["export", "simplify"]
+    assert [a["stage"] for a in manifest["artifacts"]] == ["export", "simplify", "pnnx", "ncnn"]
 
 
 def test_inspect_text_and_json(tmp_path, capsys):

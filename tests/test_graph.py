@@ -163,10 +163,10 @@ def test_summarize_rejects_other_things(tmp_path):
         summarize(42)
     assert "int" in str(e.value) and e.value.hint
     param = tmp_path / "m.ncnn.param"
-    param.write_text("7767517\n")
-    with pytest.raises(InputError) as e:
+    param.write_text("7767517\n")  # cut after the magic
+    with pytest.raises(ModelFileError) as e:
         summarize(param)
-    assert "ncnn" in str(e.value) and e.value.hint
+    assert "m.ncnn.param" in str(e.value) and e.value.hint
 
 
 # -- ModelFileError ------------------------------------------------------------------------
@@ -247,11 +247,15 @@ def test_check_model_file_formats(tmp_path):
     onnx.save(_mlp_model(), p)
     assert onnx_io.check_model_file(p) == "onnx"
     param = tmp_path / "m.ncnn.param"
-    param.write_text("7767517\n")
+    param.write_text("7767517\n2 2\nInput in0 0 1 in0\nReLU relu 1 1 in0 out0\n")
     assert onnx_io.check_model_file(param) == "ncnn"
     pnnx = tmp_path / "m.PNNX.param"
-    pnnx.write_text("7767517\n")
+    pnnx.write_text("7767517\n3 2\npnnx.Input in 0 1 0\nnn.ReLU relu 1 1 0 1\n"
+                    "pnnx.Output out 1 0 1\n")
     assert onnx_io.check_model_file(pnnx) == "pnnx"
+    param.write_text("7767517\n")
+    with pytest.raises(ModelFileError):
+        onnx_io.check_model_file(param)
 
 
 # -- IR version and onnxruntime ------------------------------------------------------------

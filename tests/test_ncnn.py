@@ -68,7 +68,7 @@ def test_runner_narrows_float64_instead_of_crashing(converted):
 @pytest.mark.parametrize("bad, message", [
     ((np.zeros(64, np.float32),), "expected rank 4"),
     ((np.zeros((1, 3, 8, 8), np.float32),) * 2, "takes 1 input"),
-    ({"input": np.zeros((1, 3, 8, 8), np.float32)}, "expected blobs ['in0']"),
+    ({"input": np.zeros((1, 3, 8, 8), np.float32)}, "unknown ['input'], missing ['in0']"),
     ((np.array(["a", "b"]),), "expected rank 4|not numeric"),
 ])
 def test_runner_rejects_inputs_that_would_crash_ncnn(converted, bad, message):

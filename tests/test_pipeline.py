@@ -12,12 +12,14 @@ def test_pipeline_runs_every_stage(ws, sr_model):
     model, x = sr_model
     result = wb.Pipeline(model, x, workspace=ws, simplify={"backend": "onnxsim"}).run(
         progress=False)
-    assert result.ok and list(result.artifacts) == ["export", "simplify"]
+    assert result.ok and list(result.artifacts) == ["export", "simplify", "ncnn"]
     assert result.artifacts["simplify"].parent is result.artifacts["export"]
+    assert result.artifacts["ncnn"].parent.format == "pnnx"
     rows = result.rows()
-    assert [r["stage"] for r in rows] == ["export", "simplify"]
-    assert all(r["max_abs_vs_torch"] < 1e-4 for r in rows)
-    assert "simplify" in result.table().splitlines()[-1]
+    assert [r["stage"] for r in rows] == ["export", "simplify", "ncnn fp32", "ncnn fp16"]
+    assert all(r["max_abs_vs_torch"] < 1e-4 for r in rows[:3])
+    assert rows[3]["max_abs_vs_torch"] < 1e-2  # fp16 storage and arithmetic
+    assert "ncnn fp16" in result.table().splitlines()[-1]
 
 
 def test_pipeline_stops_at_a_failed_stage_and_keeps_the_error(ws):
@@ -35,5 +37,7 @@ def test_pipeline_keeps_export_when_simplify_fails(ws, sr_model):
         raise ValueError("nope")
 
     result = wb.Pipeline(model, x, workspace=ws, simplify={"backend": broken}).run(progress=False)
-    assert list(result.artifacts) == ["export"] and list(result.errors) == ["simplify"]
-    assert len(ws) == 1 and ws.verify() == []
+    # simplify's failure is kept; ncnn does not need it and still runs
+    assert list(result.artifacts) == ["export", "ncnn"] and list(result.errors) == ["simplify"]
+    assert len(ws) == 3 and ws.verify() == []
+    assert "simplify failed: simplify backend 'broken' failed" in result.table()

@@ -26,6 +26,7 @@ _LAZY = {
     "simplify": ("workbench.stages.simplify", "simplify"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
+    "BackendCrashed": ("workbench.runtime.worker", "BackendCrashed"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),
     "GraphSummary": ("workbench.graph", "GraphSummary"),

@@ -50,7 +50,12 @@ def capture(fd_level: bool = True) -> Iterator[Captured]:
     cap = Captured()
     log_lines: list[str] = []
     handler = _ListHandler(log_lines)
-    loggers = [logging.getLogger(n) for n in ("torch", "onnxscript", "onnx_ir", "onnxslim")]
+    roots = ("torch", "onnxscript", "onnx_ir", "onnxslim")
+    # child loggers with handlers of their own (torch.onnx has one) are swapped too
+    names = set(roots) | {n for n, lg in logging.root.manager.loggerDict.items()
+                          if n.startswith(tuple(r + "." for r in roots))
+                          and isinstance(lg, logging.Logger) and lg.handlers}
+    loggers = [logging.getLogger(n) for n in sorted(names)]
     saved_prop = [(lg, lg.propagate, list(lg.handlers)) for lg in loggers]
     for lg in loggers:  # only our handler while capturing, so each line is recorded once
         lg.handlers[:] = [handler]

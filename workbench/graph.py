@@ -103,12 +103,18 @@ def summarize(source: Any) -> GraphSummary:
     if isinstance(source, (str, Path)):
         path = Path(source)
         fmt = detect_format(path)
-        if fmt != "onnx":
-            raise InputError(f"no graph summary for {fmt} files yet ({path.name})",
-                             "the ncnn conversion issue adds .ncnn.param and .pnnx.param")
+        if fmt == "ncnn":
+            from .params import summarize_ncnn
+
+            return summarize_ncnn(path)
+        if fmt == "pnnx":
+            from .params import summarize_pnnx
+
+            return summarize_pnnx(path)
         return summarize_onnx(load_onnx(path, external_data=False))
     raise InputError(f"cannot summarize a {type(source).__name__}",
-                     "pass an Artifact, a path to a .onnx file, or an onnx.ModelProto")
+                     "pass an Artifact, a path to a .onnx, .ncnn.param or .pnnx.param file, "
+                     "or an onnx.ModelProto")
 
 
 def _dtype_name(elem_type: int) -> str:

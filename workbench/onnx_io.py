@@ -37,6 +37,10 @@ def check_model_file(path: str | Path) -> str:
     fmt = detect_format(path)
     if fmt == "onnx":
         load_onnx(path, external_data=False)
+    else:
+        from .params import parse_ncnn_param, parse_pnnx_param
+
+        (parse_ncnn_param if fmt == "ncnn" else parse_pnnx_param)(path)
     return fmt
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from .artifact import Artifact, Workspace, as_workspace
 from .errors import WorkbenchError
 
-STAGES = ("export", "simplify")
+STAGES = ("export", "simplify", "ncnn")
 
 
 @dataclass
@@ -26,12 +26,15 @@ class PipelineResult:
         """One row per stage: stage, artifact id, format, nodes, max abs vs torch, seconds."""
         rows = []
         for stage, art in self.artifacts.items():
-            err = art.metrics.get("max_abs")
-            rows.append({"stage": stage, "artifact": art.id, "format": art.format,
-                         "nodes": art.graph.node_count, "max_abs_vs_torch": err,
-                         "seconds": round(art.seconds, 3),
-                         "status": "ok" if art.ok else "errors",
-                         "warnings": sum(d.level == "warning" for d in art.diagnostics)})
+            # an ncnn artifact is run twice: fp32 and fp16 arithmetic/storage
+            variants = ([(f"{stage} fp32", "max_abs"), (f"{stage} fp16", "max_abs_fp16")]
+                        if art.format == "ncnn" else [(stage, "max_abs")])
+            for label, key in variants:
+                rows.append({"stage": label, "artifact": art.id, "format": art.format,
+                             "nodes": art.graph.node_count, "max_abs_vs_torch": art.metrics.get(key),
+                             "seconds": round(art.seconds, 3),
+                             "status": "ok" if art.ok else "errors",
+                             "warnings": sum(d.level == "warning" for d in art.diagnostics)})
         for stage, e in self.errors.items():
             rows.append({"stage": stage, "artifact": "-", "format": "-", "nodes": None,
                          "max_abs_vs_torch": None, "seconds": None, "status": "failed",
@@ -59,23 +62,26 @@ def _fmt(v: Any, spec: str = "{}") -> str:
 
 
 class Pipeline:
-    """Run export then simplify (later: raise, ncnn, compare) on one model.
+    """Run export, simplify and ncnn conversion (later: raise, compare) on one model.
 
-    ``export`` and ``simplify`` are dicts of keyword arguments for those stages.
+    ``export``, ``simplify`` and ``ncnn`` are dicts of keyword arguments for those stages.
     """
 
     def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
                  export: dict[str, Any] | None = None,
-                 simplify: dict[str, Any] | None = None) -> None:
+                 simplify: dict[str, Any] | None = None,
+                 ncnn: dict[str, Any] | None = None) -> None:
         self.model = model
         self.inputs = inputs
         self.workspace = workspace
-        self.options = {"export": dict(export or {}), "simplify": dict(simplify or {})}
+        self.options = {"export": dict(export or {}), "simplify": dict(simplify or {}),
+                        "ncnn": dict(ncnn or {})}
 
     def run(self, progress: bool = True) -> PipelineResult:
         from tqdm.auto import tqdm
 
         from .stages.export import export
+        from .stages.ncnn import to_ncnn
         from .stages.simplify import simplify
 
         ws = as_workspace(self.workspace)
@@ -87,12 +93,16 @@ class Pipeline:
             try:
                 if stage == "export":
                     art = export(self.model, self.inputs, workspace=ws, **self.options[stage])
-                else:
+                elif stage == "simplify":
                     art = simplify(result.artifacts["export"], workspace=ws,
                                    **self.options[stage])
+                else:  # pnnx from the module: its TorchScript route raises the most ops
+                    art = to_ncnn(self.model, self.inputs, workspace=ws, **self.options[stage])
             except WorkbenchError as e:  # keep what was written, say where it stopped
                 result.errors[stage] = e
-                break
+                if stage == "export":  # nothing after it can run
+                    break
+                continue
             result.artifacts[stage] = art
         bar.close()
         result.seconds = time.perf_counter() - t0

@@ -1,4 +1,8 @@
-"""The Runner interface shared by every backend."""
+"""The Runner interface shared by every backend.
+
+``run(inputs, capture)`` checks the inputs against ``describe()`` in this process, then runs
+the backend here (``isolated=False``) or in the crash-isolated worker (``isolated=True``).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,38 @@ class Runner:
     """Runs one model on one backend. ``run`` returns {tensor name: numpy array}."""
 
     name = "runner"
+    isolated = False
+    _remote: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        """Inputs (name, dtype, shape) and outputs of the model, as the backend sees them."""
+        if self.isolated:
+            return self._remote.describe()
+        return self._describe_local()
 
     @property
     def input_names(self) -> list[str]:
+        return [i["name"] for i in self.describe()["inputs"]]
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.describe()["outputs"])
+
+    def feed(self, inputs: Any) -> dict[str, Any]:
+        """Inputs as {name: numpy array}, checked; subclasses check dtype and shape."""
         raise NotImplementedError
 
     def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
+        self._check_capture(capture)
+        feed = self.feed(inputs)
+        if self.isolated:
+            return self._remote.execute(feed, capture)
+        return self._execute(feed, capture)
+
+    def _describe_local(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         raise NotImplementedError
 
     def _check_capture(self, capture: str) -> None:
@@ -25,3 +55,29 @@ class Runner:
         if capture not in CAPTURES:
             raise InputError(f"capture={capture!r} is not one of {CAPTURES}",
                              "use capture='outputs' (graph outputs) or 'all' (every tensor)")
+
+
+def split_inputs(inputs: Any, names: list[str], model: str) -> list[Any]:
+    """Inputs given as a dict by name, a tuple in order, or one array -> values in order."""
+    from ..errors import InputError
+
+    if isinstance(inputs, dict):
+        unknown = sorted(set(inputs) - set(names))
+        missing = [n for n in names if n not in inputs]
+        if unknown or missing:
+            raise InputError(
+                f"inputs for {model}: unknown {unknown or 'none'}, missing {missing or 'none'}; "
+                f"the model's inputs are {names}",
+                "pass a dict keyed by the model's input names, or a tuple in that order")
+        return [inputs[n] for n in names]
+    values = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
+    if len(values) != len(names):
+        raise InputError(f"{model} takes {len(names)} input(s) {names}, got {len(values)}",
+                         "pass one array per model input, in order")
+    return values
+
+
+def to_numpy(v: Any) -> Any:
+    import numpy as np
+
+    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)

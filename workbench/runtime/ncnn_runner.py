@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .base import Runner
+from .base import Runner, split_inputs, to_numpy
 
 PRECISIONS = ("fp32", "fp16")
 _TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
@@ -38,9 +38,12 @@ def parse_ncnn_py(path: Path) -> tuple[dict[str, BlobSpec], dict[str, BlobSpec]]
     for m in re.finditer(r"^\s*(in\d+) = torch\.(rand|randint)\((.*)\)\s*$", text, re.M):
         name, args = m.group(1), m.group(3)
         dt = re.search(r"dtype=torch\.(\w+)", args)
-        nums = [int(n) for n in re.findall(r"(?<![=\w.])(\d+)(?![\w.])", args.split("dtype")[0])]
-        if m.group(2) == "randint":
-            nums = nums[2:] if len(nums) > 2 else nums  # randint(low, high, (shape))
+        if m.group(2) == "randint":  # randint(high, (d0, d1, ...), dtype=...)
+            shape = re.search(r"\(([\d,\s]*)\)", args)
+            dims = shape.group(1) if shape else ""
+        else:  # rand(d0, d1, ..., dtype=...)
+            dims = args.split("dtype")[0]
+        nums = [int(n) for n in re.findall(r"\d+", dims)]
         inputs[name] = BlobSpec(name, len(nums), _TORCH_DTYPES.get(dt.group(1) if dt else
                                                                      "float", "float32"),
                                 example_shape=tuple(nums))
@@ -60,7 +63,8 @@ def parse_ncnn_py(path: Path) -> tuple[dict[str, BlobSpec], dict[str, BlobSpec]]
 class NcnnRunner(Runner):
     name = "ncnn"
 
-    def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2) -> None:
+    def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
+                 isolated: bool = True) -> None:
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
                              "fp32 for accuracy checks; fp16 is what ncnn does by default")
@@ -77,7 +81,15 @@ class NcnnRunner(Runner):
         self.num_threads = num_threads
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
         self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
+        self.isolated = isolated
         self._net = None
+        if isolated:
+            from .worker import RemoteHandle
+
+            self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
+                                        (str(self.param),),
+                                        {"precision": precision, "num_threads": num_threads},
+                                        f"ncnn ({precision})")
 
     @property
     def net(self):
@@ -91,39 +103,33 @@ class NcnnRunner(Runner):
             net.opt.use_fp16_packed = fp16
             net.opt.use_fp16_arithmetic = fp16
             net.opt.num_threads = self.num_threads
-            if net.load_param(str(self.param)) != 0 or net.load_model(str(self.bin)) != 0:
-                raise InputError(f"ncnn cannot load {self.param.name}",
-                                 "the param holds a layer ncnn does not know, or the .bin does "
-                                 "not match it; convert again with wb.to_ncnn")
+            if net.load_param(str(self.param)) != 0:
+                raise InputError(f"ncnn cannot load {self.param.name}: a layer is unknown or "
+                                 "has parameters ncnn rejects",
+                                 "convert again with wb.to_ncnn; `workbench inspect` lists the "
+                                 "layers")
+            if net.load_model(str(self.bin)) != 0:
+                raise InputError(f"ncnn cannot load the weights {self.bin.name}: the file is "
+                                 "shorter than the param needs (truncated or from another "
+                                 "conversion)", "convert again; keep .param and .bin together")
             self._net = net
         return self._net
 
-    @property
-    def input_names(self) -> list[str]:
-        return list(self.net.input_names())
-
-    @property
-    def output_names(self) -> list[str]:
-        return list(self.net.output_names())
+    def _describe_local(self) -> dict[str, Any]:
+        net = self.net
+        return {"inputs": [{"name": n} for n in net.input_names()],
+                "outputs": list(net.output_names()),
+                "blobs": [b.name for b in net.blobs()]}
 
     def feed(self, inputs: Any) -> dict[str, Any]:
         """Inputs checked (names, count, rank, dtype) and made C-contiguous numpy arrays."""
         import numpy as np
 
         names = self.input_names
-        if isinstance(inputs, dict):
-            if sorted(inputs) != sorted(names):
-                raise InputError(f"inputs for {self.param.name}: expected blobs {names}, got "
-                                 f"{sorted(inputs)}", "key the dict by ncnn input blob names")
-            values = [inputs[n] for n in names]
-        else:
-            values = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
-            if len(values) != len(names):
-                raise InputError(f"{self.param.name} takes {len(names)} input(s) {names}, got "
-                                 f"{len(values)}", "one array per input blob, in order")
+        values = split_inputs(inputs, names, self.param.name)
         out = {}
         for name, v in zip(names, values, strict=True):
-            arr = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+            arr = to_numpy(v)
             spec = self.in_specs.get(name)
             if spec is not None and spec.rank is not None and arr.ndim != spec.rank:
                 raise InputError(
@@ -131,24 +137,24 @@ class NcnnRunner(Runner):
                     f"(converted with shape {list(spec.example_shape or ())}), got shape "
                     f"{list(arr.shape)}", "feeding ncnn the wrong rank crashes it; reshape first")
             if arr.dtype.kind not in "fiub":
-                raise InputError(f"input {name!r}: dtype {arr.dtype} is not numeric", "")
+                raise InputError(f"input {name!r} of {self.param.name}: dtype {arr.dtype} is "
+                                 "not numeric", "pass a float32 array")
             want = spec.dtype if spec is not None else "float32"
             # ncnn.Mat takes 8-byte arrays silently and then reads garbage: narrow them
             want = {"int64": "int32", "float64": "float32"}.get(want, want)
-            if arr.dtype.itemsize == 8 or arr.dtype.name != want:
+            if arr.dtype.name != want:
                 arr = arr.astype(want)
-            if arr.ndim - (spec.batch_axis is not None if spec else 0) > 4:
-                raise InputError(f"input {name!r}: ncnn holds at most 4 axes besides batch, "
-                                 f"got shape {list(arr.shape)}", "")
+            batch = spec is not None and spec.batch_axis is not None
+            if not 1 <= arr.ndim - batch <= 4:
+                raise InputError(f"input {name!r} of {self.param.name}: ncnn holds 1 to 4 axes "
+                                 f"besides batch, got shape {list(arr.shape)}", "")
             out[name] = np.ascontiguousarray(arr)
         return out
 
-    def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
+    def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         import ncnn
         import numpy as np
 
-        self._check_capture(capture)
-        feed = self.feed(inputs)
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
         for name, arr in feed.items():
@@ -156,8 +162,8 @@ class NcnnRunner(Runner):
             mat = (ncnn.Mat(arr, batch_index=spec.batch_axis)
                    if spec is not None and spec.batch_axis is not None else ncnn.Mat(arr))
             ex.input(name, mat.clone())
-        wanted = self.output_names if capture == "outputs" else [
-            b.name for b in self.net.blobs()]
+        wanted = (list(self.net.output_names()) if capture == "outputs"
+                  else [b.name for b in self.net.blobs()])
         result = {}
         for name in wanted:
             ret, mat = ex.extract(name)

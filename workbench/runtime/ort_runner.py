@@ -1,4 +1,4 @@
-"""OrtRunner: an ONNX model in onnxruntime (CPU), IR version handled."""
+"""OrtRunner: an ONNX model in onnxruntime (CPU), IR version handled, crash-isolated by default."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .base import Runner
+from .base import Runner, split_inputs, to_numpy
 
 # onnxruntime's type strings -> numpy dtype names
 _ORT_TYPES = {
@@ -19,10 +19,19 @@ _ORT_TYPES = {
 class OrtRunner(Runner):
     name = "onnxruntime"
 
-    def __init__(self, source: Any) -> None:
+    def __init__(self, source: Any, isolated: bool = True) -> None:
+        from ..onnx_io import check_model_file
+
         self.path = Path(getattr(source, "path", source))
+        check_model_file(self.path)  # a clear error here, not a native one in the worker
+        self.isolated = isolated
         self._session = None
         self._all_session = None
+        if isolated:
+            from .worker import RemoteHandle
+
+            self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
+                                        (str(self.path),), {}, self.name)
 
     @property
     def session(self):
@@ -32,55 +41,36 @@ class OrtRunner(Runner):
             self._session = session(self.path)
         return self._session
 
-    @property
-    def input_names(self) -> list[str]:
-        return [i.name for i in self.session.get_inputs()]
+    def _describe_local(self) -> dict[str, Any]:
+        s = self.session
+        return {"inputs": [{"name": i.name, "dtype": _ORT_TYPES.get(i.type, i.type),
+                            "shape": list(i.shape)} for i in s.get_inputs()],
+                "outputs": [o.name for o in s.get_outputs()]}
 
     def feed(self, inputs: Any) -> dict[str, Any]:
         """Inputs (dict by name, or tuple in input order) checked and as numpy arrays."""
-        import numpy as np
-
-        specs = self.session.get_inputs()
-        names = [s.name for s in specs]
-        if isinstance(inputs, dict):
-            unknown = sorted(set(inputs) - set(names))
-            missing = [n for n in names if n not in inputs]
-            if unknown or missing:
-                raise InputError(
-                    f"inputs for {self.path.name}: unknown {unknown or 'none'}, missing "
-                    f"{missing or 'none'}; the model's inputs are {names}",
-                    "pass a dict keyed by the model's input names, or a tuple in that order")
-            values = [inputs[n] for n in names]
-        else:
-            values = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
-            if len(values) != len(specs):
-                raise InputError(
-                    f"{self.path.name} takes {len(specs)} input(s) {names}, got {len(values)}",
-                    "pass one array per model input, in order")
+        specs = self.describe()["inputs"]
+        values = split_inputs(inputs, [s["name"] for s in specs], self.path.name)
         feed = {}
         for spec, v in zip(specs, values, strict=True):
-            arr = v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
-            want = _ORT_TYPES.get(spec.type)
-            if want and arr.dtype.name != want:
+            arr = to_numpy(v)
+            name, want, shape = spec["name"], spec["dtype"], spec["shape"]
+            if want in _ORT_TYPES.values() and arr.dtype.name != want:
+                raise InputError(f"input {name!r} of {self.path.name}: expected {want}, got "
+                                 f"{arr.dtype.name}", f"cast it, e.g. x.astype(np.{want})")
+            bad = len(shape) != arr.ndim or any(
+                isinstance(d, int) and d != a for d, a in zip(shape, arr.shape, strict=True))
+            if bad:
+                dims = ", ".join("?" if d is None else str(d) for d in shape)
                 raise InputError(
-                    f"input {spec.name!r} of {self.path.name}: expected {want}, got "
-                    f"{arr.dtype.name}", f"cast it, e.g. x.astype(np.{want})")
-            shape = spec.shape
-            bad_rank = len(shape) != arr.ndim
-            bad_dim = not bad_rank and any(isinstance(d, int) and d != a
-                                           for d, a in zip(shape, arr.shape, strict=True))
-            if bad_rank or bad_dim:
-                raise InputError(
-                    f"input {spec.name!r} of {self.path.name}: expected shape "
-                    f"{_fmt(shape)}, got {list(arr.shape)}",
+                    f"input {name!r} of {self.path.name}: expected shape [{dims}], got "
+                    f"{list(arr.shape)}",
                     "named or '?' axes may vary; the others are fixed by the export "
                     "(declare them in dynamic_axes to free them)")
-            feed[spec.name] = arr
+            feed[name] = arr
         return feed
 
-    def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
-        self._check_capture(capture)
-        feed = self.feed(inputs)
+    def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         sess = self.session if capture == "outputs" else self._session_all()
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, feed), strict=True))
@@ -101,7 +91,3 @@ class OrtRunner(Runner):
                         known.add(out)
             self._all_session = session(model)
         return self._all_session
-
-
-def _fmt(shape: list) -> str:
-    return "[" + ", ".join(str(d) if d is not None else "?" for d in shape) + "]"

@@ -22,6 +22,9 @@ class TorchRunner(Runner):
         self.model = model
         self.output_names = output_names
 
+    def describe(self) -> dict[str, Any]:
+        return {"inputs": [{"name": n} for n in self.input_names], "outputs": []}
+
     @property
     def input_names(self) -> list[str]:
         import inspect

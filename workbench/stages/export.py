@@ -296,12 +296,13 @@ def _warning_diagnostics(cap: Any) -> list[Diagnostic]:
             hint = "exporter='dynamo' is torch's default path going forward"
         elif cat == "DeprecationWarning" or cat == "FutureWarning":
             code, level = "deprecation", "info"
+            hint = "raised inside the library named by the source; nothing to do in your model"
         key = (code, source, msg)
         if key in seen:
             continue
         seen.add(key)
-        diags.append(Diagnostic(level, code, msg, hint, source if code.startswith("tracer")
-                                or code == "torch-warning" else None))
+        diags.append(Diagnostic(level, code, msg, hint, None if code == "legacy-exporter"
+                                else source))
     lines = [ln for ln in cap.lines() if not ln.startswith("[torch.onnx]")]
     if lines:
         diags.append(Diagnostic("info", "exporter-log", "\n".join(lines[-40:])))

@@ -1,0 +1,104 @@
+"""Crash isolation: native backends run in a worker; a real segfault leaves the caller alive."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import workbench as wb
+from workbench.runtime import NcnnRunner, OrtRunner
+from workbench.runtime import worker as worker_mod
+
+
+@pytest.fixture
+def fresh_worker(monkeypatch):
+    """A worker of this test's own, closed afterwards."""
+    w = worker_mod.Worker()
+    monkeypatch.setattr(worker_mod, "_WORKER", w)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def sr(tmp_path_factory):
+    model, x = wb.default_model()
+    ws = wb.Workspace(tmp_path_factory.mktemp("worker") / "ws")
+    return model, x, wb.export(model, x, workspace=ws), wb.to_ncnn(model, x, workspace=ws)
+
+
+def test_runners_are_isolated_by_default_and_agree_with_in_process(sr, fresh_worker):
+    _, (x,), onx, nc = sr
+    for remote, local in [(OrtRunner(onx), OrtRunner(onx, isolated=False)),
+                          (NcnnRunner(nc), NcnnRunner(nc, isolated=False))]:
+        assert remote.isolated and not local.isolated
+        a, b = remote.run((x,)), local.run((x,))
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    assert fresh_worker.alive and fresh_worker.pid != os.getpid()
+    assert remote._session is None if hasattr(remote, "_session") else remote._net is None
+
+
+def test_capture_all_through_the_worker(sr, fresh_worker):
+    _, (x,), onx, nc = sr
+    ort_all = OrtRunner(onx).run((x,), capture="all")
+    assert "output" in ort_all and len(ort_all) > 5
+    assert ort_all["output"].shape == (1, 3, 192, 192)
+    nc_all = NcnnRunner(nc).run((x,), capture="all")
+    assert nc_all["2"].shape == (64, 192, 192)
+
+
+def test_a_segfault_in_ncnn_raises_backend_crashed_and_the_caller_lives(sr, fresh_worker,
+                                                                        tmp_path):
+    _, (x,), _, nc = sr
+    # without the _ncnn.py pnnx writes, the runner cannot know the rank; a 1-D array fed to
+    # this conv net makes ncnn read past its buffer and segfault (seen every time here)
+    bare = tmp_path / "m.ncnn.param"
+    shutil.copy(nc.path, bare)
+    shutil.copy(nc.dir / "model.ncnn.bin", tmp_path / "m.ncnn.bin")
+    crashing = NcnnRunner(bare)
+    with pytest.raises(wb.BackendCrashed) as info:
+        crashing.run((np.random.rand(100_000).astype(np.float32),))
+    e = info.value
+    assert e.signal == "SIGSEGV" and e.backend == "ncnn (fp32)"
+    assert "this process is unharmed" in e.message and e.hint
+    assert not fresh_worker.alive
+    # the next run starts a fresh worker; the same runner works again with a good input
+    # (no _ncnn.py, so no batch axis either: feed ncnn's own CHW layout)
+    generation = fresh_worker.generation
+    out = crashing.run((x[0].numpy(),))
+    assert fresh_worker.generation == generation + 1
+    with torch.no_grad():
+        np.testing.assert_allclose(out["out0"], sr[0](x)[0].numpy(), atol=1e-4)
+
+
+def test_errors_in_the_worker_come_back_as_errors_not_crashes(sr, fresh_worker, tmp_path):
+    _, (x,), _, nc = sr
+    (tmp_path / "t.ncnn.param").write_text(nc.path.read_text())
+    (tmp_path / "t.ncnn.bin").write_bytes((nc.dir / "model.ncnn.bin").read_bytes()[:1000])
+    with pytest.raises(wb.InputError, match="cannot load the weights t.ncnn.bin"):
+        NcnnRunner(tmp_path / "t.ncnn.param").run((x,))
+    assert fresh_worker.alive  # an error is not a crash
+
+
+def test_bad_inputs_are_refused_before_the_worker_sees_them(sr, fresh_worker):
+    _, _, onx, _ = sr
+    r = OrtRunner(onx)
+    with pytest.raises(wb.InputError, match="expected float32, got float64"):
+        r.run((np.zeros((1, 3, 64, 64)),))
+    with pytest.raises(wb.InputError, match=r"expected shape \[1, 3, 64, 64\], got \[1, 3, 8\]"):
+        r.run((np.zeros((1, 3, 8), np.float32),))
+    with pytest.raises(wb.InputError, match="takes 1 input"):
+        r.run(())
+    assert fresh_worker.alive
+
+
+def test_ort_runner_on_a_bad_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "x.onnx"
+    f.write_text("not onnx")
+    with pytest.raises(wb.ModelFileError, match="is not an ONNX model"):
+        OrtRunner(f)
