@@ -151,3 +151,40 @@ def test_bad_arguments(tmp_path):
         wb.to_ncnn(model, x, optlevel=5, workspace=tmp_path / "ws")
     with pytest.raises(wb.ModelFileError):
         wb.to_ncnn(tmp_path / "missing.onnx", x, workspace=tmp_path / "ws")
+
+
+def test_moduleop_keeps_the_module_as_one_op(tmp_path):
+    import trap_models as tm
+
+    ws = wb.Workspace(tmp_path / "ws")
+    x = torch.rand(1, 3, 32, 32)
+    with pytest.raises(wb.ConversionError, match=r"Tensor.slice \(Tensor.slice_"):
+        wb.to_ncnn(tm.FocusNet(), (x,), workspace=ws)
+    assert ws.artifacts[-1].graph.op_histogram["Tensor.slice"] == 4
+    # kept as one op: ncnn then needs a custom layer named Focus, and says so
+    with pytest.raises(wb.ConversionError, match=r"1 layer\(s\) ncnn cannot load: trap_models.Focus \(focus\)"):
+        wb.to_ncnn(tm.FocusNet(), (x,), workspace=ws, moduleop=[tm.Focus])
+    kept = ws.artifacts[-1]
+    assert kept.params["moduleop"] == ["trap_models.Focus"]
+    assert kept.graph.op_histogram == {"trap_models.Focus": 1, "nn.Conv2d": 1}
+
+
+def test_moduleop_that_matches_nothing_is_reported(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+    art = wb.to_ncnn(model, (torch.rand(1, 3, 8, 8),), workspace=tmp_path / "ws",
+                     moduleop="models.Focus")
+    (d,) = art.parent.diagnostics_with("moduleop-unmatched")
+    assert "'models.Focus'" in d.message
+
+
+def test_inputs2_makes_the_ncnn_model_dynamic(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
+    art = wb.to_ncnn(model, (torch.rand(1, 3, 32, 32),), workspace=tmp_path / "ws",
+                     inputs2=(torch.rand(1, 3, 48, 64),))
+    assert art.params["inputshape2"] == "[1,3,48,64]f32"
+    assert art.parent.graph.inputs[0].shape == (1, 3, None, None)
+    x = torch.rand(1, 3, 40, 24)
+    out = NcnnRunner(art).run((x,))["out0"]
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model(x).numpy(), atol=1e-5)

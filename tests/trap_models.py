@@ -110,3 +110,26 @@ class CustomOp(nn.Module):
 
     def forward(self, x):
         return twice(x) + 1
+
+
+class Focus(nn.Module):
+    """YOLOv5's Focus: four strided slices + concat + conv (ncnn has no 2-D strided slice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(12, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2],
+                                    x[..., 1::2, 1::2]], 1))
+
+
+class FocusNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.focus = Focus()
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.head(self.focus(x))

@@ -1,11 +1,33 @@
-"""TorchRunner: the reference, an ``nn.Module`` run in eval mode without grad."""
+"""TorchRunner: the reference, an ``nn.Module`` run in eval mode without grad.
+
+``capture="all"`` records, in one forward pass, every leaf module's output under its
+qualified name (``layer1.0.conv1``) and the tensor results of functional calls made outside
+leaf modules, named by the module that made them and the function (``F.interpolate_0`` at
+the top level, ``layer1.0/Tensor.__add___0`` inside a block). Hooks plus a TorchFunctionMode,
+as torch.fx's Interpreter would see the same calls, but without tracing.
+"""
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from typing import Any
 
 from ..inputs import as_tensor_tuple, flatten_outputs
 from .base import Runner
+
+_PREFIXES = (("torch.nn.functional.", "F."), ("torch.Tensor.", "Tensor."), ("torch._C._nn.", "F."),
+             ("torch._C._VariableFunctions.", "torch."))
+
+
+def _short(func: Any) -> str:
+    import torch
+
+    name = torch.overrides.resolve_name(func) or getattr(func, "__name__", "op")
+    for long, short in _PREFIXES:
+        if name.startswith(long):
+            return short + name[len(long):]
+    return name
 
 
 class TorchRunner(Runner):
@@ -20,7 +42,7 @@ class TorchRunner(Runner):
             raise InputError(f"TorchRunner needs an nn.Module, got {type(model).__name__}",
                              "pass the model object itself, e.g. TorchRunner(MyNet())")
         self.model = model
-        self.output_names = output_names
+        self.output_names_given = output_names
 
     def describe(self) -> dict[str, Any]:
         return {"inputs": [{"name": n} for n in self.input_names], "outputs": []}
@@ -32,24 +54,83 @@ class TorchRunner(Runner):
         params = inspect.signature(self.model.forward).parameters.values()
         return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
-    def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
-        import torch
-
-        self._check_capture(capture)
-        if capture == "all":
-            from ..errors import InputError
-
-            raise InputError("TorchRunner capture='all' arrives with the ncnn/runtimes issue",
-                             "use capture='outputs' for now")
+    def feed(self, inputs: Any) -> dict[str, Any]:
         if isinstance(inputs, dict):
             inputs = tuple(inputs[n] for n in self.input_names if n in inputs)
-        args = as_tensor_tuple(inputs)
+        return dict(zip(self.input_names, as_tensor_tuple(inputs), strict=False))
+
+    def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
+        import torch
+
+        args = tuple(feed.values())
         was_training = self.model.training
         self.model.eval()
+        records: dict[str, Any] = {}
         try:
             with torch.no_grad():
-                out = flatten_outputs(self.model(*args))
+                if capture == "all":
+                    out = self._forward_recording(args, records)
+                else:
+                    out = self.model(*args)
         finally:
             self.model.train(was_training)
-        names = self.output_names or [f"output_{i}" for i in range(len(out))]
-        return {n: t.detach().cpu().numpy() for n, t in zip(names, out, strict=False)}
+        tensors = flatten_outputs(out)
+        names = self.output_names_given or [f"output_{i}" for i in range(len(tensors))]
+        records.update({n: t.detach().cpu().numpy() for n, t in zip(names, tensors,
+                                                                     strict=False)})
+        return records
+
+    def _forward_recording(self, args: tuple, records: dict[str, Any]) -> Any:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        copying = [False]  # our own .detach().numpy() calls are not the model's
+
+        def keep(name: str, value: Any) -> None:
+            copying[0] = True
+            try:
+                tensors = flatten_outputs(value)
+                if len(tensors) == 1:  # a copy: in-place ops may follow
+                    records[name] = tensors[0].detach().cpu().numpy().copy()
+                else:
+                    for i, t in enumerate(tensors):
+                        records[f"{name}.{i}"] = t.detach().cpu().numpy().copy()
+            finally:
+                copying[0] = False
+
+        names = {m: n for n, m in self.model.named_modules()}
+        leaves = {m for m in names if not any(True for _ in m.children())}
+        stack: list[Any] = []
+        counts: Counter[tuple[str, str]] = Counter()
+
+        def pre(module: Any, _args: Any) -> None:
+            stack.append(module)
+
+        def post(module: Any, _args: Any, output: Any) -> None:
+            stack.pop()
+            if module in leaves and names[module]:
+                keep(names[module], output)
+
+        class Functional(TorchFunctionMode):
+            def __torch_function__(self, func, types, f_args=(), kwargs=None):
+                result = func(*f_args, **(kwargs or {}))
+                if copying[0] or (stack and stack[-1] in leaves):  # a leaf's output is recorded
+                    return result
+                if isinstance(result, torch.Tensor) or (
+                        isinstance(result, (tuple, list)) and result
+                        and all(isinstance(r, torch.Tensor) for r in result)):
+                    scope = names.get(stack[-1], "") if stack else ""
+                    short = _short(func)
+                    k = counts[(scope, short)]
+                    counts[(scope, short)] += 1
+                    keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
+                return result
+
+        handles = list(itertools.chain.from_iterable(
+            (m.register_forward_pre_hook(pre), m.register_forward_hook(post)) for m in names))
+        try:
+            with Functional():
+                return self.model(*args)
+        finally:
+            for h in handles:
+                h.remove()

@@ -77,7 +77,7 @@ def to_ncnn(
     t0 = time.perf_counter()
     if optlevel not in (0, 1, 2):
         raise InputError(f"optlevel={optlevel!r} is not 0, 1 or 2", "pnnx's default is 2")
-    moduleop = [moduleop] if isinstance(moduleop, str) else list(moduleop)
+    moduleop = _moduleop_names(moduleop)
     parent: Artifact | None = None
     reference = None
     diags: list[Diagnostic] = []
@@ -139,6 +139,7 @@ def to_ncnn(
         if missing:
             raise ConversionError(f"pnnx exited 0 but did not write {missing}" + _tail(log),
                                   _hint_for(log))
+        diags += _unmatched_moduleops(tmp / pnnx_files[0], moduleop)
         pnnx_art = _commit(ws, tmp, pnnx_files + ["pnnx.log"], stage="pnnx", format="pnnx",
                            main=pnnx_files[0], parent=parent, params=params,
                            seconds=time.perf_counter() - t0, diagnostics=diags)
@@ -157,6 +158,35 @@ def to_ncnn(
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
                        diagnostics=checks, metrics=metrics)
+
+
+def _moduleop_names(moduleop: Any) -> list[str]:
+    """Class names as pnnx's moduleop= wants them (TorchScript's, without ``__torch__.``)."""
+    items = [moduleop] if isinstance(moduleop, (str, type)) else list(moduleop or ())
+    names = []
+    for item in items:
+        if isinstance(item, type):
+            from torch._jit_internal import _qualified_name
+
+            item = _qualified_name(item)
+        if not isinstance(item, str) or not item:
+            raise InputError(f"moduleop entries are class names or nn.Module classes, got "
+                             f"{item!r}", "e.g. moduleop=[Focus] or moduleop=['models.Focus']")
+        names.append(item.removeprefix("__torch__."))
+    return names
+
+
+def _unmatched_moduleops(pnnx_param: Path, moduleop: list[str]) -> list[Diagnostic]:
+    if not moduleop or not pnnx_param.exists():
+        return []
+    from ..params import parse_pnnx_param
+
+    kept = {op.type for op in parse_pnnx_param(pnnx_param).ops}
+    return [Diagnostic("warning", "moduleop-unmatched",
+                       f"moduleop {name!r} matched no module: pnnx kept no op of that type",
+                       "give the class as TorchScript names it (module path + class, e.g. "
+                       "'models.common.Focus'), or pass the class itself")
+            for name in moduleop if name not in kept]
 
 
 def _commit(ws: Workspace, tmp: Path, names: list[str], **kw: Any) -> Artifact:

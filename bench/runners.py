@@ -1,0 +1,193 @@
+"""What crash isolation and capture="all" cost the runners, on a ResNet-50, side by side.
+
+The model is ``transformers.ResNetModel(ResNetConfig())`` with seeded random weights (nothing is
+downloaded), returning ``last_hidden_state``, on one seeded 1x3x224x224 input. It is exported
+once to ONNX (TorchScript exporter, opset 17) and converted once to ncnn (fp32, through pnnx),
+into a temporary workspace. Then every variant below runs round-robin (the order rotating each
+round, so machine noise hits all alike) and each figure is a ratio of two medians:
+
+1. ORT:   worker-isolated run / in-process run             (target <= 1.15)
+2. ncnn:  worker-isolated run / in-process run             (target <= 1.15)
+3. ORT:   capture="all" / capture="outputs", in-process    (target <= 1.25)
+4. ncnn:  capture="all" / capture="outputs", in-process    (target <= 1.5)
+5. torch: capture="all" / capture="outputs"                (target <= 1.16, when available)
+
+Runners keep their default threads (onnxruntime's own default, ncnn num_threads=2). It is a
+report, not a test: the exit status is 0 whatever the figures say.
+
+Run:  cd /work/main && .venv/bin/python bench/runners.py [--runs N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Figure:
+    label: str
+    numerator: str  # variant names
+    denominator: str
+    target: float
+
+
+FIGURES = [
+    Figure("ORT isolated / in-process", "ort isolated", "ort in-process", 1.15),
+    Figure("ncnn isolated / in-process", "ncnn isolated", "ncnn in-process", 1.15),
+    Figure("ORT capture=all / outputs", "ort capture=all", "ort in-process", 1.25),
+    Figure("ncnn capture=all / outputs", "ncnn capture=all", "ncnn in-process", 1.5),
+    Figure("torch capture=all / outputs", "torch capture=all", "torch outputs", 1.16),
+]
+
+
+def build_model() -> tuple[Any, Any]:
+    """ResNet-50 from its default config with seeded random weights, and a seeded input."""
+    import torch
+    from transformers import ResNetConfig, ResNetModel
+
+    class LastHiddenState(torch.nn.Module):
+        """ResNetModel returning ``last_hidden_state`` as a plain tensor."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.resnet = ResNetModel(ResNetConfig())
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return self.resnet(pixel_values).last_hidden_state
+
+    torch.manual_seed(0)
+    model = LastHiddenState().eval()
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
+    return model, x
+
+
+def time_round_robin(variants: dict[str, Callable[[], Any]], runs: int,
+                     warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each variant; each round calls every variant once, in rotated order."""
+    names = list(variants)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + runs):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            t0 = time.perf_counter()
+            variants[name]()
+            dt = time.perf_counter() - t0
+            if r >= warmup:
+                times[name].append(dt)
+    return times
+
+
+def thread_settings() -> str:
+    import onnxruntime as ort
+    import torch
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    intra = ort.SessionOptions().intra_op_num_threads
+    ort_threads = f"intra_op_num_threads={intra}" + (" (ORT default: one per physical core)"
+                                                     if intra == 0 else "")
+    return (f"cores: os.cpu_count()={os.cpu_count()}, usable (affinity)={affinity}\n"
+            f"threads: onnxruntime {ort.__version__} {ort_threads}; ncnn num_threads=2 "
+            f"(NcnnRunner default); torch.get_num_threads()={torch.get_num_threads()}; "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
+
+
+def setup(workdir: Path) -> tuple[dict[str, Callable[[], Any]], list[str]]:
+    """Export and convert once; the variants to time, and notes on those that cannot run."""
+    import workbench as wb
+    from workbench.errors import InputError
+    from workbench.runtime import NcnnRunner, OrtRunner, TorchRunner
+
+    model, x = build_model()
+    t0 = time.perf_counter()
+    onx = wb.export(model, (x,), workspace=workdir / "ws", exporter="torchscript", opset=17)
+    t1 = time.perf_counter()
+    nc = wb.to_ncnn(model, (x,), workspace=workdir / "ws")
+    t2 = time.perf_counter()
+    print(f"export {t1 - t0:.1f} s ({onx.graph.node_count} ONNX nodes), "
+          f"to_ncnn {t2 - t1:.1f} s ({nc.params['precision']})")
+
+    ort_iso, ort_local = OrtRunner(onx), OrtRunner(onx, isolated=False)
+    ncnn_iso, ncnn_local = NcnnRunner(nc), NcnnRunner(nc, isolated=False)
+    torch_runner = TorchRunner(model)
+    inputs = (x,)
+    variants: dict[str, Callable[[], Any]] = {
+        "ort isolated": lambda: ort_iso.run(inputs),
+        "ort in-process": lambda: ort_local.run(inputs),
+        "ort capture=all": lambda: ort_local.run(inputs, capture="all"),
+        "ncnn isolated": lambda: ncnn_iso.run(inputs),
+        "ncnn in-process": lambda: ncnn_local.run(inputs),
+        "ncnn capture=all": lambda: ncnn_local.run(inputs, capture="all"),
+        "torch outputs": lambda: torch_runner.run(inputs),
+        "torch capture=all": lambda: torch_runner.run(inputs, capture="all"),
+    }
+    notes = []
+    try:
+        variants["torch capture=all"]()
+    except InputError:
+        del variants["torch capture=all"]
+        notes.append("torch capture=all: not available")
+    return variants, notes
+
+
+def report(times: dict[str, list[float]], notes: list[str]) -> None:
+    rows = [("figure", "numerator ms", "denominator ms", "ratio", "target", "result")]
+    passed, failed = [], []
+    for f in FIGURES:
+        if f.numerator not in times:
+            continue
+        num = statistics.median(times[f.numerator]) * 1000
+        den = statistics.median(times[f.denominator]) * 1000
+        ratio = num / den
+        ok = ratio <= f.target
+        (passed if ok else failed).append(f.label)
+        rows.append((f.label, f"{num:.1f}", f"{den:.1f}", f"{ratio:.2f}", f"<= {f.target:.2f}",
+                     "PASS" if ok else "FAIL"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                        for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    for note in notes:
+        print(note)
+    summary = f"summary: {len(passed)}/{len(passed) + len(failed)} figures within target"
+    if failed:
+        summary += "; FAIL: " + ", ".join(failed)
+    if notes:
+        summary += f"; {len(notes)} not measured"
+    print(summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="timed rounds (default 7)")
+    parser.add_argument("--quick", action="store_true", help="3 timed rounds after 1 warm-up")
+    args = parser.parse_args(argv)
+    runs, warmup = (3, 1) if args.quick else (max(1, args.runs), 2)
+
+    print(thread_settings())
+    print(f"model: transformers ResNetModel(ResNetConfig()) seeded, input 1x3x224x224; "
+          f"medians of {runs} round-robin runs after {warmup} warm-up")
+    try:
+        with tempfile.TemporaryDirectory(prefix="wb-bench-runners-") as tmp:
+            variants, notes = setup(Path(tmp))
+            times = time_round_robin(variants, runs, warmup)
+            report(times, notes)
+    except Exception:  # a report, not a test: say what broke and exit 0
+        traceback.print_exc()
+        print("summary: the benchmark could not run (traceback above)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""TorchRunner capture='all' (leaf modules + named functional calls) and runner_for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import workbench as wb
+from workbench.runtime import OrtRunner, TorchRunner, runner_for
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3, padding=1)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.conv(x)) + x
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.Sequential(Block(), Block())
+
+    def forward(self, x):
+        return torch.cat([self.blocks(x), x], 1).mean(dim=(2, 3))
+
+
+def test_capture_all_names_leaf_modules_and_functional_calls():
+    x = torch.randn(1, 3, 8, 8)
+    got = TorchRunner(Net()).run((x,), capture="all")
+    assert list(got) == ["blocks.0.conv", "blocks.0.act", "blocks.0/Tensor.add_0",
+                         "blocks.1.conv", "blocks.1.act", "blocks.1/Tensor.add_0",
+                         "torch.cat_0", "Tensor.mean_0", "output_0"]
+    net = Net()
+    with torch.no_grad():
+        conv0 = net.blocks[0].conv(x)
+        block0 = net.blocks[0](x)
+    # the conv output is kept as it was, before the in-place ReLU overwrote it
+    np.testing.assert_allclose(got["blocks.0.conv"], conv0.numpy(), rtol=1e-6)
+    assert (got["blocks.0.conv"] < 0).any() and (got["blocks.0.act"] >= 0).all()
+    np.testing.assert_allclose(got["blocks.0/Tensor.add_0"], block0.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(got["Tensor.mean_0"], got["output_0"])
+
+
+def test_capture_all_leaves_no_hooks_and_restores_training_mode():
+    net = Net().train()
+    TorchRunner(net).run((torch.randn(1, 3, 8, 8),), capture="all")
+    assert net.training
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+
+
+def test_outputs_only_matches_the_model():
+    net, x = Net(), torch.randn(2, 3, 8, 8)
+    out = TorchRunner(net, output_names=["y"]).run({"x": x})
+    with torch.no_grad():
+        np.testing.assert_array_equal(out["y"], net(x).numpy())
+
+
+def test_default_model_capture_names_the_upsample():
+    model, x = wb.default_model()
+    got = TorchRunner(model).run(x, capture="all")
+    assert list(got)[:3] == ["F.interpolate_0", "conv1", "relu1"]
+    assert got["F.interpolate_0"].shape == (1, 3, 192, 192)
+
+
+def test_bad_capture_and_bad_model():
+    with pytest.raises(wb.InputError, match="capture='everything' is not one of"):
+        TorchRunner(Net()).run((torch.randn(1, 3, 8, 8),), capture="everything")
+    with pytest.raises(wb.InputError, match="needs an nn.Module, got str"):
+        TorchRunner("net.pt")
+
+
+def test_runner_for_picks_the_backend(tmp_path):
+    model, x = wb.default_model()
+    onx = wb.export(model, x, workspace=tmp_path / "ws")
+    assert isinstance(runner_for(model), TorchRunner)
+    assert isinstance(runner_for(onx), OrtRunner)
+    assert isinstance(runner_for(str(onx.path)), OrtRunner)
+    with pytest.raises(wb.InputError, match="no runner for a int"):
+        runner_for(3)
