@@ -39,6 +39,7 @@ def test_module_converts_with_pnnx_parent_and_matches_torch(converted):
         pnnx_art.files)
     assert art.params["precision"] == "fp32" and art.params["fp16"] is False
     assert art.metrics["max_abs"] < 1e-4 and art.metrics["max_abs_fp16"] is not None
+    assert 0 < art.metrics["max_rel"] < 1 and art.metrics["max_rel_fp16"] is not None
     assert art.ok and art.workspace.verify() == []
     # the generated code no longer points at the temporary folder pnnx ran in
     assert 'load_param("model.ncnn.param")' in (art.dir / "model_ncnn.py").read_text()
@@ -101,12 +102,12 @@ def test_onnx_artifact_converts_with_stored_example_inputs(tmp_path):
     assert art.metrics["max_abs"] < 1e-4
 
 
-@pytest.mark.parametrize("fn, layer", [
-    (lambda x: torch.cumprod(x, dim=1), "torch.cumprod"),
+@pytest.mark.parametrize("fn, layer, logged", [
+    (lambda x: torch.cumprod(x, dim=1), "torch.cumprod", None),
     (lambda x: x.reshape(1, 1, 2, 2, 3, 8).permute(0, 1, 3, 2, 4, 5).reshape(1, 3, 4, 8),
-     "Tensor.reshape"),
+     "Tensor.reshape", "permute 6-rank tensor is not supported yet!"),
 ])
-def test_layers_ncnn_cannot_load_fail_and_keep_the_pnnx_graph(tmp_path, fn, layer):
+def test_layers_ncnn_cannot_load_fail_and_keep_the_pnnx_graph(tmp_path, fn, layer, logged):
     ws = wb.Workspace(tmp_path / "ws")
     with pytest.raises(wb.ConversionError) as info:
         wb.to_ncnn(Lambda(fn), (torch.rand(1, 3, 4, 8),), workspace=ws)
@@ -115,6 +116,8 @@ def test_layers_ncnn_cannot_load_fail_and_keep_the_pnnx_graph(tmp_path, fn, laye
     (kept,) = ws.artifacts
     assert kept.format == "pnnx" and kept.id in info.value.message
     assert layer in kept.path.read_text()
+    unsupported = [d.message for d in kept.diagnostics_with("pnnx-unsupported")]
+    assert unsupported == ([f"pnnx: {logged}"] if logged else [])
 
 
 def test_pnnx_crash_is_a_conversion_error_and_the_caller_lives(tmp_path):

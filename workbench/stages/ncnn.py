@@ -256,18 +256,15 @@ def _tail(log: str, n: int = 15) -> str:
     return ("\npnnx log (last lines):\n" + "\n".join(lines[-n:])) if lines else ""
 
 
-_NOT_SUPPORTED = re.compile(r"(\S+) not supported(?: yet)?(.*)")
-
-
 def _log_diagnostics(log: str) -> list[Diagnostic]:
+    """Each 'not supported' line of the pnnx log as a Diagnostic naming the op (first word)."""
     diags, seen = [], set()
     for line in log.splitlines():
-        m = _NOT_SUPPORTED.search(line)
-        if m and line not in seen:
+        line = line.strip()
+        if re.search(r"not supported|unsupported", line, re.I) and line not in seen:
             seen.add(line)
-            diags.append(Diagnostic("warning", "pnnx-unsupported",
-                                    f"pnnx: {line.strip()}", _hint_for(line),
-                                    source=m.group(1)))
+            diags.append(Diagnostic("warning", "pnnx-unsupported", f"pnnx: {line}",
+                                    _hint_for(line), source=line.split()[0]))
     return diags
 
 
@@ -324,6 +321,7 @@ def _check_numbers(param: Path, args: tuple,
                                     f"{errs['shape_mismatch']}",
                                     "a batch or layout axis was handled differently; see the "
                                     "_ncnn.py pnnx wrote"))
-        else:
+        else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
+            metrics[key.replace("abs", "rel")] = errs["max_rel"]
     return metrics, diags
