@@ -191,3 +191,16 @@ def test_inputs2_makes_the_ncnn_model_dynamic(tmp_path):
     out = NcnnRunner(art).run((x,))["out0"]
     with torch.no_grad():
         np.testing.assert_allclose(out, model(x).numpy(), atol=1e-5)
+
+
+def test_unused_submodule_call_names_the_cause_of_the_pnnx_crash(tmp_path):
+    import trap_models as tm
+
+    with pytest.raises(wb.ConversionError) as info:
+        wb.to_ncnn(tm.UnusedCall(), (torch.rand(1, 3, 8, 8),), workspace=tmp_path / "ws")
+    assert "pnnx was killed by signal 11" in info.value.message
+    assert "likely cause: forward() calls self.pool but never uses the result" in info.value.message
+    assert "wb.to_ncnn(wb.export(model, inputs))" in info.value.hint
+    # and the route the hint gives works
+    onx = wb.export(tm.UnusedCall(), (torch.rand(1, 3, 8, 8),), workspace=tmp_path / "ws")
+    assert wb.to_ncnn(onx).metrics["max_abs"] < 1e-5

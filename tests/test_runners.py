@@ -84,3 +84,13 @@ def test_runner_for_picks_the_backend(tmp_path):
     assert isinstance(runner_for(str(onx.path)), OrtRunner)
     with pytest.raises(wb.InputError, match="no runner for a int"):
         runner_for(3)
+
+
+def test_forward_with_star_args_gets_every_input():
+    class Star(nn.Module):
+        def forward(self, *args):
+            return args[0] * 2 + args[1]
+
+    a, b = torch.rand(3), torch.rand(3)
+    out = TorchRunner(Star()).run((a, b), capture="all")
+    np.testing.assert_allclose(out["output_0"], (a * 2 + b).numpy())

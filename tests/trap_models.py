@@ -133,3 +133,18 @@ class FocusNet(nn.Module):
 
     def forward(self, x):
         return self.head(self.focus(x))
+
+
+class UnusedCall(nn.Module):
+    """Calls a submodule and drops its result (as a ResNetModel wrapper dropping pooler_output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        self.pool(y)
+        return y

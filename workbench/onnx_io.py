@@ -161,6 +161,9 @@ def session(path_or_model: str | Path | onnx.ModelProto, **options: Any):
 
     so = ort.SessionOptions()
     so.log_severity_level = 4  # errors reach the caller as exceptions, not as stderr noise
+    # idle intra-op threads would otherwise spin for tens of ms after each run and take the
+    # CPU from whatever runs next (ncnn, torch, the worker) on a small machine
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for k, v in options.items():
         setattr(so, k, v)
     if isinstance(path_or_model, (str, Path)):

@@ -164,8 +164,11 @@ class NcnnRunner(Runner):
             ex.input(name, mat.clone())
         wanted = (list(self.net.output_names()) if capture == "outputs"
                   else [b.name for b in self.net.blobs()])
+        aliases = self._split_aliases() if capture == "all" else {}
         result = {}
         for name in wanted:
+            if name in aliases:  # a Split top is its bottom: no second extract and copy
+                continue
             ret, mat = ex.extract(name)
             if ret != 0:
                 raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
@@ -173,5 +176,18 @@ class NcnnRunner(Runner):
             if spec is not None and spec.batch_axis is not None:
                 result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
             else:
-                result[name] = np.array(mat)
-        return result
+                result[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
+        for top, bottom in aliases.items():
+            if bottom in result:
+                result[top] = result[bottom]
+        return {name: result[name] for name in wanted if name in result}
+
+    def _split_aliases(self) -> dict[str, str]:
+        """{Split top blob: its bottom blob}: ncnn's Split outputs share their input's data."""
+        if not hasattr(self, "_aliases"):
+            from ..params import parse_ncnn_param
+
+            self._aliases = {top: layer.bottoms[0]
+                             for layer in parse_ncnn_param(self.param).layers
+                             if layer.type == "Split" for top in layer.tops}
+        return self._aliases

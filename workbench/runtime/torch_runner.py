@@ -55,9 +55,13 @@ class TorchRunner(Runner):
         return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     def feed(self, inputs: Any) -> dict[str, Any]:
+        names = self.input_names
         if isinstance(inputs, dict):
-            inputs = tuple(inputs[n] for n in self.input_names if n in inputs)
-        return dict(zip(self.input_names, as_tensor_tuple(inputs), strict=False))
+            inputs = tuple(inputs[n] for n in names if n in inputs)
+        tensors = as_tensor_tuple(inputs)
+        # forward(*args) names nothing: number the rest
+        names += [f"input_{i}" for i in range(len(names), len(tensors))]
+        return dict(zip(names, tensors, strict=False))
 
     def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         import torch
@@ -84,19 +88,22 @@ class TorchRunner(Runner):
         import torch
         from torch.overrides import TorchFunctionMode
 
-        copying = [False]  # our own .detach().numpy() calls are not the model's
+        # Tensors are kept by reference (copying every activation doubles the run); one is
+        # copied only just before an in-place op (relu_, +=, out=...) would overwrite it.
+        held: dict[int, list[tuple[str, Any]]] = {}  # storage pointer -> (name, tensor)
 
         def keep(name: str, value: Any) -> None:
-            copying[0] = True
-            try:
-                tensors = flatten_outputs(value)
-                if len(tensors) == 1:  # a copy: in-place ops may follow
-                    records[name] = tensors[0].detach().cpu().numpy().copy()
-                else:
-                    for i, t in enumerate(tensors):
-                        records[f"{name}.{i}"] = t.detach().cpu().numpy().copy()
-            finally:
-                copying[0] = False
+            tensors = flatten_outputs(value)
+            named = [(name, tensors[0])] if len(tensors) == 1 else [
+                (f"{name}.{i}", t) for i, t in enumerate(tensors)]
+            for n, t in named:
+                records[n] = t
+                held.setdefault(_storage(t), []).append((n, t))
+
+        def before_write(target: Any) -> None:
+            if isinstance(target, torch.Tensor):
+                for n, t in held.pop(_storage(target), ()):
+                    records[n] = t.detach().clone()
 
         names = {m: n for n, m in self.model.named_modules()}
         leaves = {m for m in names if not any(True for _ in m.children())}
@@ -113,8 +120,11 @@ class TorchRunner(Runner):
 
         class Functional(TorchFunctionMode):
             def __torch_function__(self, func, types, f_args=(), kwargs=None):
-                result = func(*f_args, **(kwargs or {}))
-                if copying[0] or (stack and stack[-1] in leaves):  # a leaf's output is recorded
+                kwargs = kwargs or {}
+                if _writes_in_place(func, f_args, kwargs):
+                    before_write(kwargs.get("out", f_args[0] if f_args else None))
+                result = func(*f_args, **kwargs)
+                if stack and stack[-1] in leaves:  # a leaf's output is recorded
                     return result
                 if isinstance(result, torch.Tensor) or (
                         isinstance(result, (tuple, list)) and result
@@ -130,7 +140,37 @@ class TorchRunner(Runner):
             (m.register_forward_pre_hook(pre), m.register_forward_hook(post)) for m in names))
         try:
             with Functional():
-                return self.model(*args)
+                out = self.model(*args)
         finally:
             for h in handles:
                 h.remove()
+        for n, t in records.items():
+            records[n] = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t
+        return out
+
+
+_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                    "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                    "__irshift__", "__setitem__"}
+
+
+def _writes_in_place(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+    """True when ``func`` overwrites its first argument (or ``out=``)."""
+    name = getattr(func, "__name__", "")
+    if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")):
+        return True
+    return kwargs.get("inplace") is True or "out" in kwargs or (
+        bool(args) and args[-1] is True and "inplace" in _params(func))
+
+
+def _params(func: Any) -> tuple[str, ...]:
+    import inspect
+
+    try:
+        return tuple(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def _storage(t: Any) -> int:
+    return t.untyped_storage().data_ptr()

@@ -130,7 +130,7 @@ def to_ncnn(
         pnnx_files = [f"{stem}.pnnx.param", f"{stem}.pnnx.bin", f"{stem}_pnnx.py"]
         ncnn_files = [f"{stem}.ncnn.param", f"{stem}.ncnn.bin", f"{stem}_ncnn.py"]
         (tmp / "pnnx.log").write_text(log)
-        _check_exit(rc, log, cmd)
+        _check_exit(rc, log, cmd, [d for d in diags if d.code == "unused-module-output"])
         params = {"source": kind, "fp16": fp16, "optlevel": optlevel, "moduleop": moduleop,
                   "inputshape": _shape_arg(args),
                   "inputshape2": _shape_arg(args2) if args2 is not None else None,
@@ -215,12 +215,32 @@ def _trace(model: Any, args: tuple, out: Path) -> list[Diagnostic]:
             error = None
         except Exception as e:
             error = e
+    if error is None:
+        dead = _dead_module_calls(traced)
+        if dead:
+            return _warning_diagnostics(cap) + [Diagnostic(
+                "warning", "unused-module-output",
+                f"forward() calls {', '.join(dead)} but never uses the result; pnnx crashes "
+                "on such calls (SIGSEGV in pass_level1)",
+                "drop the call or use its output, or convert the ONNX export instead: "
+                "wb.to_ncnn(wb.export(model, inputs))")]
     if error is not None:
         raise ConversionError(f"torch.jit.trace failed before pnnx could run: "
                               f"{type(error).__name__}: {str(error).splitlines()[0]}",
                               "pnnx converts traced TorchScript; make forward() traceable, or "
                               "export to ONNX first and pass the ONNX artifact") from error
     return _warning_diagnostics(cap)
+
+
+def _dead_module_calls(traced: Any) -> list[str]:
+    """Submodules whose forward() result the traced graph never uses (pnnx crashes on them)."""
+    dead = []
+    for node in traced.graph.nodes():
+        if node.kind() == "prim::CallMethod" and not any(o.uses() for o in node.outputs()):
+            owner = node.inputsAt(0).node()
+            name = owner.s("name") if owner.kind() == "prim::GetAttr" else "a submodule"
+            dead.append(f"self.{name}")
+    return dead
 
 
 def _torch_outputs(model: Any, args: tuple) -> list:
@@ -243,12 +263,13 @@ def _run_pnnx(cmd: list[str], cwd: Path, timeout: float) -> tuple[str, int]:
     return re.sub(r"\x1b\[[0-9;]*m", "", log), proc.returncode  # no terminal colours
 
 
-def _check_exit(rc: int, log: str, cmd: list[str]) -> None:
+def _check_exit(rc: int, log: str, cmd: list[str], causes: list[Diagnostic]) -> None:
     if rc == 0:
         return
     how = f"was killed by signal {-rc}" if rc < 0 else f"exited with status {rc}"
-    raise ConversionError(f"pnnx {how}" + _tail(log) + "\ncommand: " + " ".join(cmd),
-                          _hint_for(log))
+    cause = "".join(f"\nlikely cause: {d.message}" for d in causes)
+    raise ConversionError(f"pnnx {how}{cause}" + _tail(log) + "\ncommand: " + " ".join(cmd),
+                          causes[0].hint if causes else _hint_for(log))
 
 
 def _tail(log: str, n: int = 15) -> str:
