@@ -12,10 +12,9 @@ round, so machine noise hits all alike) and each figure is a ratio of two median
 4. ncnn:  capture="all" / capture="outputs", in-process    (target <= 1.5)
 5. torch: capture="all" / capture="outputs"                (target <= 1.16, when available)
 
-Runners keep their default threads (onnxruntime's own default, ncnn num_threads=2); each timed
-call starts ``--settle`` seconds after the previous one returned, so it does not share the CPU
-with threads still spinning from it. Should ``to_ncnn(module)`` fail, the ncnn figures use
-``to_ncnn(onnx artifact)`` and say so. It is a report, not a test: the exit status is 0
+Runners keep their default threads (onnxruntime's own default, ncnn num_threads=2); each
+timed call follows the previous one directly (``--settle S`` adds a pause). Should
+``to_ncnn(module)`` fail, the ncnn figures use ``to_ncnn(onnx artifact)`` and say so. It is a report, not a test: the exit status is 0
 whatever the figures say.
 
 Run:  cd /work/main && .venv/bin/python bench/runners.py [--runs N] [--quick] [--settle S]
@@ -53,9 +52,10 @@ FIGURES = [
 ]
 
 
-# onnxruntime's intra-op threads keep spinning for tens of ms after a run returns; on 2 cores
-# whatever runs next in that window (in this process or in the worker) gets half the CPU.
-SETTLE_S = 0.1
+# Calls run back to back, as in a comparison. (onnxruntime's intra-op threads used to spin
+# for tens of ms after a run and slow whatever ran next; workbench sessions now turn spinning
+# off. --settle S pauses S seconds before each call to see the figures without any overlap.)
+SETTLE_S = 0.0
 
 
 def build_model() -> tuple[Any, Any]:

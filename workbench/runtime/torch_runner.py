@@ -9,7 +9,10 @@ as torch.fx's Interpreter would see the same calls, but without tracing.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import sys
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -43,6 +46,7 @@ class TorchRunner(Runner):
                              "pass the model object itself, e.g. TorchRunner(MyNet())")
         self.model = model
         self.output_names_given = output_names
+        self._pool: dict[str, Any] = {}  # capture="all" buffers, reused when free
 
     def describe(self) -> dict[str, Any]:
         return {"inputs": [{"name": n} for n in self.input_names], "outputs": []}
@@ -85,92 +89,100 @@ class TorchRunner(Runner):
         return records
 
     def _forward_recording(self, args: tuple, records: dict[str, Any]) -> Any:
-        import torch
-        from torch.overrides import TorchFunctionMode
+        rec = _Recorder(self.model, records, self._pool)
+        handles = list(itertools.chain.from_iterable(
+            (m.register_forward_pre_hook(rec.pre), m.register_forward_hook(rec.post))
+            for m in rec.names))
+        try:
+            with _recording_mode()(rec):
+                return self.model(*args)
+        finally:
+            for h in handles:
+                h.remove()
 
-        # Tensors are kept by reference (copying every activation doubles the run); one is
-        # copied only just before an in-place op (relu_, +=, out=...) would overwrite it.
-        held: dict[int, list[tuple[str, Any]]] = {}  # storage pointer -> (name, tensor)
 
-        def keep(name: str, value: Any) -> None:
+class _Recorder:
+    """State of one capture='all' pass. Kept free of reference cycles, so the buffers of a
+    result the caller has dropped are free again (refcount) when the next run starts.
+
+    Each tensor is copied when it is produced (in-place ops may follow) into a buffer the
+    runner keeps from run to run: fresh arrays for ~200 activations cost more in page faults
+    than the copy itself. A buffer the caller still holds is never reused.
+    """
+
+    def __init__(self, model: Any, records: dict[str, Any], pool: dict[str, Any]) -> None:
+        self.records, self.pool = records, pool
+        self.names = {m: n for n, m in model.named_modules()}
+        self.leaves = {m for m in self.names if not any(True for _ in m.children())}
+        self.stack: list[Any] = []
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.copying = False  # our own .detach().numpy() calls are not the model's
+        # (tensor id, version) -> buffer: the same unchanged tensor seen again (an Identity
+        # leaf, a block that returns its input) is the same values, not a second copy
+        self.seen: dict[tuple[int, int], Any] = {}
+
+    def pre(self, module: Any, _args: Any) -> None:
+        self.stack.append(module)
+
+    def post(self, module: Any, _args: Any, output: Any) -> None:
+        self.stack.pop()
+        if module in self.leaves and self.names[module]:
+            self.keep(self.names[module], output)
+
+    def in_leaf(self) -> bool:
+        return self.copying or (bool(self.stack) and self.stack[-1] in self.leaves)
+
+    def functional(self, func: Any, result: Any) -> None:
+        scope = self.names.get(self.stack[-1], "") if self.stack else ""
+        short = _short(func)
+        k = self.counts[(scope, short)]
+        self.counts[(scope, short)] += 1
+        self.keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
+
+    def keep(self, name: str, value: Any) -> None:
+        import numpy as np
+
+        self.copying = True
+        try:
             tensors = flatten_outputs(value)
             named = [(name, tensors[0])] if len(tensors) == 1 else [
                 (f"{name}.{i}", t) for i, t in enumerate(tensors)]
             for n, t in named:
-                records[n] = t
-                held.setdefault(_storage(t), []).append((n, t))
-
-        def before_write(target: Any) -> None:
-            if isinstance(target, torch.Tensor):
-                for n, t in held.pop(_storage(target), ()):
-                    records[n] = t.detach().clone()
-
-        names = {m: n for n, m in self.model.named_modules()}
-        leaves = {m for m in names if not any(True for _ in m.children())}
-        stack: list[Any] = []
-        counts: Counter[tuple[str, str]] = Counter()
-
-        def pre(module: Any, _args: Any) -> None:
-            stack.append(module)
-
-        def post(module: Any, _args: Any, output: Any) -> None:
-            stack.pop()
-            if module in leaves and names[module]:
-                keep(names[module], output)
-
-        class Functional(TorchFunctionMode):
-            def __torch_function__(self, func, types, f_args=(), kwargs=None):
-                kwargs = kwargs or {}
-                if _writes_in_place(func, f_args, kwargs):
-                    before_write(kwargs.get("out", f_args[0] if f_args else None))
-                result = func(*f_args, **kwargs)
-                if stack and stack[-1] in leaves:  # a leaf's output is recorded
-                    return result
-                if isinstance(result, torch.Tensor) or (
-                        isinstance(result, (tuple, list)) and result
-                        and all(isinstance(r, torch.Tensor) for r in result)):
-                    scope = names.get(stack[-1], "") if stack else ""
-                    short = _short(func)
-                    k = counts[(scope, short)]
-                    counts[(scope, short)] += 1
-                    keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
-                return result
-
-        handles = list(itertools.chain.from_iterable(
-            (m.register_forward_pre_hook(pre), m.register_forward_hook(post)) for m in names))
-        try:
-            with Functional():
-                out = self.model(*args)
+                key = (id(t), t._version)
+                if key in self.seen and self.seen[key][0]() is t:
+                    self.records[n] = self.seen[key][1]
+                    continue
+                arr = t.detach().cpu().numpy()
+                buf = self.pool.get(n)
+                # 3 references: the pool, `buf`, getrefcount's argument; more = the caller's
+                if (buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype
+                        or sys.getrefcount(buf) > 3):
+                    buf = self.pool[n] = np.empty_like(arr)
+                np.copyto(buf, arr)
+                self.records[n] = buf
+                self.seen[key] = (weakref.ref(t), buf)  # a weak ref: t's memory stays free
         finally:
-            for h in handles:
-                h.remove()
-        for n, t in records.items():
-            records[n] = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t
-        return out
+            self.copying = False
 
 
-_INPLACE_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
-                    "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
-                    "__irshift__", "__setitem__"}
+@functools.cache
+def _recording_mode() -> type:
+    """The TorchFunctionMode class (built once: a class per run would be a reference cycle)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
 
+    class RecordingMode(TorchFunctionMode):
+        def __init__(self, recorder: _Recorder) -> None:
+            super().__init__()
+            self.recorder = recorder
 
-def _writes_in_place(func: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
-    """True when ``func`` overwrites its first argument (or ``out=``)."""
-    name = getattr(func, "__name__", "")
-    if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")):
-        return True
-    return kwargs.get("inplace") is True or "out" in kwargs or (
-        bool(args) and args[-1] is True and "inplace" in _params(func))
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            rec = self.recorder
+            if not rec.in_leaf() and (isinstance(result, torch.Tensor) or (
+                    isinstance(result, (tuple, list)) and result
+                    and all(isinstance(r, torch.Tensor) for r in result))):
+                rec.functional(func, result)
+            return result
 
-
-def _params(func: Any) -> tuple[str, ...]:
-    import inspect
-
-    try:
-        return tuple(inspect.signature(func).parameters)
-    except (TypeError, ValueError):
-        return ()
-
-
-def _storage(t: Any) -> int:
-    return t.untyped_storage().data_ptr()
+    return RecordingMode
