@@ -94,3 +94,36 @@ def test_forward_with_star_args_gets_every_input():
     a, b = torch.rand(3), torch.rand(3)
     out = TorchRunner(Star()).run((a, b), capture="all")
     np.testing.assert_allclose(out["output_0"], (a * 2 + b).numpy())
+
+
+def test_capture_buffers_are_reused_only_when_the_caller_let_go():
+    net, runner = Net(), None
+    runner = TorchRunner(net)
+    x1, x2 = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)
+    first = runner.run((x1,), capture="all")
+    kept = {k: v.copy() for k, v in first.items()}
+    second = runner.run((x2,), capture="all")
+    # the caller still holds `first`: the second run must not have written into it
+    for k in kept:
+        np.testing.assert_array_equal(first[k], kept[k])
+        assert first[k] is not second[k]
+    ids = {k: id(v) for k, v in second.items() if k != "output_0"}
+    del first, second
+    third = runner.run((x1,), capture="all")
+    assert all(id(third[k]) in ids.values() for k in ids)  # freed buffers were reused
+    for k in kept:
+        np.testing.assert_allclose(third[k], kept[k], rtol=1e-6)
+
+
+def test_an_unchanged_tensor_seen_twice_is_recorded_once():
+    class Passthrough(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 1)
+            self.same = nn.Identity()
+
+        def forward(self, x):
+            return self.same(self.conv(x))
+
+    got = TorchRunner(Passthrough()).run((torch.randn(1, 3, 4, 4),), capture="all")
+    assert got["same"] is got["conv"]
