@@ -102,3 +102,52 @@ def test_ort_runner_on_a_bad_file_is_a_clear_error(tmp_path):
     f.write_text("not onnx")
     with pytest.raises(wb.ModelFileError, match="is not an ONNX model"):
         OrtRunner(f)
+
+
+def _contrib_inverse(tmp_path):
+    import onnx
+    from onnx import helper
+
+    g = helper.make_graph(
+        [helper.make_node("Inverse", ["x"], ["y"], domain="ai.onnx.contrib")], "g",
+        [helper.make_tensor_value_info("x", 1, [3, 3])],
+        [helper.make_tensor_value_info("y", 1, [3, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                            helper.make_opsetid("ai.onnx.contrib", 1)])
+    m.ir_version = 8
+    path = tmp_path / "inverse.onnx"
+    onnx.save(m, path)
+    return path
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_onnxruntime_extensions_ops_run_with_their_library(tmp_path, fresh_worker, isolated):
+    a = np.random.default_rng(0).random((3, 3), dtype=np.float32) + 3 * np.eye(3, dtype=np.float32)
+    y = OrtRunner(_contrib_inverse(tmp_path), isolated=isolated).run((a,))["y"]
+    np.testing.assert_allclose(y @ a, np.eye(3), atol=1e-5)
+
+
+def test_custom_domain_without_implementation_names_op_domain_and_fix(tmp_path, fresh_worker):
+    import onnx
+
+    m = onnx.load(_contrib_inverse(tmp_path))
+    m.graph.node[0].domain = "mylib"
+    m.opset_import[1].domain = "mylib"
+    onnx.save(m, tmp_path / "mylib.onnx")
+    with pytest.raises(wb.MissingOpError) as info:
+        OrtRunner(tmp_path / "mylib.onnx").run((np.eye(3, dtype=np.float32),))
+    assert "mylib::Inverse (domain 'mylib', opset 1)" in info.value.message
+    assert "libraries=" in info.value.hint
+    assert fresh_worker.alive  # an error, carried back, not a crash
+    with pytest.raises(wb.ModelFileError, match="custom-op library '/nope.so' does not exist"):
+        OrtRunner(tmp_path / "mylib.onnx", isolated=False, libraries=["/nope.so"]).run(
+            (np.eye(3, dtype=np.float32),))
+
+
+def test_ncnn_layer_without_registration_names_it(sr, tmp_path):
+    _, (x,), _, nc = sr
+    text = nc.path.read_text().replace("Interp ", "MyUpsample ", 1)
+    (tmp_path / "u.ncnn.param").write_text(text)
+    (tmp_path / "u.ncnn.bin").write_bytes((nc.dir / "model.ncnn.bin").read_bytes())
+    with pytest.raises(wb.MissingOpError, match=r"no layer type for MyUpsample \(upsample_0\)"):
+        NcnnRunner(tmp_path / "u.ncnn.param", isolated=False).run((x,))

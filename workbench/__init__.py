@@ -13,6 +13,7 @@ from .errors import (
     ExportError,
     InputError,
     ManifestError,
+    MissingOpError,
     ModelFileError,
     SimplifyError,
     WorkbenchError,
@@ -36,7 +37,7 @@ _LAZY = {
 
 __all__ = [
     "Artifact", "Diagnostic", "Workspace", "WorkbenchError", "InputError", "ModelFileError",
-    "WorkspaceError", "ManifestError", "ExportError", "SimplifyError", *_LAZY,
+    "WorkspaceError", "ManifestError", "MissingOpError", "ExportError", "SimplifyError", *_LAZY,
 ]
 
 

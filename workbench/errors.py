@@ -37,3 +37,7 @@ class ExportError(WorkbenchError):
 
 class SimplifyError(WorkbenchError):
     """A simplification backend failed; the input artifact is left intact."""
+
+
+class MissingOpError(WorkbenchError):
+    """A backend has no implementation of an op the model uses (a custom domain, a layer)."""

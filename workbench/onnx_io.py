@@ -155,8 +155,13 @@ def ensure_ort_readable(path: str | Path) -> Diagnostic | None:
     return diag
 
 
-def session(path_or_model: str | Path | onnx.ModelProto, **options: Any):
-    """An onnxruntime CPU InferenceSession, quiet, with the IR version lowered in memory if needed."""
+EXTENSIONS_DOMAIN = "ai.onnx.contrib"  # onnxruntime-extensions' custom ops
+
+
+def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **options: Any):
+    """An onnxruntime CPU InferenceSession: quiet, IR version lowered in memory if needed,
+    custom-op ``libraries`` registered (onnxruntime-extensions' automatically when the model
+    uses its domain). An op with no implementation raises MissingOpError naming it."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -166,18 +171,53 @@ def session(path_or_model: str | Path | onnx.ModelProto, **options: Any):
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for k, v in options.items():
         setattr(so, k, v)
-    if isinstance(path_or_model, (str, Path)):
-        path = Path(path_or_model)
-        model = load_onnx(path, external_data=False)
-        if model.ir_version <= ort_max_ir_version():
+    path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
+    model = load_onnx(path, external_data=False) if path is not None else path_or_model
+    for lib in _libraries(model, libraries):
+        so.register_custom_ops_library(str(lib))
+    try:
+        if path is not None and model.ir_version <= ort_max_ir_version():
             return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        lower_ir_version(model)
-        if external_data_files(path):
+        if model.ir_version > ort_max_ir_version():
+            model = type(model).FromString(model.SerializeToString())
+            lower_ir_version(model)
+        if path is not None and external_data_files(path):
             _load_external(model, path)
         return ort.InferenceSession(model.SerializeToString(), so,
                                     providers=["CPUExecutionProvider"])
-    model = path_or_model
-    if model.ir_version > ort_max_ir_version():
-        model = type(model).FromString(model.SerializeToString())
-        lower_ir_version(model)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        m = re.search(r"([\w.]*):(\w+)\((-?\d+)\) is not a registered function/op", str(e))
+        if m is None:
+            raise
+        raise _missing_op(model, m.group(1), m.group(2)) from None
+
+
+def _libraries(model: onnx.ModelProto, libraries: Any) -> list[str]:
+    libs = [str(x) for x in ([libraries] if isinstance(libraries, (str, Path)) else libraries)]
+    for lib in libs:
+        if not Path(lib).is_file():
+            raise ModelFileError(f"custom-op library {lib!r} does not exist",
+                                 "pass the path of a shared library built for onnxruntime")
+    if any(o.domain == EXTENSIONS_DOMAIN for o in model.opset_import):
+        try:
+            from onnxruntime_extensions import get_library_path
+        except ImportError:
+            pass
+        else:
+            libs.append(get_library_path())
+    return libs
+
+
+def _missing_op(model: onnx.ModelProto, domain: str, op: str) -> Exception:
+    from .errors import MissingOpError
+
+    opset = next((o.version for o in model.opset_import if o.domain == domain), None)
+    nodes = [n.name or n.output[0] for n in model.graph.node
+             if n.op_type == op and n.domain == domain][:3]
+    return MissingOpError(
+        f"ONNX Runtime has no implementation of {domain or 'ai.onnx'}::{op} (domain "
+        f"{domain!r}, opset {opset}); used by node(s) {nodes}",
+        "register the library that implements it: OrtRunner(model, libraries=['/path/to/"
+        "libmyops.so']), or give the op an ort= implementation with @wb.custom_op"
+        + ("; for ai.onnx.contrib ops: pip install onnxruntime-extensions"
+           if domain == EXTENSIONS_DOMAIN else ""))

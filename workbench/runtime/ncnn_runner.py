@@ -104,10 +104,20 @@ class NcnnRunner(Runner):
             net.opt.use_fp16_arithmetic = fp16
             net.opt.num_threads = self.num_threads
             if net.load_param(str(self.param)) != 0:
-                raise InputError(f"ncnn cannot load {self.param.name}: a layer is unknown or "
-                                 "has parameters ncnn rejects",
-                                 "convert again with wb.to_ncnn; `workbench inspect` lists the "
-                                 "layers")
+                from ..stages.ncnn import unloadable_layers
+
+                unknown = unloadable_layers(self.param)
+                if unknown:
+                    from ..errors import MissingOpError
+
+                    listing = ", ".join(f"{t} ({n})" for t, n in unknown[:8])
+                    raise MissingOpError(
+                        f"ncnn has no layer type for {listing} in {self.param.name}",
+                        "register an implementation (Net.register_custom_layer, or an ncnn= "
+                        "implementation with @wb.custom_op), or convert without that op")
+                raise InputError(f"ncnn cannot load {self.param.name}: a layer has parameters "
+                                 "ncnn rejects", "convert again with wb.to_ncnn; `workbench "
+                                 "inspect` lists the layers")
             if net.load_model(str(self.bin)) != 0:
                 raise InputError(f"ncnn cannot load the weights {self.bin.name}: the file is "
                                  "shorter than the param needs (truncated or from another "

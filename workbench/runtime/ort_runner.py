@@ -19,26 +19,29 @@ _ORT_TYPES = {
 class OrtRunner(Runner):
     name = "onnxruntime"
 
-    def __init__(self, source: Any, isolated: bool = True) -> None:
+    def __init__(self, source: Any, isolated: bool = True, libraries: Any = ()) -> None:
         from ..onnx_io import check_model_file
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
         self.isolated = isolated
+        self.libraries = [str(x) for x in ([libraries] if isinstance(libraries, (str, Path))
+                                           else libraries)]
         self._session = None
         self._all_session = None
         if isolated:
             from .worker import RemoteHandle
 
             self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
-                                        (str(self.path),), {}, self.name)
+                                        (str(self.path),), {"libraries": self.libraries},
+                                        self.name)
 
     @property
     def session(self):
         if self._session is None:
             from ..onnx_io import session
 
-            self._session = session(self.path)
+            self._session = session(self.path, self.libraries)
         return self._session
 
     def _describe_local(self) -> dict[str, Any]:
@@ -89,5 +92,5 @@ class OrtRunner(Runner):
                     if out and out not in known:
                         model.graph.output.append(helper.make_empty_tensor_value_info(out))
                         known.add(out)
-            self._all_session = session(model)
+            self._all_session = session(model, self.libraries)
         return self._all_session
