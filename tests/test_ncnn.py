@@ -204,3 +204,13 @@ def test_unused_submodule_call_names_the_cause_of_the_pnnx_crash(tmp_path):
     # and the route the hint gives works
     onx = wb.export(tm.UnusedCall(), (torch.rand(1, 3, 8, 8),), workspace=tmp_path / "ws")
     assert wb.to_ncnn(onx).metrics["max_abs"] < 1e-5
+
+
+def test_onnx_path_with_given_inputs_is_checked_against_onnxruntime(tmp_path):
+    model, x = wb.default_model()
+    onx = wb.export(model, x, workspace=tmp_path / "ws")
+    bare = tmp_path / "bare.onnx"
+    bare.write_bytes(onx.path.read_bytes())  # no stored example inputs beside it
+    art = wb.to_ncnn(bare, x, workspace=tmp_path / "ws")
+    assert art.parent.parent.stage == "import"
+    assert art.metrics["max_abs"] < 1e-4

@@ -22,6 +22,7 @@ from typing import Any
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..errors import InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe
+from .export import _run_torch
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
@@ -110,14 +111,15 @@ def to_ncnn(
         if kind == "torchscript":
             model_file = tmp / "model.pt"
             diags += _trace(source, args, model_file)
-            ref_out = _torch_outputs(source, args)
+            ref_out = _run_torch(source, args, "example inputs")
         else:
             model_file = tmp / "model.onnx"
             shutil.copy2(parent.path, model_file)
             for extra in parent.files:
                 if extra.startswith(parent.path.name + ".") and extra.endswith(".data"):
                     shutil.copy2(parent.dir / extra, tmp / extra)
-            ref_out = reference[1] if reference else None
+            # the torch outputs stored at export, or ONNX Runtime's on inputs given here
+            ref_out = reference[1] if reference else _ort_outputs(parent, args)
         cmd = [str(pnnx_binary()), model_file.name, f"inputshape={_shape_arg(args)}",
                "device=cpu", f"optlevel={optlevel}", f"fp16={int(fp16)}"]
         if args2 is not None:
@@ -243,10 +245,13 @@ def _dead_module_calls(traced: Any) -> list[str]:
     return dead
 
 
-def _torch_outputs(model: Any, args: tuple) -> list:
-    from .export import _run_torch
+def _ort_outputs(parent: Artifact, args: tuple) -> list | None:
+    from ..runtime.ort_runner import OrtRunner
 
-    return _run_torch(model, args, "example inputs")
+    try:
+        return list(OrtRunner(parent).run(args).values())
+    except WorkbenchError:  # inputs the ONNX model does not take: pnnx will say more
+        return None
 
 
 def _run_pnnx(cmd: list[str], cwd: Path, timeout: float) -> tuple[str, int]:
