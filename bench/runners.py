@@ -192,7 +192,8 @@ def report(times: dict[str, list[float]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=7, help="timed rounds (default 7)")
+    parser.add_argument("--runs", type=int, default=15,
+                        help="timed rounds (default 15: the ratios are noisy on 2 cores)")
     parser.add_argument("--quick", action="store_true", help="3 timed rounds after 1 warm-up")
     parser.add_argument("--settle", type=float, default=SETTLE_S,
                         help=f"pause before each timed call, s (default {SETTLE_S}; 0 to see "
