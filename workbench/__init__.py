@@ -26,6 +26,8 @@ _LAZY = {
     "export": ("workbench.stages.export", "export"),
     "simplify": ("workbench.stages.simplify", "simplify"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
+    "compare": ("workbench.compare", None),  # the package is callable: wb.compare(...)
+    "CompareReport": ("workbench.compare.report", "CompareReport"),
     "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
     "BackendCrashed": ("workbench.runtime.worker", "BackendCrashed"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EPS = 1e-6
 DEFAULT_ATOL = 1e-4
@@ -43,3 +52,287 @@ def within(errors: dict[str, Any], atol: float = DEFAULT_ATOL, rtol: float = DEF
     scale = max((float(np.abs(np.asarray(r)).max()) for r in ref or () if np.size(r)),
                 default=0.0)
     return errors["max_abs"] <= atol + rtol * scale
+
+
+# --- per-tensor metrics and tolerances -------------------------------------------------------
+
+_TOL_EXPECTED = ("a Tolerance, a float atol (rtol 0) or an (atol, rtol) tuple of finite "
+                 "non-negative numbers")
+
+
+def _is_tol_number(x: Any) -> bool:
+    return (isinstance(x, Real) and not isinstance(x, bool)
+            and math.isfinite(x) and x >= 0)
+
+
+@dataclass
+class Tolerance:
+    """An allclose-style tolerance: an element passes when |ref - cand| <= atol + rtol * |ref|."""
+
+    atol: float = DEFAULT_ATOL
+    rtol: float = DEFAULT_RTOL
+
+    def __post_init__(self) -> None:
+        for field in ("atol", "rtol"):
+            if not _is_tol_number(getattr(self, field)):
+                raise InputError(
+                    f"Tolerance.{field}: expected a finite non-negative number, "
+                    f"got {getattr(self, field)!r}",
+                    hint="e.g. Tolerance(atol=1e-4, rtol=1e-3)")
+
+    def bound(self, ref: Any) -> float:
+        """The whole-tensor bound atol + rtol * max |ref|, over the finite values of ref."""
+        import numpy as np
+
+        a = np.asarray(ref)
+        scale = 0.0
+        if a.size and a.dtype.kind in "biuf":
+            a = np.abs(a, dtype=np.float64)
+            top = a.max()
+            if not np.isfinite(top):  # NaN/Inf in ref: take the max over the finite ones
+                a = a[np.isfinite(a)]
+                top = a.max() if a.size else 0.0
+            scale = float(top)
+        return float(self.atol) + float(self.rtol) * scale
+
+
+def _as_tolerance(value: Any, key: str) -> Tolerance:
+    """One tolerance spelling (Tolerance, float atol, (atol, rtol)) as a Tolerance."""
+    if isinstance(value, Tolerance):
+        atol, rtol = value.atol, value.rtol  # checked again: the dataclass is mutable
+    elif isinstance(value, tuple | list) and len(value) == 2:
+        atol, rtol = value
+    else:
+        atol, rtol = value, 0.0
+    if not (_is_tol_number(atol) and _is_tol_number(rtol)):
+        raise InputError(
+            f"tolerance {key}: expected {_TOL_EXPECTED}, got {value!r}",
+            hint=f"e.g. {key} = Tolerance(atol=1e-4, rtol=1e-3), or 1e-4 (atol only), "
+                 "or (1e-4, 1e-3) as (atol, rtol)")
+    return value if isinstance(value, Tolerance) else Tolerance(float(atol), float(rtol))
+
+
+def resolve_tolerance(global_tol: Tolerance | float | tuple[float, float] | None,
+                      per_op: Mapping[str, Tolerance | float | tuple[float, float]] | None,
+                      per_tensor: Mapping[str, Tolerance | float | tuple[float, float]] | None,
+                      op_type: str, name: str) -> Tolerance:
+    """The tolerance for one tensor: its name in per_tensor, else its op type in per_op, else
+    global_tol (None: Tolerance()). A float means atol only (rtol 0); a tuple is (atol, rtol).
+    """
+    for label, table in (("per_op", per_op), ("per_tensor", per_tensor)):
+        if table is not None and not isinstance(table, Mapping):
+            raise InputError(
+                f"{label}: expected a dict {{name: tolerance}} or None, "
+                f"got {type(table).__name__} {table!r}",
+                hint=f"e.g. {label}={{'Conv': (1e-4, 1e-3)}}")
+    if per_tensor and name in per_tensor:
+        return _as_tolerance(per_tensor[name], f"per_tensor[{name!r}]")
+    if per_op and op_type in per_op:
+        return _as_tolerance(per_op[op_type], f"per_op[{op_type!r}]")
+    if global_tol is None:
+        return Tolerance()
+    return _as_tolerance(global_tol, "global_tol")
+
+
+def squeeze_to_match(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The two arrays with equal shapes, dropping a leading batch axis of size 1 on either side
+    (ncnn drops the batch axis): (1, 3, 8, 8) vs (3, 8, 8) compares, anything else raises.
+    """
+    import numpy as np
+
+    a, b = np.asarray(ref), np.asarray(cand)
+    if a.shape == b.shape:
+        return a, b
+    if a.ndim == b.ndim + 1 and a.shape[0] == 1 and a.shape[1:] == b.shape:
+        return a[0], b
+    if b.ndim == a.ndim + 1 and b.shape[0] == 1 and b.shape[1:] == a.shape:
+        return a, b[0]
+    raise InputError(
+        f"shapes differ: reference {list(a.shape)} vs candidate {list(b.shape)}; expected equal "
+        "shapes, apart from a leading batch axis of size 1 on either side",
+        hint="check that both arrays are the same tensor (alignment) and that both backends ran "
+             "on the same input shape; only a batch axis of size 1 may be dropped (ncnn)")
+
+
+def _cosine(xx: float, yy: float, xy: float) -> float:
+    """Cosine similarity from the dot products; 1.0 if both vectors are zero, 0.0 if one is."""
+    if xx == 0.0 and yy == 0.0:
+        return 1.0
+    if xx == 0.0 or yy == 0.0:  # a zero vector has no direction: orthogonal to everything
+        return 0.0
+    norms = xx * yy
+    # sqrt(xx * yy) is exact for y == x (cosine exactly 1.0); split it if the product
+    # over- or underflows
+    norms = (math.sqrt(norms) if math.isfinite(norms) and norms >= sys.float_info.min
+             else math.sqrt(xx) * math.sqrt(yy))
+    return min(1.0, max(-1.0, xy / norms))
+
+
+def tensor_metrics(ref: Any, cand: Any, tol: Tolerance, eps: float = EPS) -> dict[str, Any]:
+    """Error metrics for one aligned pair of arrays (reference, candidate), in float64.
+
+    Keys: max_abs, mean_abs, max_rel (|a-b| / (|a| + eps)), cosine, snr_db, nan_ref, inf_ref,
+    nan_cand, inf_cand, frac_over_tol (share of elements with |a-b| > atol + rtol*|a|),
+    min_tol (the smallest atol that passes with tol.rtol), passed, size, shape (compared shape,
+    after squeeze_to_match).
+
+    Non-finite values: both NaN, or the same Inf, count as equal. A NaN in ref leaves that
+    position undefined: counted in nan_ref, not an error whatever cand holds there. Any other
+    NaN/Inf mismatch (a NaN only in cand, Inf vs a finite value, +Inf vs -Inf) is an error of
+    inf: max_abs = inf, snr_db = -inf, not passed. cosine uses the positions where both are
+    finite.
+    """
+    import numpy as np
+
+    tol = _as_tolerance(tol, "tol")
+    if not _is_tol_number(eps):
+        raise InputError(f"eps: expected a finite non-negative number, got {eps!r}",
+                         hint=f"the default is {EPS}")
+    a, b = squeeze_to_match(ref, cand)
+    for label, arr in (("reference", a), ("candidate", b)):
+        if arr.dtype.kind not in "biuf":
+            raise InputError(
+                f"{label} array: expected a bool, integer or float dtype, got {arr.dtype}",
+                hint="pass the real part or a float view, e.g. np.asarray(x, dtype=np.float32)")
+    n = int(a.size)
+    out: dict[str, Any] = {
+        "max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "snr_db": math.inf,
+        "nan_ref": 0, "inf_ref": 0, "nan_cand": 0, "inf_cand": 0, "frac_over_tol": 0.0,
+        "min_tol": 0.0, "passed": True, "size": n, "shape": list(a.shape),
+    }
+    if n == 0:
+        return out
+    # inf - inf, 0/0 and overflowing squares are expected here and handled explicitly
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return _fill_metrics(out, a, b, tol, eps)
+
+
+# Speed (this runs on ~200 tensor pairs of a few MB per comparison). The cost is passes over
+# memory and fresh multi-MB temporaries (page faults), not arithmetic. So the common case (all
+# values finite) is one pass over blocks of _BLOCK elements: each block is cast into float64
+# scratch buffers that stay in cache and are reused, |a-b| is computed once per block and
+# feeds every metric, and sums of squares are np.dot (BLAS, no temporary). That is 2-3x
+# faster than whole-array numpy on 1-4 MB tensors. The Python loop is over blocks, never over
+# elements. A NaN/Inf shows as a non-finite dot, and only then does the whole-array path with
+# its boolean masks run (_nonfinite_stats).
+_BLOCK = 1 << 14
+
+
+def _finite_stats(a: np.ndarray, b: np.ndarray, tol: Tolerance,
+                  eps: float) -> dict[str, Any] | None:
+    """Sums and maxima for all-finite flat arrays, blockwise; None at the first NaN/Inf."""
+    import numpy as np
+
+    n = a.size
+    m = min(n, _BLOCK)
+    bufs = np.empty((4, m))  # ref, cand, |ref - cand|, scratch: float64, reused per block
+    aa = bb = ab = noise = sum_abs = 0.0
+    max_abs = max_excess = max_rel = 0.0
+    over = 0
+    for i in range(0, n, _BLOCK):
+        k = min(_BLOCK, n - i)
+        x, y, d, t = bufs[0, :k], bufs[1, :k], bufs[2, :k], bufs[3, :k]
+        x[...] = a[i:i + k]  # the cast to float64 happens here, block by block
+        y[...] = b[i:i + k]
+        xx, yy = float(np.dot(x, x)), float(np.dot(y, y))
+        if not (math.isfinite(xx) and math.isfinite(yy)):
+            return None  # NaN/Inf (or |v| > ~1e154): the whole-array path handles it
+        aa, bb, ab = aa + xx, bb + yy, ab + float(np.dot(x, y))
+        np.subtract(x, y, out=d)
+        np.abs(d, out=d)
+        max_abs = max(max_abs, float(d.max()))
+        sum_abs += float(d.sum())
+        noise += float(np.dot(d, d))
+        np.abs(x, out=x)
+        np.multiply(x, tol.rtol, out=t)  # excess = |a-b| - rtol*|a|, see _fill_metrics
+        np.subtract(d, t, out=t)
+        max_excess = max(max_excess, float(t.max()))
+        over += int(np.count_nonzero(t > tol.atol))
+        np.add(x, eps, out=t)
+        np.divide(d, t, out=t)
+        rel = float(np.fmax.reduce(t))  # fmax skips the 0/0 NaNs of eps=0 where ref == 0
+        max_rel = rel if rel > max_rel else max_rel
+    if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(noise)):
+        return None  # sums of squares overflowed: the whole-array path rescales
+    return {"cosine": _cosine(aa, bb, ab), "signal": aa, "noise": noise, "sum_abs": sum_abs,
+            "max_abs": max_abs, "max_excess": max_excess, "over": over, "max_rel": max_rel}
+
+
+def _sumsq(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """x.x, y.y, x.y; all scaled by one common factor when a plain sum would overflow
+    (|v| > ~1e154), so the ratios between them stay right."""
+    import numpy as np
+
+    xx, yy, xy = float(np.dot(x, x)), float(np.dot(y, y)), float(np.dot(x, y))
+    if not (math.isfinite(xx) and math.isfinite(yy)):
+        scale = max(float(np.abs(x).max()), float(np.abs(y).max()))
+        x, y = x / scale, y / scale
+        xx, yy, xy = float(np.dot(x, x)), float(np.dot(y, y)), float(np.dot(x, y))
+    return xx, yy, xy
+
+
+def _nonfinite_stats(a_in: np.ndarray, b_in: np.ndarray, tol: Tolerance, eps: float,
+                     out: dict[str, Any]) -> dict[str, Any]:
+    """The same sums and maxima, whole-array, when NaN/Inf are present (or squares overflow);
+    fills the NaN/Inf counts in out."""
+    import numpy as np
+
+    n = out["size"]
+    a = np.asarray(a_in, dtype=np.float64)
+    b = np.asarray(b_in, dtype=np.float64)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    fin_a, fin_b = np.isfinite(a), np.isfinite(b)
+    out["nan_ref"] = nan_ref = int(np.count_nonzero(nan_a))
+    out["nan_cand"] = nan_cand = int(np.count_nonzero(nan_b))
+    out["inf_ref"] = n - int(np.count_nonzero(fin_a)) - nan_ref
+    out["inf_cand"] = n - int(np.count_nonzero(fin_b)) - nan_cand
+    both = fin_a & fin_b
+    aa, bb, ab = _sumsq(np.where(both, a, 0.0), np.where(both, b, 0.0))
+    # equal (both NaN, same Inf) or undefined (NaN in ref): no error there; every other
+    # non-finite position is an inf error, so it is over any (finite) tolerance
+    no_error = nan_a | (~fin_a & (a == b))
+    diff = np.abs(a - b)
+    diff[np.isnan(diff)] = np.inf  # NaN on one side, or +Inf - +Inf (reset just below)
+    diff[no_error] = 0.0
+    abs_a = np.abs(a)
+    abs_a[~fin_a] = 0.0  # so a mismatch's inf error stays inf in rel/excess (not inf/inf)
+    max_abs = float(diff.max())
+    # snr: sum of ref^2 over the finite ref values vs sum of squared errors; a mismatch
+    # (inf error) makes the noise inf
+    signal, noise, _ = _sumsq(abs_a, diff) if math.isfinite(max_abs) else (0, math.inf, 0)
+    excess = diff - abs_a * tol.rtol
+    rel = np.fmax.reduce(diff / (abs_a + eps))
+    return {"cosine": _cosine(aa, bb, ab), "signal": signal, "noise": noise,
+            "sum_abs": float(diff.sum()), "max_abs": max_abs,
+            "max_excess": float(excess.max()), "over": int(np.count_nonzero(excess > tol.atol)),
+            "max_rel": 0.0 if math.isnan(rel) else float(rel)}
+
+
+def _fill_metrics(out: dict[str, Any], a_in: np.ndarray, b_in: np.ndarray, tol: Tolerance,
+                  eps: float) -> dict[str, Any]:
+    """The body of tensor_metrics, for non-empty arrays of equal shape."""
+    a, b = a_in.reshape(-1), b_in.reshape(-1)  # a view unless non-contiguous
+    st = _finite_stats(a, b, tol, eps)
+    if st is None:
+        st = _nonfinite_stats(a, b, tol, eps, out)
+    n = out["size"]
+    signal, noise = st["signal"], st["noise"]
+    out["cosine"] = st["cosine"]
+    out["max_abs"] = st["max_abs"]
+    out["mean_abs"] = st["sum_abs"] / n
+    out["max_rel"] = st["max_rel"]
+    if noise == 0.0:
+        out["snr_db"] = math.inf
+    elif signal == 0.0 or math.isinf(noise):
+        out["snr_db"] = -math.inf
+    else:
+        out["snr_db"] = 10.0 * (math.log10(signal) - math.log10(noise))
+    # excess = |a-b| - rtol*|a| elementwise: "over tol" is excess > atol and min_tol is
+    # max(excess), from the same numbers, so Tolerance(min_tol, rtol) passes exactly (no
+    # rounding disagreement between the two).
+    out["min_tol"] = max(st["max_excess"], 0.0)
+    out["frac_over_tol"] = st["over"] / n
+    # a NaN/Inf in cand not matched in ref is an inf error, over every finite tolerance, so
+    # "no over-tolerance element" also means "no NaN/Inf in cand beyond those of ref"
+    out["passed"] = st["over"] == 0
+    return out

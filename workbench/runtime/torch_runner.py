@@ -113,7 +113,10 @@ class _Recorder:
     def __init__(self, model: Any, records: dict[str, Any], pool: dict[str, Any]) -> None:
         self.records, self.pool = records, pool
         self.names = {m: n for n, m in model.named_modules()}
-        self.leaves = {m for m in self.names if not any(True for _ in m.children())}
+        # the model itself is never a leaf: its output is output_0, and what it calls is
+        # recorded even when it has no submodules
+        self.leaves = {m for m, n in self.names.items()
+                       if n and not any(True for _ in m.children())}
         self.stack: list[Any] = []
         self.counts: Counter[tuple[str, str]] = Counter()
         self.copying = False  # our own .detach().numpy() calls are not the model's

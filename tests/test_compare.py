@@ -1,0 +1,150 @@
+"""wb.compare: alignment to modules, accumulated and isolated error, first divergence, repro,
+and the real mismatches it exists to catch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+import workbench as wb
+from workbench.runtime import NcnnRunner
+
+
+@pytest.fixture(scope="module")
+def sr(tmp_path_factory):
+    model, x = wb.default_model()
+    ws = wb.Workspace(tmp_path_factory.mktemp("compare") / "ws")
+    return model, x, ws, wb.export(model, x, workspace=ws)
+
+
+def test_clean_export_aligns_every_module_and_passes(sr):
+    model, x, _, onx = sr
+    rep = wb.compare(model, [onx], x, mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 1.0
+    refs = [r.reference for r in rep.records if r.mode == "accumulated"]
+    assert refs == ["F.interpolate_0", "conv1", "relu1", "conv2", "relu2", "conv3"]
+    assert rep.ok and rep.first_divergence is None
+    assert {r.mode for r in rep.records} == {"accumulated", "isolated"}
+    assert "all within tolerance" in rep.summary()
+
+
+def test_perturbed_weight_is_named_as_first_divergence(sr, tmp_path):
+    model, x, ws, onx = sr
+    m = onnx.load(str(onx.path))
+    conv2 = next(n for n in m.graph.node if n.name == "/conv2/Conv")
+    w = next(t for t in m.graph.initializer if t.name == conv2.input[1])
+    arr = numpy_helper.to_array(w).copy()
+    arr[0, 0] += 0.5
+    w.CopyFrom(numpy_helper.from_array(arr, w.name))
+    onnx.save(m, tmp_path / "perturbed.onnx")
+    rep = wb.compare(model, [tmp_path / "perturbed.onnx"], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first.name == conv2.output[0] and first.reference == "conv2"
+    assert first.op_type == "Conv" and first.mode == "isolated"
+    # isolated error stays at the op that broke; accumulated error is inherited downstream
+    iso = {r.reference: r.metrics["max_abs"] for r in rep.records if r.mode == "isolated"}
+    acc = {r.reference: r.metrics["max_abs"] for r in rep.records if r.mode == "accumulated"}
+    assert iso["conv3"] < 1e-4 < acc["conv3"]
+    assert iso["conv1"] < 1e-4 and acc["conv1"] < 1e-4
+    assert "first divergence at conv2" in rep.summary()
+
+    out = rep.repro(first, tmp_path / "repro")
+    assert (out / "model.onnx").exists() and (out / "expected.npy").exists()
+    mini = onnx.load(str(out / "model.onnx"))
+    assert [n.op_type for n in mini.graph.node] == ["Conv"]
+    run = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True, text=True,
+                         check=True)
+    got = float(run.stdout.split("max abs ")[1].split(",")[0])
+    assert got == pytest.approx(first.metrics["max_abs"], rel=1e-3)
+
+
+def test_ncnn_fp16_error_grows_where_fp32_does_not(sr):
+    model, x, ws, _ = sr
+    nc32 = wb.to_ncnn(model, x, workspace=ws)
+    nc16 = wb.to_ncnn(model, x, workspace=ws, fp16=True)
+    rep = wb.compare(model, [NcnnRunner(nc32), NcnnRunner(nc16, precision="fp16")], x,
+                     progress=False)
+    assert min(rep.aligned_fraction.values()) == 1.0
+    by = {}
+    for r in rep.records:
+        by.setdefault(r.candidate, []).append(r)
+    fp32, fp16 = (by[c.name] for c in rep.candidates)
+    assert max(r.metrics["max_abs"] for r in fp32) < 1e-4
+    assert fp16[-1].metrics["max_abs"] > 10 * fp32[-1].metrics["max_abs"]
+    # ncnn fuses conv + relu: those blobs align to the ReLU modules they end with
+    assert [r.reference for r in fp32] == ["F.interpolate_0", "relu1", "relu2", "conv3"]
+
+
+def test_resize_with_another_coordinate_mode_is_named_and_reproduced(sr, tmp_path):
+    """A semantic difference, not noise: the same Resize read with another coordinate mode
+    (what an exporter or backend that maps half_pixel differently produces)."""
+    model, x, _, onx = sr
+    m = onnx.load(str(onx.path))
+    resize = next(n for n in m.graph.node if n.op_type == "Resize")
+    mode = next(a for a in resize.attribute if a.name == "coordinate_transformation_mode")
+    assert mode.s in (b"half_pixel", b"pytorch_half_pixel")
+    mode.s = b"asymmetric"
+    onnx.save(m, tmp_path / "asymmetric.onnx")
+    rep = wb.compare(model, [tmp_path / "asymmetric.onnx"], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first.op_type == "Resize" and first.reference == "F.interpolate_0"
+    # every later op is fine on reference inputs: only the resize is wrong
+    assert all(r.metrics["passed"] for r in rep.records
+               if r.mode == "isolated" and r.name != first.name)
+    out = rep.repro(first, tmp_path / "repro")
+    run = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True,
+                         text=True, check=True)
+    assert run.stdout.startswith("Resize") and "recorded in the comparison" in run.stdout
+    assert float(run.stdout.split("max abs ")[1].split(",")[0]) > 1e-2
+
+
+def test_bad_candidates(sr, tmp_path):
+    model, x, ws, onx = sr
+    import trap_models as tm
+
+    two = wb.export(tm.TwoInputs(), (torch.rand(1, 3), torch.rand(1, 3)), workspace=ws)
+    with pytest.raises(wb.InputError, match="takes 2 input"):
+        wb.compare(model, [two], x, progress=False)
+    with pytest.raises(wb.InputError, match="mode='fast' is not one of"):
+        wb.compare(model, [onx], x, mode="fast", progress=False)
+    with pytest.raises(wb.InputError, match="candidate 0"):
+        wb.compare(model, [42], x, progress=False)
+    with pytest.raises(wb.InputError, match="no candidates"):
+        wb.compare(model, [], x, progress=False)
+
+
+def test_nan_in_the_reference_is_reported_not_a_crash(tmp_path):
+    class Log(nn.Module):
+        def forward(self, x):
+            return torch.log(x) * 2
+
+    x = (torch.arange(6.0).reshape(1, 6) - 2,)  # log of negatives: NaN in torch and in ORT
+    onx = wb.export(Log(), x, workspace=tmp_path / "ws")
+    rep = wb.compare(Log(), [onx], x, progress=False)
+    recs = rep.records
+    assert recs and all(r.metrics["nan_ref"] > 0 for r in recs)
+    assert rep.ok, rep.summary()  # NaN where torch has NaN too is agreement
+    assert np.isfinite(recs[-1].metrics["max_abs"])
+
+
+def test_table_formats_and_plots(sr):
+    model, x, _, onx = sr
+    rep = wb.compare(model, [onx], x, mode="both", progress=False)
+    rows = rep.table()
+    assert len(rows) == 12 and {"max_abs", "cosine", "snr_db", "reference"} <= set(rows[0])
+    csv = rep.table("csv")
+    assert csv.splitlines()[0].startswith("candidate,mode,order,name,reference")
+    assert len(csv.strip().splitlines()) == 13
+    assert rep.table("html").count("<tr>") == 13
+    figs = rep.plot()
+    assert len(figs) == 2 and all(hasattr(f, "savefig") for f in figs)
+    ref, cand = rep.tensors(rows[0]["name"])
+    assert np.shape(ref) == np.shape(cand)

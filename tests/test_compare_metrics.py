@@ -1,0 +1,392 @@
+"""Per-tensor error metrics, tolerances and the batch-squeeze rule (workbench.compare.metrics)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from workbench.compare.metrics import (
+    Tolerance,
+    max_errors,
+    resolve_tolerance,
+    squeeze_to_match,
+    tensor_metrics,
+    within,
+)
+from workbench.errors import InputError
+
+TOL = Tolerance(atol=1e-4, rtol=1e-3)
+KEYS = {"max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "nan_ref", "inf_ref", "nan_cand",
+        "inf_cand", "frac_over_tol", "min_tol", "passed", "size", "shape"}
+
+
+# --- Tolerance and resolve_tolerance -------------------------------------------------------
+
+def test_tolerance_defaults_and_bound_uses_finite_max_abs_of_ref():
+    assert (Tolerance().atol, Tolerance().rtol) == (1e-4, 1e-3)
+    tol = Tolerance(atol=0.5, rtol=0.25)
+    assert tol.bound(np.array([1.0, -4.0, 2.0])) == 0.5 + 0.25 * 4.0
+    assert tol.bound(np.array([np.nan, -np.inf, 2.0, -3.0])) == 0.5 + 0.25 * 3.0
+    assert tol.bound(np.array([np.nan])) == 0.5
+    assert tol.bound(np.zeros((0, 3))) == 0.5
+    assert tol.bound(np.array([-8], dtype=np.int8)) == 0.5 + 0.25 * 8
+
+
+def test_tolerance_rejects_negative_or_nan():
+    with pytest.raises(InputError, match="Tolerance.atol"):
+        Tolerance(atol=-1.0)
+    with pytest.raises(InputError, match="Tolerance.rtol"):
+        Tolerance(rtol=float("nan"))
+
+
+def test_resolve_tolerance_precedence_tensor_over_op_over_global():
+    glob = Tolerance(1.0, 0.1)
+    per_op = {"Conv": Tolerance(2.0, 0.2), "Gelu": 3.0}
+    per_tensor = {"conv1.out": (4.0, 0.4)}
+    assert resolve_tolerance(glob, per_op, per_tensor, "Conv", "conv1.out") == Tolerance(4.0, 0.4)
+    assert resolve_tolerance(glob, per_op, per_tensor, "Conv", "conv2.out") == Tolerance(2.0, 0.2)
+    assert resolve_tolerance(glob, per_op, per_tensor, "Relu", "relu.out") == glob
+    assert resolve_tolerance(glob, None, None, "Conv", "conv1.out") == glob
+    assert resolve_tolerance(None, None, None, "Conv", "x") == Tolerance()
+
+
+def test_resolve_tolerance_float_is_atol_only_and_tuple_is_atol_rtol():
+    assert resolve_tolerance(None, {"Gelu": 3e-3}, None, "Gelu", "g") == Tolerance(3e-3, 0.0)
+    assert resolve_tolerance(None, {"Gelu": 2}, None, "Gelu", "g") == Tolerance(2.0, 0.0)
+    assert resolve_tolerance(1e-2, None, None, "Add", "a") == Tolerance(1e-2, 0.0)
+    assert resolve_tolerance((1e-2, 5e-2), None, None, "Add", "a") == Tolerance(1e-2, 5e-2)
+    assert resolve_tolerance(None, None, {"t": np.float32(0.5)}, "Add", "t") == Tolerance(0.5, 0)
+
+
+@pytest.mark.parametrize("bad", ["1e-3", (1e-3,), (1e-3, 1e-3, 0.0), (-1.0, 0.0), -1e-3,
+                                 float("nan"), float("inf"), True, (1e-3, None), {"atol": 1}])
+def test_resolve_tolerance_bad_value_names_key_expected_and_got(bad):
+    with pytest.raises(InputError) as info:
+        resolve_tolerance(None, None, {"conv1.out": bad}, "Conv", "conv1.out")
+    text = str(info.value)
+    assert "per_tensor['conv1.out']" in text
+    assert "(atol, rtol)" in text and repr(bad) in text
+    assert info.value.hint
+
+
+def test_resolve_tolerance_bad_per_op_and_global_name_their_key():
+    with pytest.raises(InputError, match=r"per_op\['Conv'\]"):
+        resolve_tolerance(None, {"Conv": "tight"}, None, "Conv", "c")
+    with pytest.raises(InputError, match="global_tol"):
+        resolve_tolerance("loose", None, None, "Conv", "c")
+    with pytest.raises(InputError, match="per_op: expected a dict"):
+        resolve_tolerance(None, [("Conv", 1e-3)], None, "Conv", "c")
+    t = Tolerance()
+    t.atol = -1.0  # mutated after construction: still caught
+    with pytest.raises(InputError, match=r"per_op\['Conv'\]"):
+        resolve_tolerance(None, {"Conv": t}, None, "Conv", "c")
+
+
+def test_resolve_tolerance_ignores_bad_entries_it_does_not_use():
+    assert resolve_tolerance(None, {"Conv": "x"}, None, "Relu", "r") == Tolerance()
+
+
+# --- tensor_metrics: exact values -----------------------------------------------------------
+
+def test_identical_arrays():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
+    m = tensor_metrics(x, x.copy(), TOL)
+    assert set(m) == KEYS
+    assert m["max_abs"] == m["mean_abs"] == m["max_rel"] == m["min_tol"] == 0.0
+    assert m["cosine"] == 1.0 and m["snr_db"] == math.inf
+    assert m["frac_over_tol"] == 0.0 and m["passed"] is True
+    assert m["size"] == 24 and m["shape"] == [2, 3, 4]
+    assert m["nan_ref"] == m["inf_ref"] == m["nan_cand"] == m["inf_cand"] == 0
+
+
+def test_abs_rel_and_mean_exact_values():
+    ref = np.array([1.0, -2.0, 0.0, 4.0])
+    cand = np.array([1.5, -2.0, 0.25, 3.0])
+    m = tensor_metrics(ref, cand, Tolerance(0.0, 0.0), eps=1e-6)
+    assert m["max_abs"] == 1.0
+    assert m["mean_abs"] == (0.5 + 0.0 + 0.25 + 1.0) / 4
+    assert m["max_rel"] == pytest.approx(0.25 / 1e-6)  # the zero in ref: |d| / eps
+    m = tensor_metrics(ref[[0, 1, 3]], cand[[0, 1, 3]], TOL, eps=0.0)
+    assert m["max_rel"] == 0.5
+
+
+def test_max_rel_with_eps_zero_skips_equal_zeros():
+    assert tensor_metrics([0.0, 2.0], [0.0, 3.0], TOL, eps=0.0)["max_rel"] == 0.5
+    assert tensor_metrics([0.0, 0.0], [0.0, 0.0], TOL, eps=0.0)["max_rel"] == 0.0
+    assert tensor_metrics([0.0, 2.0], [1.0, 2.0], TOL, eps=0.0)["max_rel"] == math.inf
+    with pytest.raises(InputError, match="eps"):
+        tensor_metrics([1.0], [1.0], TOL, eps=-1.0)
+
+
+def test_tol_may_be_spelled_as_float_or_tuple_but_not_garbage():
+    assert tensor_metrics([1.0], [1.5], 0.5)["passed"] is True
+    assert tensor_metrics([1.0], [1.5], (0.25, 0.25))["passed"] is True
+    assert tensor_metrics([1.0], [1.5], (0.25, 0.2))["passed"] is False
+    with pytest.raises(InputError, match="tolerance tol"):
+        tensor_metrics([1.0], [1.5], "loose")
+
+
+def test_cosine_known_values():
+    assert tensor_metrics([1.0, 0.0], [0.0, 1.0], TOL)["cosine"] == 0.0
+    assert tensor_metrics([1.0, 2.0], [-1.0, -2.0], TOL)["cosine"] == -1.0
+    assert tensor_metrics([1.0, 2.0], [2.0, 4.0], TOL)["cosine"] == pytest.approx(1.0, abs=1e-15)
+    assert tensor_metrics([1.0, 0.0], [1.0, 1.0], TOL)["cosine"] == pytest.approx(1 / math.sqrt(2))
+
+
+def test_cosine_zero_vectors_both_zero_is_one_one_zero_is_zero():
+    assert tensor_metrics(np.zeros(5), np.zeros(5), TOL)["cosine"] == 1.0
+    assert tensor_metrics(np.zeros(3), [1.0, 2.0, 3.0], TOL)["cosine"] == 0.0
+    assert tensor_metrics([1.0, 2.0, 3.0], np.zeros(3), TOL)["cosine"] == 0.0
+
+
+def test_cosine_and_snr_survive_float64_overflow_of_squares():
+    big = np.array([1e200, 1e200])
+    m = tensor_metrics(big, big * 2, TOL)
+    assert m["cosine"] == pytest.approx(1.0)
+    assert m["snr_db"] == pytest.approx(0.0, abs=1e-9)  # |ref|^2 == |ref - cand|^2
+    m = tensor_metrics(big, big.copy(), Tolerance(0.0, 1e-3))
+    assert m["passed"] is True and m["min_tol"] == 0.0 and m["snr_db"] == math.inf
+
+
+def test_cosine_is_exactly_one_for_identical_random_data():
+    x = np.random.default_rng(1).standard_normal(10_000).astype(np.float32)
+    assert tensor_metrics(x, x.copy(), TOL)["cosine"] == 1.0
+    assert tensor_metrics(x, -x, TOL)["cosine"] == -1.0
+
+
+def test_snr_known_value_and_zero_signal():
+    assert tensor_metrics([1.0, 1.0], [1.0, 2.0], TOL)["snr_db"] == pytest.approx(
+        10 * math.log10(2 / 1))
+    assert tensor_metrics([3.0, 4.0], [3.0, 3.0], TOL)["snr_db"] == pytest.approx(
+        10 * math.log10(25 / 1))
+    assert tensor_metrics(np.zeros(4), np.zeros(4), TOL)["snr_db"] == math.inf
+    assert tensor_metrics(np.zeros(4), np.ones(4), TOL)["snr_db"] == -math.inf
+
+
+def test_zero_arrays_pass_and_zero_vs_small_noise():
+    m = tensor_metrics(np.zeros((1, 2, 3)), np.zeros((2, 3)), Tolerance(0.0, 0.0))
+    assert m["passed"] is True and m["max_abs"] == 0.0 and m["shape"] == [2, 3]
+    m = tensor_metrics(np.zeros(4), np.full(4, 2e-4), Tolerance(1e-4, 0.5))
+    assert m["passed"] is False and m["frac_over_tol"] == 1.0
+    assert m["min_tol"] == pytest.approx(2e-4)  # rtol * |0| gives nothing
+
+
+def test_frac_over_tol_is_elementwise_against_atol_plus_rtol_ref():
+    ref = np.array([0.0, 10.0, 100.0, 1000.0])
+    cand = ref + np.array([0.05, 0.05, 0.05, 0.05])
+    m = tensor_metrics(ref, cand, Tolerance(atol=0.01, rtol=1e-3))
+    # bounds: 0.01, 0.02, 0.11, 1.01 -> first two over
+    assert m["frac_over_tol"] == 0.5 and m["passed"] is False
+    assert m["min_tol"] == pytest.approx(0.05)
+
+
+def test_min_tol_is_exactly_the_passing_atol():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((4, 64)).astype(np.float32)
+    cand = ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-3
+    rtol = 1e-3
+    min_tol = tensor_metrics(ref, cand, Tolerance(0.0, rtol))["min_tol"]
+    assert min_tol > 0
+    at = tensor_metrics(ref, cand, Tolerance(min_tol, rtol))
+    assert at["passed"] is True and at["frac_over_tol"] == 0.0 and at["min_tol"] == min_tol
+    below = tensor_metrics(ref, cand, Tolerance(float(np.nextafter(min_tol, 0.0)), rtol))
+    assert below["passed"] is False and 0.0 < below["frac_over_tol"] <= 1 / ref.size
+
+
+def test_empty_arrays():
+    m = tensor_metrics(np.zeros((0, 3)), np.zeros((0, 3)), TOL)
+    assert m["size"] == 0 and m["shape"] == [0, 3] and m["passed"] is True
+    assert m["max_abs"] == 0.0 and m["cosine"] == 1.0
+
+
+def _plain(ref, cand, tol, eps=1e-6):
+    """The metrics written the obvious way (whole arrays), to check the blockwise pass."""
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(cand, dtype=np.float64).ravel()
+    d = np.abs(a - b)
+    return {"max_abs": d.max(), "mean_abs": d.mean(), "max_rel": (d / (np.abs(a) + eps)).max(),
+            "cosine": a @ b / np.sqrt((a @ a) * (b @ b)),
+            "snr_db": 10 * np.log10((a @ a) / (d @ d)),
+            "frac_over_tol": np.mean(d > tol.atol + tol.rtol * np.abs(a)),
+            "min_tol": max((d - tol.rtol * np.abs(a)).max(), 0.0)}
+
+
+@pytest.mark.parametrize("n", [16384 * 3 + 77, 16384 * 2])  # several blocks, ragged or not
+def test_large_arrays_match_plain_whole_array_formulas(n):
+    rng = np.random.default_rng(n)
+    ref = rng.standard_normal(n).astype(np.float32) * 3
+    cand = ref + rng.standard_normal(n).astype(np.float32) * 1e-3
+    cand[5] += 1.0  # the worst element sits in the first block
+    tol = Tolerance(2e-3, 1e-3)
+    m, p = tensor_metrics(ref, cand, tol), _plain(ref, cand, tol)
+    for key, want in p.items():
+        assert m[key] == pytest.approx(want, rel=1e-9), key
+    assert m["max_abs"] == pytest.approx(1.0, abs=0.01) and m["passed"] is False
+    assert 0 < m["frac_over_tol"] < 0.1
+
+
+def test_large_non_contiguous_and_batch_squeezed_input():
+    rng = np.random.default_rng(3)
+    ref = rng.standard_normal((1, 64, 40, 40))
+    cand = (ref + 1e-4)[0].transpose(0, 2, 1).copy().transpose(0, 2, 1)  # F-ordered view
+    assert not cand.flags.c_contiguous
+    m = tensor_metrics(ref, cand, TOL)
+    p = _plain(ref[0], np.ascontiguousarray(cand), TOL)
+    for key, want in p.items():
+        assert m[key] == pytest.approx(want, rel=1e-6), key
+
+
+def test_large_array_with_nan_in_the_last_block():
+    rng = np.random.default_rng(4)
+    ref = rng.standard_normal(16384 * 3)
+    cand = ref + 1e-6
+    want = _plain(ref[:-1], cand[:-1], TOL)
+    ref[-1] = np.nan  # undefined reference: the rest must be measured as before
+    m = tensor_metrics(ref, cand, TOL)
+    assert m["nan_ref"] == 1 and m["passed"] is True
+    for key in ("max_abs", "max_rel", "cosine", "min_tol"):
+        assert m[key] == pytest.approx(want[key], rel=1e-9), key
+    cand[-1] = np.nan
+    cand[5] = np.inf  # first block
+    m = tensor_metrics(ref, cand, TOL)
+    assert (m["nan_cand"], m["inf_cand"], m["passed"], m["max_abs"]) == (1, 1, False, math.inf)
+
+
+# --- tensor_metrics: NaN / Inf --------------------------------------------------------------
+
+def test_both_nan_and_same_inf_count_as_equal():
+    ref = np.array([np.nan, np.inf, -np.inf, 1.0, 2.0], dtype=np.float32)
+    m = tensor_metrics(ref, ref.copy(), Tolerance(0.0, 0.0))
+    assert m["passed"] is True and m["max_abs"] == 0.0 and m["mean_abs"] == 0.0
+    assert m["max_rel"] == 0.0 and m["min_tol"] == 0.0 and m["snr_db"] == math.inf
+    assert m["cosine"] == pytest.approx(1.0)
+    assert (m["nan_ref"], m["inf_ref"], m["nan_cand"], m["inf_cand"]) == (1, 2, 1, 2)
+
+
+def test_nan_only_in_cand_fails_with_inf_max_abs():
+    ref = np.array([1.0, 2.0, 3.0])
+    cand = np.array([1.0, np.nan, 3.0])
+    m = tensor_metrics(ref, cand, Tolerance(1e3, 1.0))  # however loose the tolerance
+    assert m["passed"] is False
+    assert m["max_abs"] == math.inf and m["max_rel"] == math.inf and m["min_tol"] == math.inf
+    assert m["snr_db"] == -math.inf and m["frac_over_tol"] == pytest.approx(1 / 3)
+    assert (m["nan_ref"], m["nan_cand"], m["inf_cand"]) == (0, 1, 0)
+    assert not any(isinstance(v, float) and math.isnan(v) for v in m.values())
+
+
+def test_nan_only_in_ref_is_reported_not_an_error():
+    m = tensor_metrics(np.array([np.nan, 1.0, 2.0]), np.array([7.0, 1.0, 2.0]), TOL)
+    assert m["nan_ref"] == 1 and m["nan_cand"] == 0
+    assert m["passed"] is True and m["max_abs"] == 0.0 and m["frac_over_tol"] == 0.0
+    assert m["cosine"] == pytest.approx(1.0) and m["snr_db"] == math.inf
+
+
+def test_inf_mismatches_fail():
+    for ref, cand in (([np.inf, 1.0], [5.0, 1.0]),     # Inf in ref only
+                      ([1.0, 1.0], [np.inf, 1.0]),     # Inf in cand only
+                      ([np.inf, 1.0], [-np.inf, 1.0]),  # opposite Infs
+                      ([np.inf, 1.0], [np.nan, 1.0])):  # Inf vs NaN
+        m = tensor_metrics(np.array(ref), np.array(cand), Tolerance(1e3, 1.0))
+        assert m["passed"] is False and m["max_abs"] == math.inf, (ref, cand)
+        assert m["frac_over_tol"] == 0.5 and m["min_tol"] == math.inf, (ref, cand)
+    m = tensor_metrics(np.array([1.0, -np.inf]), np.array([1.0, np.inf]), TOL)
+    assert (m["inf_ref"], m["inf_cand"], m["nan_ref"], m["nan_cand"]) == (1, 1, 0, 0)
+
+
+def test_inputs_are_not_modified():
+    ref = np.array([np.nan, np.inf, 1.0, -2.0])
+    cand = np.array([np.nan, 3.0, np.nan, -2.5])
+    r0, c0 = ref.copy(), cand.copy()
+    tensor_metrics(ref, cand, TOL)
+    np.testing.assert_array_equal(ref, r0)
+    np.testing.assert_array_equal(cand, c0)
+
+
+# --- dtypes ---------------------------------------------------------------------------------
+
+def test_int_inputs_in_float64_without_wraparound():
+    ref = np.array([0, 100, -128], dtype=np.int8)
+    cand = np.array([0, -100, 127], dtype=np.int8)
+    m = tensor_metrics(ref, cand, Tolerance(0.0, 0.0))
+    assert m["max_abs"] == 255.0  # int8 subtraction would wrap around
+    assert m["mean_abs"] == (0 + 200 + 255) / 3 and m["passed"] is False
+    m = tensor_metrics(np.array([2**40], dtype=np.int64), np.array([2**40 + 1]), TOL)
+    assert m["max_abs"] == 1.0
+
+
+def test_bool_inputs():
+    ref = np.array([True, False, True, True])
+    cand = np.array([True, True, True, False])
+    m = tensor_metrics(ref, cand, Tolerance(0.0, 0.0))
+    assert m["max_abs"] == 1.0 and m["mean_abs"] == 0.5 and m["frac_over_tol"] == 0.5
+    assert m["cosine"] == pytest.approx(2 / 3)  # dot 2, |ref| sqrt(3), |cand| sqrt(3)
+    assert tensor_metrics(ref, ref, TOL)["passed"] is True
+
+
+def test_mixed_float16_vs_float32_and_lists():
+    m = tensor_metrics(np.array([0.1], dtype=np.float16), [0.1], Tolerance(0.0, 0.0))
+    assert m["max_abs"] == pytest.approx(abs(float(np.float16(0.1)) - 0.1))
+    assert m["max_abs"] > 0
+
+
+def test_non_numeric_dtype_is_an_input_error():
+    with pytest.raises(InputError, match="candidate array.*complex"):
+        tensor_metrics(np.ones(2), np.ones(2, dtype=np.complex64), TOL)
+    with pytest.raises(InputError, match="reference array"):
+        tensor_metrics(np.array(["a", "b"]), np.ones(2), TOL)
+
+
+# --- batch-squeeze rule ---------------------------------------------------------------------
+
+def test_squeeze_to_match_drops_leading_batch_of_one_on_either_side():
+    x = np.arange(3 * 8 * 8, dtype=np.float32).reshape(3, 8, 8)
+    a, b = squeeze_to_match(x[None], x)
+    assert a.shape == b.shape == (3, 8, 8)
+    a, b = squeeze_to_match(x, x[None])
+    assert a.shape == b.shape == (3, 8, 8)
+    a, b = squeeze_to_match(x[None], x[None])
+    assert a.shape == b.shape == (1, 3, 8, 8)
+    assert tensor_metrics(x[None], x, TOL)["shape"] == [3, 8, 8]
+    assert tensor_metrics(x, x[None] + 1, TOL)["max_abs"] == 1.0
+
+
+@pytest.mark.parametrize("ref_shape, cand_shape", [
+    ((1, 3, 8, 8), (3, 8, 9)),
+    ((2, 3, 8, 8), (3, 8, 8)),   # batch 2 is not droppable
+    ((3, 8, 8, 1), (3, 8, 8)),   # only a leading axis
+    ((1, 1, 3), (3,)),           # only one axis
+    ((3, 8), (8, 3)),
+])
+def test_shape_mismatch_is_an_input_error_naming_both_shapes(ref_shape, cand_shape):
+    with pytest.raises(InputError) as info:
+        tensor_metrics(np.zeros(ref_shape), np.zeros(cand_shape), TOL)
+    text = str(info.value)
+    assert str(list(ref_shape)) in text and str(list(cand_shape)) in text
+    assert "batch axis" in info.value.hint
+
+
+# --- existing helpers keep their behaviour -------------------------------------------------
+
+def test_max_errors_unchanged():
+    ref = [np.array([1.0, 2.0]), np.array([[0.0, 4.0]])]
+    got = [np.array([1.5, np.nan]), np.array([0.0, 4.0])]
+    e = max_errors(ref, got)
+    assert e["max_abs"] == math.inf and e["max_rel"] == math.inf
+    assert e["shape_mismatch"] == ["output 1: [1, 2] vs [2]"]
+    assert e["nonfinite"] == 1
+    e = max_errors([np.array([2.0])], [np.array([2.5]), np.array([1.0])])
+    assert e["max_abs"] == 0.5 and e["max_rel"] == pytest.approx(0.5 / (2 + 1e-6))
+    assert e["shape_mismatch"] == ["1 reference outputs vs 2 candidate"]
+    e = max_errors([np.array([np.nan, 1.0])], [np.array([np.nan, 1.0])])
+    assert e["nonfinite"] == 0  # NaN in both: counted net of the reference's
+
+
+def test_within_unchanged():
+    ref = [np.array([10.0, -20.0])]
+    errs = {"max_abs": 0.02, "shape_mismatch": []}
+    assert within(errs, atol=0.0, rtol=1e-3, ref=ref) is True      # bound 0.02
+    assert within(errs, atol=0.0, rtol=9e-4, ref=ref) is False     # bound 0.018
+    assert within(errs, atol=0.02, rtol=0.0) is True
+    assert within({"max_abs": 0.0, "shape_mismatch": ["x"]}) is False

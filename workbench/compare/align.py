@@ -1,0 +1,163 @@
+"""Alignment: map each candidate tensor to the PyTorch module (or functional call) that
+produced it.
+
+Names give a hint where they exist: the TorchScript exporter writes module scopes into value
+names (``/layer1/layer1.0/conv1/Conv_output_0``), the dynamo exporter into node metadata
+(``pkg.torch.onnx.name_scopes``). ncnn blobs carry no names worth having. So the hint only
+narrows the search; the match itself is by shape, topological order (monotone: a later
+candidate tensor never maps to an earlier module) and value, which is what also maps a fused
+op (Conv + BatchNorm in ONNX, Conv + ReLU in ncnn) to the last module it covers. Values are
+scored on a fixed sample of elements, so alignment stays cheap on large tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+WINDOW = 40  # how many reference tensors ahead of the last match a candidate may reach
+ACCEPT = 0.5  # a match needs max |a-b| / max |a| below this on the sample
+SAMPLE = 4096
+CONSTANT_OPS = {"Constant", "ConstantOfShape", "MemoryData"}  # not counted as activations
+
+
+@dataclass
+class CandidateTensor:
+    name: str
+    order: int
+    op_type: str = ""
+    hint: str | None = None  # a module path the name or metadata suggests
+
+
+@dataclass
+class Alignment:
+    pairs: dict[str, str] = field(default_factory=dict)  # candidate name -> reference name
+    unaligned: dict[str, str] = field(default_factory=dict)  # candidate name -> why
+    considered: int = 0  # float tensors that could have aligned
+
+    @property
+    def fraction(self) -> float:
+        return len(self.pairs) / self.considered if self.considered else 0.0
+
+
+def shape_key(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape without leading 1s: ncnn drops the batch axis, torch and ONNX keep it."""
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims)
+
+
+def module_from_scope(value_name: str, modules: set[str]) -> str | None:
+    """'/layer1/layer1.0/conv1/Conv_output_0' -> 'layer1.0.conv1' when that module exists.
+
+    Scope parts of nn.Sequential children repeat the parent ('layer/layer.0'): a part that
+    starts with the previous part and a dot replaces it.
+    """
+    parts = [p for p in value_name.split("/")[:-1] if p]
+    if not parts:  # '/Resize_output_0': a call made by the model's own forward()
+        return "" if value_name.startswith("/") else None
+    folded: list[str] = []
+    for p in parts:
+        if folded and p.startswith(folded[-1] + "."):
+            folded[-1] = p
+        else:
+            folded.append(p)
+    for start in range(len(folded)):  # the exporter may add an outer scope
+        name = ".".join(folded[start:])
+        if name in modules:
+            return name
+    return None
+
+
+def module_from_metadata(node: Any, modules: set[str]) -> str | None:
+    """The innermost module of a dynamo-exported node's name_scopes metadata."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = re.findall(r"'([^']*)'", prop.value)
+            for s in reversed(scopes):
+                if s in modules:
+                    return s
+    return None
+
+
+def _sample_idx(size: int) -> Any:
+    import numpy as np
+
+    if size <= SAMPLE:
+        return slice(None)
+    return np.random.default_rng(0).choice(size, SAMPLE, replace=False)
+
+
+def _score(ref: Any, cand: Any) -> float:
+    import numpy as np
+
+    a = np.asarray(ref).reshape(-1)
+    b = np.asarray(cand).reshape(-1)
+    idx = _sample_idx(a.size)
+    a, b = a[idx].astype(np.float64), b[idx].astype(np.float64)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    # NaN/Inf must sit at the same places with the same values; the rest is scored
+    if not np.array_equal(fa, fb) or not np.array_equal(a[~fa], b[~fb], equal_nan=True):
+        return float("inf")
+    a, b = a[fa], b[fb]
+    if not a.size:
+        return 0.0
+    return float(np.abs(a - b).max() / (np.abs(a).max() + 1e-6))
+
+
+def align(reference: dict[str, Any], candidate: dict[str, Any],
+          tensors: list[CandidateTensor], modules: set[str] | None = None) -> Alignment:
+    """Pair candidate tensors (in topological order) with reference tensors (in execution
+    order). ``reference`` and ``candidate`` map names to arrays; ``modules`` are the
+    reference model's module names (a record that is not one is a functional call)."""
+    import numpy as np
+
+    modules = modules or set()
+    ref_names = list(reference)
+    ref_keys = [shape_key(np.shape(reference[n])) for n in ref_names]
+    # the module each record belongs to: a leaf is its own; 'layer1/Tensor.add_0' was called
+    # by layer1; 'F.interpolate_0' by the model itself ("")
+    ref_module = [n if n in modules else (n.split("/")[0] if "/" in n else "")
+                  for n in ref_names]
+    out = Alignment()
+    low = 0  # monotone lower bound in the reference order
+    for t in sorted(tensors, key=lambda t: t.order):
+        arr = candidate.get(t.name)
+        if arr is None:
+            out.unaligned[t.name] = "not captured"
+            continue
+        if t.op_type in CONSTANT_OPS:
+            out.unaligned[t.name] = "a constant (a parameter, not an activation)"
+            continue
+        if np.asarray(arr).dtype.kind != "f":
+            out.unaligned[t.name] = f"{np.asarray(arr).dtype} tensor (shape or index glue)"
+            continue
+        out.considered += 1
+        key = shape_key(np.shape(arr))
+        window = range(low, min(len(ref_names), low + WINDOW))
+        choices = [j for j in window if ref_keys[j] == key]
+        if t.hint is not None:
+            # the module the name points at, and what follows it inside the same parent
+            # (a Conv whose output is its BatchNorm's, after folding)
+            hinted = [j for j in range(len(ref_names)) if j >= low and ref_keys[j] == key
+                      and (ref_module[j] == t.hint
+                           or (t.hint and ref_names[j].startswith(t.hint + ".")))]
+            if hinted:
+                h = hinted[0]
+                parent = t.hint.rsplit(".", 1)[0] if "." in t.hint else ""
+                choices = [j for j in range(h, min(len(ref_names), h + 6))
+                           if ref_keys[j] == key and ref_module[j].startswith(parent)]
+        if not choices:
+            out.unaligned[t.name] = f"no reference tensor of shape {list(np.shape(arr))} nearby"
+            continue
+        scores = [(_score(reference[ref_names[j]], arr), j) for j in choices]
+        best, j = min(scores)
+        if best > ACCEPT and t.hint is None:
+            out.unaligned[t.name] = (f"nearest reference tensor {ref_names[j]!r} differs by "
+                                     f"{best:.2g} of its range")
+            continue
+        out.pairs[t.name] = ref_names[j]
+        low = j
+    return out

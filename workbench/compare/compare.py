@@ -1,0 +1,248 @@
+"""wb.compare: every intermediate tensor of each candidate against the PyTorch reference.
+
+Runners capture (one pass each), ``align`` maps candidate tensors to modules, metrics are
+computed per aligned pair. Accumulated error: each backend runs end to end. Isolated error
+(ONNX): one rewritten graph in which every aligned intermediate value is cut and fed from
+the reference, so each op (or the small unaligned subgraph before it) runs on reference
+inputs, all in one session run. Runners know nothing of this (Polygraphy's split).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .align import CandidateTensor, align, shape_key
+
+MODES = ("accumulated", "isolated", "both")
+
+
+@dataclass
+class Candidate:
+    """A candidate backend: its runner, a display name, and how to list its tensors."""
+
+    name: str
+    runner: Any
+    kind: str  # "onnx" | "ncnn"
+    path: Path
+
+
+def _as_candidate(thing: Any, index: int) -> Candidate:
+    from ..runtime import NcnnRunner, OrtRunner, Runner, runner_for
+
+    runner = thing if isinstance(thing, Runner) else None
+    if runner is None:
+        try:
+            runner = runner_for(thing)
+        except InputError as e:
+            raise InputError(f"candidate {index} ({type(thing).__name__}): {e.message}",
+                             e.hint) from None
+    label = getattr(thing, "id", None)
+    if isinstance(runner, OrtRunner):
+        return Candidate(f"onnxruntime {label or runner.path.name}", runner, "onnx", runner.path)
+    if isinstance(runner, NcnnRunner):
+        return Candidate(f"ncnn {runner.precision} {label or runner.param.name}", runner, "ncnn",
+                         runner.param)
+    raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
+                     "ncnn artifacts, paths or their runners", "e.g. wb.compare(model, [onx, nc], "
+                     "(x,))")
+
+
+def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
+    """The tensors a candidate produces, in topological order, with module hints."""
+    if cand.kind == "onnx":
+        from ..onnx_io import load_onnx
+        from .align import module_from_metadata, module_from_scope
+
+        model = load_onnx(cand.path, external_data=False)
+        out = []
+        for i, node in enumerate(model.graph.node):
+            hint = module_from_metadata(node, modules)
+            for name in node.output:
+                if name:
+                    out.append(CandidateTensor(name, i, node.op_type,
+                                               hint or module_from_scope(name, modules)))
+        return out
+    from ..params import parse_ncnn_param
+
+    out = []
+    for i, layer in enumerate(parse_ncnn_param(cand.path).layers):
+        if layer.type in ("Input", "Split", "MemoryData"):
+            continue  # inputs, aliases of their bottom, constants
+        out.extend(CandidateTensor(top, i, layer.type) for top in layer.tops)
+    return out
+
+
+@dataclass
+class Record:
+    """One aligned tensor of one candidate in one mode, with its metrics."""
+
+    candidate: str
+    mode: str
+    order: int
+    name: str
+    reference: str
+    op_type: str
+    metrics: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"candidate": self.candidate, "mode": self.mode, "order": self.order,
+                "name": self.name, "reference": self.reference, "op_type": self.op_type,
+                **self.metrics}
+
+
+def _input_sets(inputs: Any) -> list[tuple]:
+    from ..inputs import as_tensor_tuple
+
+    if isinstance(inputs, list) and inputs and all(isinstance(i, (tuple, list)) for i in inputs):
+        return [as_tensor_tuple(i, f"inputs[{k}]") for k, i in enumerate(inputs)]
+    return [as_tensor_tuple(inputs)]
+
+
+def _fit(ref: Any, like_shape: tuple[int, ...]) -> Any:
+    """A reference array reshaped to a candidate tensor's shape (batch axis added/dropped)."""
+    import numpy as np
+
+    ref = np.asarray(ref)
+    if ref.shape == tuple(like_shape):
+        return ref
+    if shape_key(ref.shape) == shape_key(like_shape):
+        return ref.reshape(like_shape)
+    raise InputError(f"reference shape {list(ref.shape)} cannot feed a candidate tensor of "
+                     f"shape {list(like_shape)}", "")
+
+
+def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumulated",
+            tolerance: Any = None, per_op_tolerance: dict[str, Any] | None = None,
+            per_tensor_tolerance: dict[str, Any] | None = None,
+            progress: bool = True) -> Any:
+    """Compare candidates (ONNX/ncnn artifacts, paths or runners) with ``reference`` (an
+    ``nn.Module`` or runner) op by op on ``inputs`` (a tuple, or a list of tuples whose
+    metrics aggregate to the worst). Returns a CompareReport."""
+    from tqdm.auto import tqdm
+
+    from ..runtime import TorchRunner, runner_for
+    from .metrics import Tolerance, resolve_tolerance, tensor_metrics
+    from .report import CompareReport
+
+    if mode not in MODES:
+        raise InputError(f"mode={mode!r} is not one of {MODES}",
+                         "'accumulated' runs each backend end to end; 'isolated' feeds each op "
+                         "reference inputs; 'both'")
+    ref_runner = reference if not hasattr(reference, "forward") else TorchRunner(reference)
+    ref_runner = runner_for(ref_runner)
+    if not isinstance(candidates, (list, tuple)):
+        candidates = [candidates]
+    if not candidates:
+        raise InputError("no candidates to compare", "wb.compare(model, [onnx_artifact], (x,))")
+    cands = [_as_candidate(c, i) for i, c in enumerate(candidates)]
+    sets = _input_sets(inputs)
+    base_tol = tolerance if isinstance(tolerance, Tolerance) else (
+        Tolerance() if tolerance is None else resolve_tolerance(tolerance, None, None, "", ""))
+    modules = {n for n, _ in reference.named_modules()} if hasattr(reference,
+                                                                   "named_modules") else set()
+    records: list[Record] = []
+    alignments: dict[str, Any] = {}
+    isolated_available: dict[str, bool] = {}
+    steps = len(sets) * (1 + len(cands) * (2 if mode == "both" else 1))
+    bar = tqdm(total=steps, desc="compare", disable=not progress, leave=False)
+    worst: dict[tuple[str, str, str], Record] = {}
+    for args in sets:
+        bar.set_postfix_str("torch")
+        ref_values = ref_runner.run(args, capture="all")
+        bar.update()
+        for cand in cands:
+            n_in = len(cand.runner.input_names)
+            if n_in != len(args):
+                raise InputError(f"{cand.name} takes {n_in} input(s) "
+                                 f"{cand.runner.input_names}, the reference was given {len(args)}",
+                                 "compare a candidate exported from the same model and inputs")
+            bar.set_postfix_str(cand.name)
+            values = cand.runner.run(args, capture="all")
+            tensors = candidate_tensors(cand, modules)
+            if cand.name not in alignments:  # align on the first input set
+                alignments[cand.name] = align(ref_values, values, tensors, modules)
+            al = alignments[cand.name]
+            order = {t.name: t for t in tensors}
+            runs = [("accumulated", values)]
+            if mode in ("isolated", "both"):
+                iso = _isolated(cand, al, ref_values, values, args)
+                isolated_available[cand.name] = iso is not None
+                if iso is not None:
+                    runs = runs + [("isolated", iso)] if mode == "both" else [("isolated", iso)]
+            for run_mode, vals in runs:
+                for cname, rname in al.pairs.items():
+                    if cname not in vals:
+                        continue
+                    t = order[cname]
+                    tol = resolve_tolerance(base_tol, per_op_tolerance, per_tensor_tolerance,
+                                            t.op_type, cname)
+                    m = tensor_metrics(ref_values[rname], vals[cname], tol)
+                    m["tolerance"] = tol.bound(ref_values[rname])
+                    rec = Record(cand.name, run_mode, t.order, cname, rname, t.op_type, m)
+                    key = (cand.name, run_mode, cname)
+                    if key not in worst or _worse(m, worst[key].metrics):
+                        worst[key] = rec
+                bar.update()
+    bar.close()
+    records = sorted(worst.values(), key=lambda r: (r.candidate, r.mode, r.order))
+    return CompareReport(records=records, alignments=alignments, candidates=cands,
+                         isolated_available=isolated_available, tolerance=base_tol,
+                         inputs=sets[0], reference=ref_runner)
+
+
+def _worse(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (a.get("max_abs") or 0.0) > (b.get("max_abs") or 0.0)
+
+
+def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict[str, Any],
+              args: tuple) -> dict[str, Any] | None:
+    """Each op of an ONNX candidate run on reference inputs, all in one session run."""
+    if cand.kind != "onnx":
+        return None  # ncnn isolated mode (Extractor.input on blobs) is not built yet
+    import tempfile
+
+    import onnx
+
+    from ..runtime.ort_runner import OrtRunner
+
+    base = cand.runner.feed(args)
+    model, feeds = isolated_model(cand.path, al.pairs, ref_values, values, base)
+    with tempfile.TemporaryDirectory(prefix="wb-isolated-") as d:
+        path = Path(d) / "isolated.onnx"
+        onnx.save(model, str(path))
+        runner = OrtRunner(path, isolated=cand.runner.isolated,
+                           libraries=getattr(cand.runner, "libraries", ()))
+        return runner.run(feeds, capture="all")
+
+
+def isolated_model(path: Path, pairs: dict[str, str], ref_values: dict[str, Any],
+                   values: dict[str, Any], base_feed: dict[str, Any]) -> tuple[Any, dict]:
+    """The ONNX model with every aligned intermediate value cut: its consumers read a new
+    graph input ``<value>__ref`` fed from the reference; chains of unaligned values (the
+    nodes a module was lowered into) stay connected, so they run from the nearest reference
+    inputs. Returns (model, feeds)."""
+    import numpy as np
+    from onnx import helper
+
+    from ..onnx_io import load_onnx
+
+    model = load_onnx(path)
+    graph = model.graph
+    produced = {o for n in graph.node for o in n.output}
+    cut = sorted(v for v in pairs if v in produced and v in values)
+    cut_set = set(cut)
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in cut_set:
+                node.input[k] = f"{name}__ref"
+    feeds = dict(base_feed)
+    for name in cut:
+        arr = np.asarray(values[name])
+        ref = _fit(ref_values[pairs[name]], arr.shape).astype(arr.dtype, copy=False)
+        graph.input.append(helper.make_tensor_value_info(
+            f"{name}__ref", helper.np_dtype_to_tensor_dtype(ref.dtype), list(ref.shape)))
+        feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
+    return model, feeds

@@ -1,0 +1,173 @@
+"""CompareReport: the records of a comparison, its summary, table, plots and repro."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
+           "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed"]
+
+
+@dataclass
+class CompareReport:
+    records: list[Any]
+    alignments: dict[str, Any]
+    candidates: list[Any]
+    isolated_available: dict[str, bool] = field(default_factory=dict)
+    tolerance: Any = None
+    inputs: tuple = ()
+    reference: Any = None
+
+    # -- what was aligned ---------------------------------------------------------------------
+    @property
+    def aligned_fraction(self) -> dict[str, float]:
+        """{candidate name: fraction of its float tensors aligned to a torch module or op}."""
+        return {name: al.fraction for name, al in self.alignments.items()}
+
+    @property
+    def unaligned(self) -> dict[str, dict[str, str]]:
+        """{candidate name: {tensor: why it has no reference}} (listed, not dropped)."""
+        return {name: dict(al.unaligned) for name, al in self.alignments.items()}
+
+    # -- where it breaks ----------------------------------------------------------------------
+    def divergences(self) -> dict[str, Any]:
+        """{candidate: first failing record}, by isolated error where available."""
+        out = {}
+        for cand in self.candidates:
+            mode = "isolated" if self.isolated_available.get(cand.name) else "accumulated"
+            failing = [r for r in self.records
+                       if r.candidate == cand.name and r.mode == mode and not r.metrics["passed"]]
+            if failing:
+                out[cand.name] = min(failing, key=lambda r: r.order)
+        return out
+
+    @property
+    def first_divergence(self) -> Any:
+        """The earliest op (topological order) whose error breaks tolerance, isolated error
+        first; None when every aligned tensor passes."""
+        found = list(self.divergences().values())
+        return min(found, key=lambda r: r.order) if found else None
+
+    @property
+    def ok(self) -> bool:
+        return all(r.metrics["passed"] for r in self.records)
+
+    # -- presenting ---------------------------------------------------------------------------
+    def summary(self) -> str:
+        """One line per candidate: aligned, worst error and where, first divergence."""
+        lines = []
+        for cand in self.candidates:
+            recs = [r for r in self.records if r.candidate == cand.name and r.mode ==
+                    "accumulated"] or [r for r in self.records if r.candidate == cand.name]
+            al = self.alignments.get(cand.name)
+            aligned = f"{len(al.pairs)}/{al.considered} aligned" if al else "not aligned"
+            if not recs:
+                lines.append(f"{cand.name}: {aligned}, nothing to compare")
+                continue
+            worst = max(recs, key=lambda r: r.metrics["max_abs"] or 0.0)
+            div = self.divergences().get(cand.name)
+            tail = (f"first divergence at {div.reference} ({div.op_type} {div.name}, "
+                    f"{div.mode} max abs {div.metrics['max_abs']:.3g})" if div
+                    else "all within tolerance")
+            lines.append(f"{cand.name}: {aligned}, worst max abs "
+                         f"{worst.metrics['max_abs']:.3g} at {worst.reference}; {tail}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+    def rows(self, candidate: str | None = None, mode: str | None = None) -> list[dict]:
+        return [r.as_dict() for r in self.records
+                if (candidate is None or r.candidate == candidate)
+                and (mode is None or r.mode == mode)]
+
+    def table(self, format: str = "records", candidate: str | None = None,
+              mode: str | None = None) -> Any:
+        """Rows as dicts ('records'), CSV text ('csv') or an HTML table ('html')."""
+        rows = self.rows(candidate, mode)
+        if format == "records":
+            return rows
+        if format == "csv":
+            buf = io.StringIO()
+            w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+            return buf.getvalue()
+        if format == "html":
+            first = self.first_divergence
+            head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+            body = []
+            for r in rows:
+                cls = ' class="wb-first-divergence"' if first and (
+                    r["candidate"], r["mode"], r["name"]) == (first.candidate, first.mode,
+                                                              first.name) else ""
+                cells = "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in COLUMNS)
+                body.append(f"<tr{cls}>{cells}</tr>")
+            return (f'<table class="wb-compare"><thead><tr>{head}</tr></thead>'
+                    f"<tbody>{''.join(body)}</tbody></table>")
+        raise InputError(f"table format {format!r} is not one of records, csv, html",
+                         "report.table('csv')")
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(self.summary())}</pre>" + self.table("html")
+
+    def plot(self, metric: str = "max_abs") -> list[Any]:
+        """The figures: error along the graph and error by op type (returned, not shown)."""
+        from . import plots
+
+        recs = self.rows()
+        first = self.first_divergence
+        return [plots.error_along_graph(recs, metric=metric,
+                                        highlight=first.name if first else None),
+                plots.error_by_op_type(recs, metric=metric)]
+
+    # -- one tensor, again ------------------------------------------------------------------
+    def tensors(self, name: str, candidate: str | None = None) -> tuple[Any, Any]:
+        """(reference array, candidate array) of one aligned tensor, by running both again."""
+        cand = self._candidate(candidate)
+        pairs = self.alignments[cand.name].pairs
+        if name not in pairs:
+            raise InputError(f"{name!r} is not an aligned tensor of {cand.name}",
+                             f"aligned names: {list(pairs)[:8]}...")
+        ref = self.reference.run(self.inputs, capture="all")[pairs[name]]
+        return ref, cand.runner.run(self.inputs, capture="all")[name]
+
+    def _candidate(self, name: str | None) -> Any:
+        if name is None:
+            return self.candidates[0]
+        for c in self.candidates:
+            if c.name == name:
+                return c
+        raise InputError(f"no candidate {name!r}", f"candidates: {[c.name for c in self.candidates]}")
+
+    def repro(self, record: Any, folder: str | Path) -> Path:
+        """Write a minimal ONNX model of the op, its reference inputs and expected output as
+        .npy, and a script that reproduces the numbers. Returns the folder."""
+        from .repro import write_repro
+
+        if record is None:
+            raise InputError("nothing to reproduce: no divergence given",
+                             "pass report.first_divergence, or a record from report.records")
+        cand = self._candidate(record.candidate)
+        if cand.kind != "onnx":
+            raise InputError(f"repro writes ONNX models; {cand.name} is {cand.kind}",
+                             "compare the ONNX artifact too and reproduce its divergence")
+        return write_repro(self, cand, record, Path(folder))
+
+    def to_json(self) -> str:
+        return json.dumps({"summary": self.summary(), "aligned_fraction": self.aligned_fraction,
+                           "records": self.rows()}, default=str)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
