@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 WINDOW = 40  # how many reference tensors ahead of the last match a candidate may reach
-ACCEPT = 0.5  # a match needs max |a-b| / max |a| below this on the sample
+ACCEPT = 0.05  # a value match needs max |a-b| / max |a| below this on the sample
 SAMPLE = 4096
 CONSTANT_OPS = {"Constant", "ConstantOfShape", "MemoryData"}  # not counted as activations
 
@@ -28,6 +28,8 @@ class CandidateTensor:
     order: int
     op_type: str = ""
     hint: str | None = None  # a module path the name or metadata suggests
+    internal: bool = False  # only read inside its own module (a step of a lowered op)
+    output_index: int | None = None  # the model's k-th output: pairs with torch's output_k
 
 
 @dataclass
@@ -123,6 +125,14 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                   for n in ref_names]
     out = Alignment()
     low = 0  # monotone lower bound in the reference order
+    # torch's output_k is some earlier record returned as it was: name that record instead
+    alias: dict[str, str] = {}
+    for k, n in enumerate(ref_names):
+        if n.startswith("output_"):
+            same = [m for m in ref_names[:k] if not m.startswith("output_")
+                    and np.shape(reference[m]) == np.shape(reference[n])
+                    and np.array_equal(reference[m], reference[n], equal_nan=True)]
+            alias[n] = same[-1] if same else n
     for t in sorted(tensors, key=lambda t: t.order):
         arr = candidate.get(t.name)
         if arr is None:
@@ -136,28 +146,55 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             continue
         out.considered += 1
         key = shape_key(np.shape(arr))
+        wanted = f"output_{t.output_index}" if t.output_index is not None else None
+        if wanted in alias and shape_key(np.shape(reference[wanted])) == key:
+            out.pairs[t.name] = alias[wanted]  # outputs pair by position, whatever the values
+            continue
         window = range(low, min(len(ref_names), low + WINDOW))
         choices = [j for j in window if ref_keys[j] == key]
+        structural = None  # the record name and shape pin, whatever the values say
         if t.hint is not None:
-            # the module the name points at, and what follows it inside the same parent
-            # (a Conv whose output is its BatchNorm's, after folding)
-            hinted = [j for j in range(len(ref_names)) if j >= low and ref_keys[j] == key
-                      and (ref_module[j] == t.hint
-                           or (t.hint and ref_names[j].startswith(t.hint + ".")))]
+            hinted = _hinted(t.hint, key, low, ref_names, ref_keys, ref_module, modules)
             if hinted:
-                h = hinted[0]
-                parent = t.hint.rsplit(".", 1)[0] if "." in t.hint else ""
-                choices = [j for j in range(h, min(len(ref_names), h + 6))
-                           if ref_keys[j] == key and ref_module[j].startswith(parent)]
+                choices = hinted
+                # the named module itself, unless this is a step inside a lowered module
+                # (those need a value match) or the name fits several calls equally
+                if not t.internal and (len(hinted) == 1 or ref_names[hinted[0]] == t.hint):
+                    structural = hinted[0]
         if not choices:
             out.unaligned[t.name] = f"no reference tensor of shape {list(np.shape(arr))} nearby"
             continue
         scores = [(_score(reference[ref_names[j]], arr), j) for j in choices]
         best, j = min(scores)
-        if best > ACCEPT and t.hint is None:
-            out.unaligned[t.name] = (f"nearest reference tensor {ref_names[j]!r} differs by "
-                                     f"{best:.2g} of its range")
-            continue
+        # a poor value match is kept only when name and shape leave no other choice (a real
+        # divergence at a module); otherwise it is listed, not guessed
+        if best > ACCEPT:
+            if structural is None:
+                out.unaligned[t.name] = (f"nearest reference tensor {ref_names[j]!r} differs "
+                                         f"by {best:.2g} of its range")
+                continue
+            j = structural
         out.pairs[t.name] = ref_names[j]
         low = j
     return out
+
+
+def _hinted(hint: str, key: tuple[int, ...], low: int, ref_names: list[str],
+            ref_keys: list[tuple[int, ...]], ref_module: list[str], modules: set[str]) -> list[int]:
+    """Reference tensors a hinted candidate may be: the hinted module's own output, and for
+    a module, the next leaf outputs in its parent (a Conv whose value is its BatchNorm's
+    after folding, or its activation's after fusion); for the model itself ("") or a
+    non-leaf module, the calls it made. Model outputs (output_N) repeat other records."""
+    own = [j for j in range(low, len(ref_names)) if ref_keys[j] == key
+           and ref_module[j] == hint and not ref_names[j].startswith("output_")]
+    if not own or not hint or ref_names[own[0]] != hint:
+        return own[:1] if len(own) == 1 else own
+    h = own[0]
+    parent = hint.rsplit(".", 1)[0] if "." in hint else ""
+    follow = []
+    for j in range(h + 1, min(len(ref_names), h + 3)):
+        if ref_names[j] in modules and ref_names[j].startswith(parent) and ref_keys[j] == key:
+            follow.append(j)
+        else:
+            break
+    return [h, *follow]

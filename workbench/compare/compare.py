@@ -9,6 +9,7 @@ inputs, all in one session run. Runners know nothing of this (Polygraphy's split
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,22 @@ def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTenso
         from .align import module_from_metadata, module_from_scope
 
         model = load_onnx(cand.path, external_data=False)
+        hints = [module_from_metadata(n, modules) or next(
+            (module_from_scope(o, modules) for o in n.output if o), None)
+            for n in model.graph.node]
+        readers: dict[str, set] = {}
+        for node, hint in zip(model.graph.node, hints, strict=True):
+            for name in node.input:
+                readers.setdefault(name, set()).add(hint)
+        outputs = {o.name: k for k, o in enumerate(model.graph.output)}
         out = []
-        for i, node in enumerate(model.graph.node):
-            hint = module_from_metadata(node, modules)
+        for i, (node, hint) in enumerate(zip(model.graph.node, hints, strict=True)):
             for name in node.output:
                 if name:
-                    out.append(CandidateTensor(name, i, node.op_type,
-                                               hint or module_from_scope(name, modules)))
+                    internal = (hint is not None and name not in outputs
+                                and readers.get(name, set()) == {hint})
+                    out.append(CandidateTensor(name, i, node.op_type, hint, internal,
+                                               outputs.get(name)))
         return out
     from ..params import parse_ncnn_param
 
@@ -71,7 +81,10 @@ def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTenso
     for i, layer in enumerate(parse_ncnn_param(cand.path).layers):
         if layer.type in ("Input", "Split", "MemoryData"):
             continue  # inputs, aliases of their bottom, constants
-        out.extend(CandidateTensor(top, i, layer.type) for top in layer.tops)
+        # pnnx names the model's outputs out0, out1... in torch's order
+        out.extend(CandidateTensor(top, i, layer.type, output_index=int(top[3:])
+                                   if re.fullmatch(r"out\d+", top) else None)
+                   for top in layer.tops)
     return out
 
 
