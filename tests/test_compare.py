@@ -148,3 +148,28 @@ def test_table_formats_and_plots(sr):
     assert len(figs) == 2 and all(hasattr(f, "savefig") for f in figs)
     ref, cand = rep.tensors(rows[0]["name"])
     assert np.shape(ref) == np.shape(cand)
+    hist, heat, scatter = rep.plot_tensor("/conv1/Conv_output_0", channel=5)
+    a, b = rep.tensors("/conv1/Conv_output_0")
+    np.testing.assert_allclose(heat.axes[0].images[0].get_array(), np.abs(a[0, 5] - b[0, 5]),
+                               rtol=1e-6)
+    assert hist.axes and scatter.axes
+
+
+def test_dynamo_export_aligns_through_node_metadata(sr):
+    model, x, ws, _ = sr
+    onx = wb.export(model, x, workspace=ws, exporter="dynamo", opset=18)
+    rep = wb.compare(model, [onx], x, mode="both", progress=False)
+    (fraction,) = rep.aligned_fraction.values()
+    assert fraction == 1.0 and rep.ok
+    refs = [r.reference for r in rep.records if r.mode == "accumulated"]
+    assert refs == ["F.interpolate_0", "conv1", "relu1", "conv2", "relu2", "conv3"]
+
+
+def test_several_input_sets_keep_the_worst(sr):
+    model, x, _, onx = sr
+    big = (x[0] * 50,)
+    one = wb.compare(model, [onx], x, progress=False)
+    both = wb.compare(model, [onx], [x, big], progress=False)
+    worst_one = max(r.metrics["max_abs"] for r in one.records)
+    worst_both = max(r.metrics["max_abs"] for r in both.records)
+    assert worst_both > worst_one

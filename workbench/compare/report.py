@@ -120,14 +120,28 @@ class CompareReport:
         return f"<pre>{html.escape(self.summary())}</pre>" + self.table("html")
 
     def plot(self, metric: str = "max_abs") -> list[Any]:
-        """The figures: error along the graph and error by op type (returned, not shown)."""
+        """The figures: error along the graph (accumulated vs isolated, tolerance, first
+        divergence marked) and error by op type. Returned, not shown."""
         from . import plots
 
         recs = self.rows()
         first = self.first_divergence
+        mode = "accumulated" if any(r["mode"] == "accumulated" for r in recs) else "isolated"
         return [plots.error_along_graph(recs, metric=metric,
                                         highlight=first.name if first else None),
-                plots.error_by_op_type(recs, metric=metric)]
+                plots.error_by_op_type(recs, metric=metric, mode=mode)]
+
+    def plot_tensor(self, name: str, candidate: str | None = None, channel: int = 0) -> list:
+        """One aligned tensor: histogram of |a - b|, heatmap of a channel, reference vs
+        candidate scatter."""
+        from . import plots
+
+        ref, cand = self.tensors(name, candidate)
+        tol = next((r.metrics.get("tolerance") for r in self.records if r.name == name), None)
+        return [plots.error_histogram(ref, cand, tolerance=tol),
+                plots.diff_heatmap(ref, cand, channel=channel) if min(
+                    len(_squeezed(ref)), len(_squeezed(cand))) >= 2 else None,
+                plots.ref_vs_cand_scatter(ref, cand)]
 
     # -- one tensor, again ------------------------------------------------------------------
     def tensors(self, name: str, candidate: str | None = None) -> tuple[Any, Any]:
@@ -165,6 +179,15 @@ class CompareReport:
     def to_json(self) -> str:
         return json.dumps({"summary": self.summary(), "aligned_fraction": self.aligned_fraction,
                            "records": self.rows()}, default=str)
+
+
+def _squeezed(a: Any) -> tuple[int, ...]:
+    import numpy as np
+
+    shape = list(np.shape(a))
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    return tuple(shape)
 
 
 def _fmt(v: Any) -> str:
