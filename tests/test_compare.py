@@ -71,16 +71,25 @@ def test_ncnn_fp16_error_grows_where_fp32_does_not(sr):
     nc32 = wb.to_ncnn(model, x, workspace=ws)
     nc16 = wb.to_ncnn(model, x, workspace=ws, fp16=True)
     rep = wb.compare(model, [NcnnRunner(nc32), NcnnRunner(nc16, precision="fp16")], x,
-                     progress=False)
+                     mode="both", progress=False)
     assert min(rep.aligned_fraction.values()) == 1.0
+    assert [c.name for c in rep.candidates] == [f"ncnn fp32 {nc32.id}", f"ncnn fp16 {nc16.id}"]
+    assert all(rep.isolated_available.values())
     by = {}
     for r in rep.records:
-        by.setdefault(r.candidate, []).append(r)
+        if r.mode == "accumulated":
+            by.setdefault(r.candidate, []).append(r)
     fp32, fp16 = (by[c.name] for c in rep.candidates)
     assert max(r.metrics["max_abs"] for r in fp32) < 1e-4
     assert fp16[-1].metrics["max_abs"] > 10 * fp32[-1].metrics["max_abs"]
     # ncnn fuses conv + relu: those blobs align to the ReLU modules they end with
     assert [r.reference for r in fp32] == ["F.interpolate_0", "relu1", "relu2", "conv3"]
+    # isolated (reference values fed to each layer with Extractor.input): the fp16 layers'
+    # own error, where fp32 layers have next to none
+    iso = {(r.candidate.split()[1], r.reference): r.metrics["max_abs"] for r in rep.records
+           if r.mode == "isolated"}
+    assert iso[("fp16", "relu2")] > 10 * max(iso[("fp32", "relu2")], 1e-7)
+    assert rep.first_divergence is None or rep.first_divergence.candidate.startswith("ncnn fp16")
 
 
 def test_resize_with_another_coordinate_mode_is_named_and_reproduced(sr, tmp_path):

@@ -40,15 +40,23 @@ def _as_candidate(thing: Any, index: int) -> Candidate:
         except InputError as e:
             raise InputError(f"candidate {index} ({type(thing).__name__}): {e.message}",
                              e.hint) from None
-    label = getattr(thing, "id", None)
     if isinstance(runner, OrtRunner):
-        return Candidate(f"onnxruntime {label or runner.path.name}", runner, "onnx", runner.path)
+        return Candidate(f"onnxruntime {_label(thing, runner.path)}", runner, "onnx",
+                         runner.path)
     if isinstance(runner, NcnnRunner):
-        return Candidate(f"ncnn {runner.precision} {label or runner.param.name}", runner, "ncnn",
-                         runner.param)
+        return Candidate(f"ncnn {runner.precision} {_label(thing, runner.param)}", runner,
+                         "ncnn", runner.param)
     raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
                      "ncnn artifacts, paths or their runners", "e.g. wb.compare(model, [onx, nc], "
                      "(x,))")
+
+
+def _label(thing: Any, path: Path) -> str:
+    """The artifact id; for a runner or path, the artifact folder or the file name."""
+    label = getattr(thing, "id", None)
+    if label:
+        return label
+    return path.parent.name if (path.parent / "artifact.json").exists() else path.name
 
 
 def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
@@ -151,6 +159,11 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     if not candidates:
         raise InputError("no candidates to compare", "wb.compare(model, [onnx_artifact], (x,))")
     cands = [_as_candidate(c, i) for i, c in enumerate(candidates)]
+    seen: dict[str, int] = {}
+    for c in cands:  # two candidates never share a name: records are keyed by it
+        seen[c.name] = seen.get(c.name, 0) + 1
+        if seen[c.name] > 1:
+            c.name = f"{c.name} #{seen[c.name]}"
     sets = _input_sets(inputs)
     base_tol = tolerance if isinstance(tolerance, Tolerance) else (
         Tolerance() if tolerance is None else resolve_tolerance(tolerance, None, None, "", ""))
@@ -213,8 +226,8 @@ def _worse(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict[str, Any],
               args: tuple) -> dict[str, Any] | None:
     """Each op of an ONNX candidate run on reference inputs, all in one session run."""
-    if cand.kind != "onnx":
-        return None  # ncnn isolated mode (Extractor.input on blobs) is not built yet
+    if cand.kind == "ncnn":
+        return _isolated_ncnn(cand, al, ref_values, values, cand.runner.feed(args))
     import tempfile
 
     import onnx
@@ -259,3 +272,49 @@ def isolated_model(path: Path, pairs: dict[str, str], ref_values: dict[str, Any]
             f"{name}__ref", helper.np_dtype_to_tensor_dtype(ref.dtype), list(ref.shape)))
         feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
     return model, feeds
+
+
+def _isolated_ncnn(cand: Candidate, al: Any, ref_values: dict[str, Any],
+                   values: dict[str, Any], model_inputs: dict[str, Any]) -> dict[str, Any]:
+    """Each ncnn layer on reference inputs: aligned bottoms are fed from the reference with
+    Extractor.input, in as few passes as the graph allows (a layer cannot be measured in the
+    pass that feeds its own output to another layer; greedy colouring, 2-3 passes)."""
+    from ..params import parse_ncnn_param
+
+    layers = [ly for ly in parse_ncnn_param(cand.path).layers
+              if ly.type not in ("Input", "MemoryData")]
+    alias = {top: ly.bottoms[0] for ly in layers if ly.type == "Split" for top in ly.tops}
+
+    def root(blob: str) -> str:
+        while blob in alias:
+            blob = alias[blob]
+        return blob
+
+    fed_of = {}  # layer name -> blobs to feed (Split tops fed as the blob they copy)
+    for ly in layers:
+        if ly.type == "Split":
+            continue
+        fed_of[ly.name] = {b: root(b) for b in ly.bottoms if root(b) in al.pairs}
+    passes: list[tuple[set, dict, list]] = []  # (measured tops, feeds blob->source, layers)
+    for ly in layers:
+        if ly.type == "Split" or not any(t in al.pairs for t in ly.tops):
+            continue
+        feeds = fed_of[ly.name]
+        for tops, fed, members in passes:
+            clash = (set(ly.tops) & {root(b) for b in fed} or set(ly.tops) & set(fed.values())
+                     or {src for src in feeds.values()} & tops)
+            if not clash:
+                tops.update(ly.tops)
+                fed.update(feeds)
+                members.append(ly)
+                break
+        else:
+            passes.append((set(ly.tops), dict(feeds), [ly]))
+    out: dict[str, Any] = {}
+    for tops, fed, _members in passes:
+        blobs = dict(model_inputs)  # the model's own inputs, as they are
+        blobs.update({b: _fit(ref_values[al.pairs[src]], values[src].shape)
+                      for b, src in fed.items() if src in values})
+        wanted = [t for t in tops if t in al.pairs]
+        out.update(cand.runner.run_blobs(blobs, wanted))
+    return out

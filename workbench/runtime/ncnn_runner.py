@@ -161,10 +161,42 @@ class NcnnRunner(Runner):
             out[name] = np.ascontiguousarray(arr)
         return out
 
-    def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
+    def run_blobs(self, blobs: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
+        """Feed any blobs (model inputs or intermediate ones, e.g. reference values) and
+        extract ``wanted`` blobs from one extractor: what isolated comparison needs."""
+        import numpy as np
+
+        known = set(self.describe().get("blobs", ()))
+        unknown = sorted((set(blobs) | set(wanted)) - known)
+        if unknown:
+            raise InputError(f"{self.param.name} has no blob(s) {unknown[:5]}",
+                             "blob names are listed by `workbench inspect` on the param")
+        feed = {n: np.ascontiguousarray(np.asarray(to_numpy(v), dtype=np.float32))
+                for n, v in blobs.items()}
+        capture = ("blobs", list(wanted))
+        if self.isolated:
+            return self._remote.execute(feed, capture)
+        return self._execute(feed, capture)
+
+    def _execute(self, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
         import ncnn
         import numpy as np
 
+        if isinstance(capture, tuple):  # ("blobs", names): run_blobs
+            ex = self.net.create_extractor()
+            ex.set_light_mode(False)
+            for name, arr in feed.items():
+                spec = self.in_specs.get(name)
+                batch = spec.batch_axis if spec is not None else None
+                ex.input(name, (ncnn.Mat(arr, batch_index=batch) if batch is not None
+                                else ncnn.Mat(arr)).clone())
+            out = {}
+            for name in capture[1]:
+                ret, mat = ex.extract(name)
+                if ret != 0:
+                    raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
+                out[name] = np.array(mat)
+            return out
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
         for name, arr in feed.items():
