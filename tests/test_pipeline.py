@@ -19,7 +19,11 @@ def test_pipeline_runs_every_stage(ws, sr_model):
     assert [r["stage"] for r in rows] == ["export", "simplify", "ncnn fp32", "ncnn fp16"]
     assert all(r["max_abs_vs_torch"] < 1e-4 for r in rows[:3])
     assert rows[3]["max_abs_vs_torch"] < 1e-2  # fp16 storage and arithmetic
-    assert "ncnn fp16" in result.table().splitlines()[-1]
+    assert "ncnn fp16" in result.table()
+    rep = result.report
+    assert set(rep.aligned_fraction.values()) == {1.0} and rep.ok
+    assert [c.name.split()[0] for c in rep.candidates] == ["onnxruntime", "ncnn"]
+    assert "op by op:" in result.table()
 
 
 def test_pipeline_stops_at_a_failed_stage_and_keeps_the_error(ws):

@@ -9,7 +9,7 @@ from typing import Any
 from .artifact import Artifact, Workspace, as_workspace
 from .errors import WorkbenchError
 
-STAGES = ("export", "simplify", "ncnn")
+STAGES = ("export", "simplify", "ncnn", "compare")
 
 
 @dataclass
@@ -17,10 +17,12 @@ class PipelineResult:
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     errors: dict[str, WorkbenchError] = field(default_factory=dict)
     seconds: float = 0.0
+    report: Any = None  # the op-by-op CompareReport of the last ONNX and the ncnn model
 
     @property
     def ok(self) -> bool:
-        return not self.errors and all(a.ok for a in self.artifacts.values())
+        return (not self.errors and all(a.ok for a in self.artifacts.values())
+                and (self.report is None or self.report.ok))
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per stage: stage, artifact id, format, nodes, max abs vs torch, seconds."""
@@ -51,6 +53,8 @@ class PipelineResult:
         lines = ["  ".join(f"{c:<{w}}" for c, w in zip(row, widths, strict=True)).rstrip()
                  for row in [head, ["-" * w for w in widths], *body]]
         lines += [f"{stage} failed: {e.message.splitlines()[0]}" for stage, e in self.errors.items()]
+        if self.report is not None:
+            lines += ["", "op by op:", self.report.summary()]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -62,24 +66,27 @@ def _fmt(v: Any, spec: str = "{}") -> str:
 
 
 class Pipeline:
-    """Run export, simplify and ncnn conversion (later: raise, compare) on one model.
+    """Run export, simplify, ncnn conversion and the op-by-op comparison on one model.
 
-    ``export``, ``simplify`` and ``ncnn`` are dicts of keyword arguments for those stages.
+    ``export``, ``simplify``, ``ncnn`` and ``compare`` are dicts of keyword arguments for
+    those stages.
     """
 
     def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
                  export: dict[str, Any] | None = None,
                  simplify: dict[str, Any] | None = None,
-                 ncnn: dict[str, Any] | None = None) -> None:
+                 ncnn: dict[str, Any] | None = None,
+                 compare: dict[str, Any] | None = None) -> None:
         self.model = model
         self.inputs = inputs
         self.workspace = workspace
         self.options = {"export": dict(export or {}), "simplify": dict(simplify or {}),
-                        "ncnn": dict(ncnn or {})}
+                        "ncnn": dict(ncnn or {}), "compare": dict(compare or {})}
 
     def run(self, progress: bool = True) -> PipelineResult:
         from tqdm.auto import tqdm
 
+        from .compare.compare import compare
         from .stages.export import export
         from .stages.ncnn import to_ncnn
         from .stages.simplify import simplify
@@ -96,8 +103,14 @@ class Pipeline:
                 elif stage == "simplify":
                     art = simplify(result.artifacts["export"], workspace=ws,
                                    **self.options[stage])
-                else:  # pnnx from the module: its TorchScript route raises the most ops
+                elif stage == "ncnn":  # pnnx from the module: its TorchScript route raises
                     art = to_ncnn(self.model, self.inputs, workspace=ws, **self.options[stage])
+                else:
+                    cands = [result.artifacts[s] for s in ("simplify", "ncnn")
+                             if s in result.artifacts] or [result.artifacts["export"]]
+                    result.report = compare(self.model, cands, self.inputs, progress=False,
+                                            **self.options[stage])
+                    continue
             except WorkbenchError as e:  # keep what was written, say where it stopped
                 result.errors[stage] = e
                 if stage == "export":  # nothing after it can run
