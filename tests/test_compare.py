@@ -182,3 +182,20 @@ def test_several_input_sets_keep_the_worst(sr):
     worst_one = max(r.metrics["max_abs"] for r in one.records)
     worst_both = max(r.metrics["max_abs"] for r in both.records)
     assert worst_both > worst_one
+
+
+def test_transformer_aligns_and_lists_the_steps_of_lowered_ops(tmp_path):
+    """BERT: attention and GELU are lowered to several ONNX nodes each; their steps have no
+    torch tensor and are listed as such; int64 token ids feed ncnn's isolated run as ints."""
+    from workbench import zoo
+
+    model, x = zoo.get("bert")
+    ws = wb.Workspace(tmp_path / "ws")
+    onx, nc = wb.export(model, x, workspace=ws), wb.to_ncnn(model, x, workspace=ws)
+    rep = wb.compare(model, [onx, nc], x, mode="both", progress=False)
+    assert min(rep.aligned_fraction.values()) >= 0.9
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    reasons = list(rep.unaligned[rep.candidates[0].name].values())
+    steps = [r for r in reasons if r.startswith("a step inside")]
+    assert any("attention" in r and "(Softmax)" in r for r in steps)
+    assert any("intermediate_act_fn" in r and "(Erf)" in r for r in steps)

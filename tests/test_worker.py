@@ -151,3 +151,16 @@ def test_ncnn_layer_without_registration_names_it(sr, tmp_path):
     (tmp_path / "u.ncnn.bin").write_bytes((nc.dir / "model.ncnn.bin").read_bytes())
     with pytest.raises(wb.MissingOpError, match=r"no layer type for MyUpsample \(upsample_0\)"):
         NcnnRunner(tmp_path / "u.ncnn.param", isolated=False).run((x,))
+
+
+def test_a_dropped_runner_frees_its_twin_in_the_worker(sr, fresh_worker):
+    import gc
+
+    _, (x,), onx, nc = sr
+    for _ in range(3):  # a notebook re-running a comparison cell
+        OrtRunner(onx).run((x,))
+        NcnnRunner(nc).run((x,))
+        gc.collect()
+    keep = OrtRunner(onx)
+    keep.run((x,))
+    assert fresh_worker.call({"op": "ping"}, "test")["runners"] == 1

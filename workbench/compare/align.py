@@ -12,6 +12,7 @@ scored on a fixed sample of elements, so alignment stays cheap on large tensors.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ def module_from_metadata(node: Any, modules: set[str]) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def _sample_idx(size: int) -> Any:
     import numpy as np
 
@@ -161,11 +163,18 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 # (those need a value match) or the name fits several calls equally
                 if not t.internal and (len(hinted) == 1 or ref_names[hinted[0]] == t.hint):
                     structural = hinted[0]
+        scores = [(_score(reference[ref_names[j]], arr), j) for j in choices]
+        best, j = min(scores) if scores else (float("inf"), -1)
+        if best > ACCEPT and t.internal:
+            # a step of an op the exporter lowered (attention, GELU...): torch ran it as one
+            # call, so no torch tensor exists to align with. Listed, not counted.
+            out.unaligned[t.name] = (f"a step inside {t.hint or 'the model'}'s lowering "
+                                     f"({t.op_type}); torch computed no such tensor")
+            out.considered -= 1
+            continue
         if not choices:
             out.unaligned[t.name] = f"no reference tensor of shape {list(np.shape(arr))} nearby"
             continue
-        scores = [(_score(reference[ref_names[j]], arr), j) for j in choices]
-        best, j = min(scores)
         # a poor value match is kept only when name and shape leave no other choice (a real
         # divergence at a module); otherwise it is listed, not guessed
         if best > ACCEPT:

@@ -74,13 +74,21 @@ def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTenso
             for name in node.input:
                 readers.setdefault(name, set()).add(hint)
         outputs = {o.name: k for k, o in enumerate(model.graph.output)}
+        # values computed from weights alone (an Identity of a shared parameter, a folded
+        # Constant): parameters, not activations
+        constant = {t.name for t in model.graph.initializer}
         out = []
         for i, (node, hint) in enumerate(zip(model.graph.node, hints, strict=True)):
+            is_const = node.op_type == "Constant" or (
+                node.input and all(not n or n in constant for n in node.input))
             for name in node.output:
                 if name:
+                    if is_const:
+                        constant.add(name)
                     internal = (hint is not None and name not in outputs
                                 and readers.get(name, set()) == {hint})
-                    out.append(CandidateTensor(name, i, node.op_type, hint, internal,
+                    out.append(CandidateTensor(name, i, "Constant" if is_const
+                                               else node.op_type, hint, internal,
                                                outputs.get(name)))
         return out
     from ..params import parse_ncnn_param

@@ -171,8 +171,11 @@ class NcnnRunner(Runner):
         if unknown:
             raise InputError(f"{self.param.name} has no blob(s) {unknown[:5]}",
                              "blob names are listed by `workbench inspect` on the param")
-        feed = {n: np.ascontiguousarray(np.asarray(to_numpy(v), dtype=np.float32))
-                for n, v in blobs.items()}
+        def narrow(a: Any) -> Any:  # 8-byte dtypes to ncnn's 4-byte ones, ints stay ints
+            a = np.asarray(to_numpy(a))
+            return a.astype(np.int32 if a.dtype.kind in "iub" else np.float32, copy=False)
+
+        feed = {n: np.ascontiguousarray(narrow(v)) for n, v in blobs.items()}
         capture = ("blobs", list(wanted))
         if self.isolated:
             return self._remote.execute(feed, capture)

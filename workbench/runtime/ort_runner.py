@@ -45,10 +45,16 @@ class OrtRunner(Runner):
         return self._session
 
     def _describe_local(self) -> dict[str, Any]:
-        s = self.session
-        return {"inputs": [{"name": i.name, "dtype": _ORT_TYPES.get(i.type, i.type),
-                            "shape": list(i.shape)} for i in s.get_inputs()],
-                "outputs": [o.name for o in s.get_outputs()]}
+        # from the graph, not a session: a session made only to describe the model would
+        # cost as much as the one that runs it (and capture="all" builds its own)
+        from ..graph import summarize
+
+        g = summarize(self.path)
+        return {"inputs": [{"name": t.name, "dtype": t.dtype,
+                            "shape": None if t.shape is None else
+                            [d if isinstance(d, int) else None for d in t.shape]}
+                           for t in g.inputs],
+                "outputs": [t.name for t in g.outputs]}
 
     def feed(self, inputs: Any) -> dict[str, Any]:
         """Inputs (dict by name, or tuple in input order) checked and as numpy arrays."""
@@ -61,8 +67,8 @@ class OrtRunner(Runner):
             if want in _ORT_TYPES.values() and arr.dtype.name != want:
                 raise InputError(f"input {name!r} of {self.path.name}: expected {want}, got "
                                  f"{arr.dtype.name}", f"cast it, e.g. x.astype(np.{want})")
-            bad = len(shape) != arr.ndim or any(
-                isinstance(d, int) and d != a for d, a in zip(shape, arr.shape, strict=True))
+            bad = shape is not None and (len(shape) != arr.ndim or any(
+                isinstance(d, int) and d != a for d, a in zip(shape, arr.shape, strict=True)))
             if bad:
                 dims = ", ".join("?" if d is None else str(d) for d in shape)
                 raise InputError(

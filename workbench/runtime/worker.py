@@ -24,6 +24,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 runners.pop(msg["key"], None)
                 conn.send({"ok": True})
             elif op == "ping":
-                conn.send({"ok": True, "pid": os.getpid()})
+                conn.send({"ok": True, "pid": os.getpid(), "runners": len(runners)})
         except Exception as e:  # carried back; the worker lives on
             conn.send({"ok": False, "type": type(e).__name__, "message": str(getattr(
                 e, "message", e)), "hint": getattr(e, "hint", "")})
@@ -103,6 +104,9 @@ class Worker:
         self.dir = Path(tempfile.mkdtemp(prefix="wb-worker-", dir=_shm_dir()))
         self.log = self.dir / "worker.log"
         self._calls = itertools.count()
+        # twins of runners garbage-collected here, dropped in the worker at the next call
+        # (not from the finalizer itself: it may run while a call holds the lock)
+        self.pending_drops: list[int] = []
 
     def _start(self) -> None:
         import socket
@@ -136,7 +140,11 @@ class Worker:
                 if self._proc is not None:  # died between calls: a fresh one
                     self._conn.close()
                 self._start()
+                self.pending_drops.clear()  # a fresh worker holds none of them
             try:
+                while self.pending_drops:
+                    self._conn.send({"op": "drop", "key": self.pending_drops.pop()})
+                    self._conn.recv()
                 self._conn.send(msg)
                 reply = self._conn.recv()
             except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -199,6 +207,11 @@ def worker() -> Worker:
     return _WORKER
 
 
+def _forget(key: int) -> None:
+    if _WORKER is not None:
+        _WORKER.pending_drops.append(key)
+
+
 class RemoteHandle:
     """A runner's twin in the worker: created lazily, re-created after a crash."""
 
@@ -207,6 +220,8 @@ class RemoteHandle:
         self.key = next(_KEYS)
         self._generation = -1
         self._describe: dict[str, Any] | None = None
+        # when the runner that owns this handle goes, its twin in the worker goes too
+        weakref.finalize(self, _forget, self.key)
 
     def describe(self) -> dict[str, Any]:
         self._ensure()
