@@ -127,3 +127,16 @@ def test_an_unchanged_tensor_seen_twice_is_recorded_once():
 
     got = TorchRunner(Passthrough()).run((torch.randn(1, 3, 4, 4),), capture="all")
     assert got["same"] is got["conv"]
+
+
+def test_in_process_runner_describes_its_model_once(tmp_path, monkeypatch):
+    import workbench.graph as graph
+
+    model, x = wb.default_model()
+    r = OrtRunner(wb.export(model, x, workspace=tmp_path / "ws"), isolated=False)
+    calls = []
+    real = graph.summarize
+    monkeypatch.setattr(graph, "summarize", lambda p: calls.append(p) or real(p))
+    for _ in range(3):
+        r.run(x)
+    assert len(calls) == 1  # feed() checks every run against one description

@@ -22,7 +22,9 @@ class Runner:
         """Inputs (name, dtype, shape) and outputs of the model, as the backend sees them."""
         if self.isolated:
             return self._remote.describe()
-        return self._describe_local()
+        if getattr(self, "_described", None) is None:  # once: feed() asks on every run
+            self._described = self._describe_local()
+        return self._described
 
     @property
     def input_names(self) -> list[str]:
