@@ -322,7 +322,7 @@ def test_empty_records_is_input_error_with_hint():
 def test_shape_mismatch_names_both_shapes(fn):
     a, _ = arrays()
     b = np.zeros((3, 8, 9), np.float32)
-    with pytest.raises(InputError, match=r"\(1, 3, 8, 8\).*\(3, 8, 9\)") as e:
+    with pytest.raises(InputError, match=r"\[1, 3, 8, 8\].*\[3, 8, 9\]") as e:
         fn(a, b)
     assert "transpose" in e.value.hint
 

@@ -151,7 +151,8 @@ def squeeze_to_match(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray]:
         f"shapes differ: reference {list(a.shape)} vs candidate {list(b.shape)}; expected equal "
         "shapes, apart from a leading batch axis of size 1 on either side",
         hint="check that both arrays are the same tensor (alignment) and that both backends ran "
-             "on the same input shape; only a batch axis of size 1 may be dropped (ncnn)")
+             "on the same input shape; only a batch axis of size 1 may be dropped (ncnn); if the "
+             "layouts differ (NCHW vs NHWC), transpose one to match first")
 
 
 def _cosine(xx: float, yy: float, xy: float) -> float:

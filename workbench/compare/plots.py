@@ -203,17 +203,9 @@ def _array(x: Any, what: str) -> Any:
 
 def _pair(ref: Any, cand: Any) -> tuple[Any, Any]:
     """ref and cand as float64 arrays of one shape; a leading batch axis of 1 on one side goes."""
-    a, b = _array(ref, "ref"), _array(cand, "cand")
-    if a.shape == b.shape:
-        return a, b
-    if a.ndim == b.ndim + 1 and a.shape[0] == 1 and a.shape[1:] == b.shape:
-        return a[0], b
-    if b.ndim == a.ndim + 1 and b.shape[0] == 1 and b.shape[1:] == a.shape:
-        return a, b[0]
-    raise InputError(f"ref has shape {a.shape} but cand has shape {b.shape}: they must match "
-                     "(apart from a leading batch axis of 1 on one side)",
-                     hint="Pass the reference and candidate tensors of the same aligned op; if "
-                          "the layouts differ (NCHW vs NHWC), transpose one to match first.")
+    from .metrics import squeeze_to_match
+
+    return squeeze_to_match(_array(ref, "ref"), _array(cand, "cand"))
 
 
 def _short(text: str, width: int = 40) -> str:
