@@ -140,7 +140,9 @@ def _fit(ref: Any, like_shape: tuple[int, ...]) -> Any:
     if shape_key(ref.shape) == shape_key(like_shape):
         return ref.reshape(like_shape)
     raise InputError(f"reference shape {list(ref.shape)} cannot feed a candidate tensor of "
-                     f"shape {list(like_shape)}", "")
+                     f"shape {list(like_shape)}",
+                     "the candidate was converted with other input shapes; compare on the "
+                     "shapes it was exported or converted with")
 
 
 def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumulated",
@@ -152,7 +154,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     metrics aggregate to the worst). Returns a CompareReport."""
     from tqdm.auto import tqdm
 
-    from ..runtime import TorchRunner, runner_for
+    from ..runtime import runner_for
     from .metrics import Tolerance, resolve_tolerance, tensor_metrics
     from .report import CompareReport
 
@@ -160,8 +162,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         raise InputError(f"mode={mode!r} is not one of {MODES}",
                          "'accumulated' runs each backend end to end; 'isolated' feeds each op "
                          "reference inputs; 'both'")
-    ref_runner = reference if not hasattr(reference, "forward") else TorchRunner(reference)
-    ref_runner = runner_for(ref_runner)
+    ref_runner = runner_for(reference)  # an nn.Module becomes a TorchRunner
     if not isinstance(candidates, (list, tuple)):
         candidates = [candidates]
     if not candidates:
@@ -177,8 +178,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         Tolerance() if tolerance is None else resolve_tolerance(tolerance, None, None, "", ""))
     modules = {n for n, _ in reference.named_modules()} if hasattr(reference,
                                                                    "named_modules") else set()
-    records: list[Record] = []
     alignments: dict[str, Any] = {}
+    tensors_of: dict[str, list[CandidateTensor]] = {}
     isolated_available: dict[str, bool] = {}
     steps = len(sets) * (1 + len(cands) * (2 if mode == "both" else 1))
     bar = tqdm(total=steps, desc="compare", disable=not progress, leave=False)
@@ -195,8 +196,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                                  "compare a candidate exported from the same model and inputs")
             bar.set_postfix_str(cand.name)
             values = cand.runner.run(args, capture="all")
-            tensors = candidate_tensors(cand, modules)
-            if cand.name not in alignments:  # align on the first input set
+            if cand.name not in tensors_of:  # list and align on the first input set
+                tensors_of[cand.name] = candidate_tensors(cand, modules)
+            tensors = tensors_of[cand.name]
+            if cand.name not in alignments:
                 alignments[cand.name] = align(ref_values, values, tensors, modules)
             al = alignments[cand.name]
             order = {t.name: t for t in tensors}
