@@ -199,3 +199,19 @@ def test_transformer_aligns_and_lists_the_steps_of_lowered_ops(tmp_path):
     steps = [r for r in reasons if r.startswith("a step inside")]
     assert any("attention" in r and "(Softmax)" in r for r in steps)
     assert any("intermediate_act_fn" in r and "(Erf)" in r for r in steps)
+
+
+def test_repeated_comparisons_reuse_runners_until_the_file_changes(sr, tmp_path):
+    model, x, _, onx = sr
+    path = tmp_path / "m.onnx"
+    path.write_bytes(onx.path.read_bytes())
+    first = wb.compare(model, [path], x, mode="both", progress=False)
+    again = wb.compare(model, [path], x, mode="both", progress=False)
+    assert again.candidates[0].runner is first.candidates[0].runner
+    m = onnx.load(str(path))
+    m.doc_string = "edited"  # same graph, another file
+    onnx.save(m, path)
+    edited = wb.compare(model, [path], x, mode="both", progress=False)
+    assert edited.candidates[0].runner is not first.candidates[0].runner
+    assert edited.ok and [r.metrics["max_abs"] for r in edited.records] == [
+        r.metrics["max_abs"] for r in first.records]

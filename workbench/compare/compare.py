@@ -10,6 +10,7 @@ inputs, all in one session run. Runners know nothing of this (Polygraphy's split
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def _as_candidate(thing: Any, index: int) -> Candidate:
     runner = thing if isinstance(thing, Runner) else None
     if runner is None:
         try:
-            runner = runner_for(thing)
+            runner = _cached_runner(thing, runner_for)
         except InputError as e:
             raise InputError(f"candidate {index} ({type(thing).__name__}): {e.message}",
                              e.hint) from None
@@ -49,6 +50,29 @@ def _as_candidate(thing: Any, index: int) -> Candidate:
     raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
                      "ncnn artifacts, paths or their runners", "e.g. wb.compare(model, [onx, nc], "
                      "(x,))")
+
+
+_RUNNERS: OrderedDict[tuple, Any] = OrderedDict()
+_RUNNER_CACHE_SIZE = 4
+
+
+def _cached_runner(thing: Any, make: Any) -> Any:
+    """The runner for an artifact or path, kept across calls (a few, least recently used
+    dropped) while its file is unchanged: re-running a comparison in a notebook then reuses
+    the sessions and nets the worker already built."""
+    path = getattr(thing, "path", thing)
+    try:
+        st = Path(path).stat()
+    except (OSError, TypeError):
+        return make(thing)  # not a file: runner_for says what it is
+    key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+    if key in _RUNNERS:
+        _RUNNERS.move_to_end(key)
+        return _RUNNERS[key]
+    runner = _RUNNERS[key] = make(thing)
+    while len(_RUNNERS) > _RUNNER_CACHE_SIZE:
+        _RUNNERS.popitem(last=False)  # its worker twin goes with it
+    return runner
 
 
 def _label(thing: Any, path: Path) -> str:
@@ -234,55 +258,63 @@ def _worse(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return (a.get("max_abs") or 0.0) > (b.get("max_abs") or 0.0)
 
 
+_ISOLATED: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (temp dir, runner)
+
+
 def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict[str, Any],
               args: tuple) -> dict[str, Any] | None:
-    """Each op of an ONNX candidate run on reference inputs, all in one session run."""
+    """Each op of an ONNX candidate run on reference inputs, all in one session run. The
+    rewritten model and its runner are kept (two at most) for the next comparison."""
+    import numpy as np
+
     if cand.kind == "ncnn":
         return _isolated_ncnn(cand, al, ref_values, values, cand.runner.feed(args))
-    import tempfile
+    cut = sorted(v for v in al.pairs if v in values)  # capture="all" holds every node output
+    st = cand.path.stat()
+    key = (str(cand.path.resolve()), st.st_mtime_ns, st.st_size, tuple(cut))
+    if key not in _ISOLATED:
+        import tempfile
 
-    import onnx
+        import onnx
 
-    from ..runtime.ort_runner import OrtRunner
+        from ..runtime.ort_runner import OrtRunner
 
-    base = cand.runner.feed(args)
-    model, feeds = isolated_model(cand.path, al.pairs, ref_values, values, base)
-    with tempfile.TemporaryDirectory(prefix="wb-isolated-") as d:
-        path = Path(d) / "isolated.onnx"
-        onnx.save(model, str(path))
-        runner = OrtRunner(path, isolated=cand.runner.isolated,
-                           libraries=getattr(cand.runner, "libraries", ()))
-        return runner.run(feeds, capture="all")
+        d = tempfile.TemporaryDirectory(prefix="wb-isolated-")
+        path = Path(d.name) / "isolated.onnx"
+        types = {v: np.asarray(values[v]).dtype for v in cut}
+        onnx.save(isolated_model(cand.path, cut, types), str(path))
+        _ISOLATED[key] = (d, OrtRunner(path, isolated=cand.runner.isolated,
+                                       libraries=getattr(cand.runner, "libraries", ())))
+        while len(_ISOLATED) > 2:
+            _ISOLATED.popitem(last=False)[1][0].cleanup()
+    _ISOLATED.move_to_end(key)
+    feeds = dict(cand.runner.feed(args))
+    for name in cut:
+        arr = np.asarray(values[name])
+        ref = _fit(ref_values[al.pairs[name]], arr.shape).astype(arr.dtype, copy=False)
+        feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
+    return _ISOLATED[key][1].run(feeds, capture="all")
 
 
-def isolated_model(path: Path, pairs: dict[str, str], ref_values: dict[str, Any],
-                   values: dict[str, Any], base_feed: dict[str, Any]) -> tuple[Any, dict]:
-    """The ONNX model with every aligned intermediate value cut: its consumers read a new
-    graph input ``<value>__ref`` fed from the reference; chains of unaligned values (the
-    nodes a module was lowered into) stay connected, so they run from the nearest reference
-    inputs. Returns (model, feeds)."""
-    import numpy as np
+def isolated_model(path: Path, cut: list[str], types: dict[str, Any]) -> Any:
+    """The ONNX model with the values in ``cut`` cut: their consumers read a new graph input
+    ``<value>__ref`` (fed from the reference); chains of values not cut (the nodes a module
+    was lowered into) stay connected, so they run from the nearest reference inputs."""
     from onnx import helper
 
     from ..onnx_io import load_onnx
 
     model = load_onnx(path)
     graph = model.graph
-    produced = {o for n in graph.node for o in n.output}
-    cut = sorted(v for v in pairs if v in produced and v in values)
     cut_set = set(cut)
     for node in graph.node:
         for k, name in enumerate(node.input):
             if name in cut_set:
                 node.input[k] = f"{name}__ref"
-    feeds = dict(base_feed)
-    for name in cut:
-        arr = np.asarray(values[name])
-        ref = _fit(ref_values[pairs[name]], arr.shape).astype(arr.dtype, copy=False)
+    for name in cut:  # no shape: the same model serves every input size
         graph.input.append(helper.make_tensor_value_info(
-            f"{name}__ref", helper.np_dtype_to_tensor_dtype(ref.dtype), list(ref.shape)))
-        feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
-    return model, feeds
+            f"{name}__ref", helper.np_dtype_to_tensor_dtype(types[name]), None))
+    return model
 
 
 def _isolated_ncnn(cand: Candidate, al: Any, ref_values: dict[str, Any],
