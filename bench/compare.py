@@ -25,11 +25,9 @@ is printed) into a temporary workspace. Then, side by side in one run:
     (``wb.default_model()``), MobileNetV2, ResNet-50 and a small ViT (zoo). Target >= 0.9 each;
     the reasons tensors stay unaligned are listed, grouped, with counts.
 
-Timed calls run round-robin (the order rotating each round) after warm-up rounds. Every
-``compare`` call leaves its runners (ORT sessions, ncnn nets) alive in the shared worker
-process, since nothing drops them there; between timed calls (never inside one) this script
-drops them with the worker's own ``drop`` message so the worker stays bounded, and the
-RSS child reports how much one undropped comparison leaves behind. ``--profile`` adds the
+Timed calls run round-robin (the order rotating each round) after warm-up rounds. The RSS
+child also reports how much a second comparison grows the worker (compare keeps the runners
+of unchanged files, so a re-run reuses the worker's sessions instead of building more). ``--profile`` adds the
 time of one comparison per mode split by phase (exclusive time of workbench functions).
 It is a report, not a test: the exit status is 0 whatever the figures say.
 
@@ -101,29 +99,6 @@ def worker_pid() -> int | None:
     return w.pid if w.alive else None
 
 
-class DropLeftovers:
-    """Drops, in the worker, the runners created since ``__enter__`` that nothing drops: each
-    compare call creates fresh ones (and isolated mode a session for its rewritten model)."""
-
-    def __enter__(self) -> DropLeftovers:
-        from workbench.runtime import worker as w
-
-        self.keys = getattr(w, "_KEYS", None)
-        self.first = next(self.keys) if self.keys is not None else 0
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.keys is None:
-            return
-        from workbench.runtime.worker import worker
-
-        last = next(self.keys)
-        w = worker()
-        if w.alive:
-            for key in range(self.first + 1, last):
-                w.call({"op": "drop", "key": key}, "bench")
-
-
 def build_artifacts(name: str, workdir: Path) -> tuple[Any, tuple, Any, Any, str]:
     """(model, inputs, onnx artifact, ncnn artifact, ncnn route) of one model."""
     import workbench as wb
@@ -169,10 +144,9 @@ def time_round_robin(variants: dict[str, Callable[[], Any]], runs: int,
     for r in range(warmup + runs):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            with DropLeftovers():  # after the call, outside the timed span
-                t0 = time.perf_counter()
-                variants[name]()
-                dt = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            variants[name]()
+            dt = time.perf_counter() - t0
             if r >= warmup:
                 times[name].append(dt)
     return times
@@ -331,10 +305,9 @@ def alignment_section(workdir: Path, resnet50: tuple[Any, str] | None) -> list[R
             if name == "resnet50" and resnet50 is not None:
                 report, route = resnet50
             else:
-                with DropLeftovers():
-                    model, x, onx, nc, route = build_artifacts(name, workdir)
-                    report = wb.compare(model, [onx, nc], x, mode="accumulated",
-                                        progress=False)
+                model, x, onx, nc, route = build_artifacts(name, workdir)
+                report = wb.compare(model, [onx, nc], x, mode="accumulated",
+                                    progress=False)
             print(f"{name} (ncnn via {route}):")
             rows += alignment_rows(report, name)
         except Exception as e:  # keep the other models
@@ -394,13 +367,11 @@ def profile_phases(model: Any, x: tuple, onx: Any, nc: Any) -> None:
             setattr(owner, leaf, timed(label, getattr(owner, leaf)))
     try:
         for mode in ("accumulated", "isolated"):
-            with DropLeftovers():
-                wb.compare(model, [onx, nc], x, mode=mode, progress=False)  # warm
+            wb.compare(model, [onx, nc], x, mode=mode, progress=False)  # warm
             spent.clear()
-            with DropLeftovers():
-                t0 = time.perf_counter()
-                wb.compare(model, [onx, nc], x, mode=mode, progress=False)
-                total = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            wb.compare(model, [onx, nc], x, mode=mode, progress=False)
+            total = time.perf_counter() - t0
             print(f"profile, one compare {mode}: {total:.2f} s")
             for label, s in spent.most_common():
                 print(f"  {label:<34} {s:6.2f} s  {100 * s / total:4.0f}%")

@@ -164,3 +164,11 @@ def test_a_dropped_runner_frees_its_twin_in_the_worker(sr, fresh_worker):
     keep = OrtRunner(onx)
     keep.run((x,))
     assert fresh_worker.call({"op": "ping"}, "test")["runners"] == 1
+
+
+def test_a_twin_dropped_in_the_worker_is_built_again(sr, fresh_worker):
+    _, (x,), onx, _ = sr
+    r = OrtRunner(onx)
+    first = r.run((x,))["output"]
+    fresh_worker.call({"op": "drop", "key": r._remote.key}, "test")
+    np.testing.assert_array_equal(r.run((x,))["output"], first)

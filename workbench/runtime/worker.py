@@ -42,6 +42,10 @@ class BackendCrashed(WorkbenchError):
         self.log_tail = log_tail
 
 
+class _TwinMissing(Exception):
+    """The worker no longer holds a runner's twin (dropped); the handle builds it again."""
+
+
 class RemoteError(WorkbenchError):
     """An ordinary Python error raised inside the worker, carried back by type name."""
 
@@ -73,7 +77,10 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 runners[msg["key"]] = runner
                 conn.send({"ok": True, "describe": runner.describe()})
             elif op == "run":
-                runner = runners[msg["key"]]
+                runner = runners.get(msg["key"])
+                if runner is None:  # dropped here, still alive in the parent
+                    conn.send({"ok": False, "type": "TwinMissing", "message": "", "hint": ""})
+                    continue
                 feed = {name: np.load(path) for name, path in msg["inputs"].items()}
                 out = runner._execute(feed, msg["capture"])
                 files = {}
@@ -150,6 +157,8 @@ class Worker:
             except (EOFError, BrokenPipeError, ConnectionResetError):
                 raise self._crashed(backend) from None
         if not reply["ok"]:
+            if reply["type"] == "TwinMissing":
+                raise _TwinMissing()
             from .. import errors
 
             klass = getattr(errors, reply["type"], None)
@@ -246,8 +255,14 @@ class RemoteHandle:
             paths[name] = f"{prefix}-in{i}.npy"
             np.save(paths[name], arr)
         try:
-            reply = w.call({"op": "run", "key": self.key, "inputs": paths, "capture": capture,
-                            "prefix": prefix}, self.backend)
+            msg = {"op": "run", "key": self.key, "inputs": paths, "capture": capture,
+                   "prefix": prefix}
+            try:
+                reply = w.call(msg, self.backend)
+            except _TwinMissing:
+                self._generation = -1
+                self._ensure()
+                reply = w.call(msg, self.backend)
             out = {}
             for name, path in reply["outputs"].items():
                 out[name] = np.load(path)
