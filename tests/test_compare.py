@@ -112,6 +112,15 @@ def test_resize_with_another_coordinate_mode_is_named_and_reproduced(sr, tmp_pat
     run = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True,
                          text=True, check=True)
     assert run.stdout.startswith("Resize") and "recorded in the comparison" in run.stdout
+    # a looser tolerance for Resize alone (per op type) or for that tensor: no divergence
+    for kw in ({"per_op_tolerance": {"Resize": 1.0}},
+               {"per_tensor_tolerance": {first.name: (1.0, 0.0)}}):
+        loose = wb.compare(model, [tmp_path / "asymmetric.onnx"], x, mode="isolated",
+                           progress=False, **kw)
+        assert loose.first_divergence is None, kw
+    with pytest.raises(wb.InputError, match="per_op"):
+        wb.compare(model, [tmp_path / "asymmetric.onnx"], x, progress=False,
+                   per_op_tolerance={"Resize": "loose"})
     assert float(run.stdout.split("max abs ")[1].split(",")[0]) > 1e-2
 
 
