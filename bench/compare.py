@@ -54,6 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _table import print_figures  # bench/ is on sys.path when run as a script
+
 ALIGN_MODELS = ("default", "mobilenet_v2", "resnet50", "vit")
 RSS_TAG = "RSS-JSON "
 
@@ -397,18 +399,7 @@ def print_table(rows: list[Row]) -> None:
         table.append((r.label, r.numerator, r.denominator, f"{r.value:.2f}",
                       f"{'<=' if r.at_most else '>='} {r.target:.2f}",
                       "PASS" if r.ok else "FAIL"))
-    widths = [max(len(t[i]) for t in table) for i in range(len(table[0]))]
-    for i, t in enumerate(table):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                        for j, (c, w) in enumerate(zip(t, widths, strict=True))))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    summary = f"summary: {len(passed)}/{len(passed) + len(failed)} figures within target"
-    if failed:
-        summary += "; FAIL: " + ", ".join(failed)
-    if missing:
-        summary += f"; {len(missing)} not available"
-    print(summary)
+    print_figures(table, passed, failed, missing)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _table import print_figures  # bench/ is on sys.path when run as a script
+
 
 @dataclass(frozen=True)
 class Figure:
@@ -174,20 +176,7 @@ def report(times: dict[str, list[float]]) -> None:
         (passed if ok else failed).append(f.label)
         rows.append((f.label, f"{num:.1f}", f"{den:.1f}", f"{ratio:.2f}", f"<= {f.target:.2f}",
                      "PASS" if ok else "FAIL"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for i, row in enumerate(rows):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                        for j, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    for line in missing:
-        print(line)
-    summary = f"summary: {len(passed)}/{len(passed) + len(failed)} figures within target"
-    if failed:
-        summary += "; FAIL: " + ", ".join(failed)
-    if missing:
-        summary += f"; {len(missing)} not available"
-    print(summary)
+    print_figures(rows, passed, failed, missing, notes=missing)
 
 
 def main(argv: list[str] | None = None) -> int:
