@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _table import print_figures  # bench/ is on sys.path when run as a script
+from _common import print_figures, time_round_robin  # bench/ is on sys.path
 
 ALIGN_MODELS = ("default", "mobilenet_v2", "resnet50", "vit")
 RSS_TAG = "RSS-JSON "
@@ -138,22 +138,6 @@ def thread_settings() -> str:
 
 
 # -- 1a / 1b: time ------------------------------------------------------------------------------
-def time_round_robin(variants: dict[str, Callable[[], Any]], runs: int,
-                     warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each variant, every round calling each once in rotated order."""
-    names = list(variants)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + runs):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            t0 = time.perf_counter()
-            variants[name]()
-            dt = time.perf_counter() - t0
-            if r >= warmup:
-                times[name].append(dt)
-    return times
-
-
 def timing_rows(model: Any, x: tuple, onx: Any, nc: Any, runs: int, warmup: int,
                 keep: dict[str, Any]) -> list[Row]:
     import workbench as wb

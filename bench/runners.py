@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _table import print_figures  # bench/ is on sys.path when run as a script
+from _common import print_figures, time_round_robin  # bench/ is on sys.path
 
 
 @dataclass(frozen=True)
@@ -79,24 +79,6 @@ def build_model() -> tuple[Any, Any]:
     model = LastHiddenState().eval()
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
     return model, x
-
-
-def time_round_robin(variants: dict[str, Callable[[], Any]], runs: int, warmup: int,
-                     settle: float = SETTLE_S) -> dict[str, list[float]]:
-    """Seconds per call of each variant; each round calls every variant once, in rotated order,
-    ``settle`` seconds apart so no call runs while the last one's threads still spin."""
-    names = list(variants)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + runs):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            time.sleep(settle)
-            t0 = time.perf_counter()
-            variants[name]()
-            dt = time.perf_counter() - t0
-            if r >= warmup:
-                times[name].append(dt)
-    return times
 
 
 def thread_settings() -> str:
