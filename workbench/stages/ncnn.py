@@ -194,12 +194,12 @@ def _unmatched_moduleops(pnnx_param: Path, moduleop: list[str]) -> list[Diagnost
 def _commit(ws: Workspace, tmp: Path, names: list[str], **kw: Any) -> Artifact:
     with ws.staging() as d:
         for n in names:
-            if (tmp / n).exists():
-                text_fix = n.endswith(".py")
-                if text_fix:  # the generated code names the temp folder; point it at its new home
-                    (d / n).write_text((tmp / n).read_text().replace(str(tmp) + "/", ""))
-                else:
-                    shutil.copy2(tmp / n, d / n)
+            if not (tmp / n).exists():
+                continue
+            if n.endswith(".py"):  # the generated code names the temp folder: drop it
+                (d / n).write_text((tmp / n).read_text().replace(str(tmp) + "/", ""))
+            else:
+                shutil.copy2(tmp / n, d / n)
         return ws.commit(d, **kw)
 
 
