@@ -35,6 +35,7 @@ _LAZY = {
     "GraphSummary": ("workbench.graph", "GraphSummary"),
     "default_model": ("workbench.models", "default_model"),
     "runtime": ("workbench.runtime", None),
+    "ui": ("workbench.ui", None),
 }
 
 __all__ = [

@@ -1,0 +1,44 @@
+"""The notebook layer: one ipywidgets panel per stage, the pipeline widget, inline Netron.
+
+Names resolve lazily, so ``import workbench`` (and even ``import workbench.ui``) imports
+no Jupyter package; ipywidgets is imported when a panel is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "Pipeline": ("workbench.ui.pipeline", "Pipeline"),
+    "StagePanel": ("workbench.ui.panels", "StagePanel"),
+    "ExportPanel": ("workbench.ui.panels", "ExportPanel"),
+    "CustomOpsPanel": ("workbench.ui.panels", "CustomOpsPanel"),
+    "SimplifyPanel": ("workbench.ui.panels", "SimplifyPanel"),
+    "RaisePanel": ("workbench.ui.panels", "RaisePanel"),
+    "NcnnPanel": ("workbench.ui.panels", "NcnnPanel"),
+    "ComparePanel": ("workbench.ui.panels", "ComparePanel"),
+    "netron": ("workbench.ui.netron", "netron"),
+    "NetronView": ("workbench.ui.netron", "NetronView"),
+    # UI-B's viewers: mapped here so their module need not edit this file
+    "GraphView": ("workbench.ui.graphview", "GraphView"),
+    "CompareView": ("workbench.ui.compare_view", "CompareView"),
+    "compare_view": ("workbench.ui.compare_view", None),
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        mod = importlib.import_module(module)
+        value = mod if attr is None else getattr(mod, attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'workbench.ui' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
