@@ -40,12 +40,15 @@ def export(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    moduleop: Any = (),
 ) -> Artifact:
     """Export ``model`` on example ``inputs`` to ONNX and check the result.
 
     ``dynamic_axes`` is {name: {axis: "dim name"}} (or {name: [axes]}) and is translated to
     ``dynamic_shapes`` for the dynamo exporter. ``inputs2`` is a second set of example inputs:
     torch and ONNX Runtime are compared on it to find branches or loops the trace froze.
+    ``moduleop`` (module classes or class names) keeps each such submodule as one op: an
+    ONNX local function named after the class (TorchScript exporter).
     Returns an ``onnx`` Artifact whose ``diagnostics`` hold every trap found.
     """
     import torch
@@ -61,6 +64,9 @@ def export(
     _check_opset(opset, exporter)
     args = as_tensor_tuple(inputs)
     _check_arity(model, args)
+    from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
+
+    modules = resolve_moduleops(model, moduleop, exporter, opset)
     from .._capture import capture
 
     with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
@@ -78,8 +84,10 @@ def export(
     diags: list[Diagnostic] = []
     with ws.staging() as stage_dir:
         path = stage_dir / MAIN
-        _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
-                      diags, ref_cap)
+        with hooks_restored(model, modules):
+            _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
+                          diags, ref_cap, modules)
+        diags += moduleop_diagnostics(path, modules)
         external = _finalize_external_data(path, external_data_threshold, diags)
         _check_onnx(path, diags)
         save_reference(stage_dir, {n: a.detach().cpu().numpy()
@@ -94,6 +102,7 @@ def export(
             "input_dtypes": [str(a.dtype).replace("torch.", "") for a in args],
             "model_class": type(model).__qualname__, "external_data": external,
             "atol": atol, "rtol": rtol,
+            "moduleop": sorted(c.__qualname__ for c in modules),
         }
         return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
                          seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
@@ -209,7 +218,7 @@ def _normalize_dynamic_axes(axes: Any, input_names: list[str], output_names: lis
 def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int,
                   input_names: list[str], output_names: list[str],
                   axes: dict[str, dict[int, str]], diags: list[Diagnostic],
-                  earlier: Any = None) -> None:
+                  earlier: Any = None, modules: set | None = None) -> None:
     import torch
 
     from .._capture import capture
@@ -220,7 +229,8 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
             if exporter == "torchscript":
                 torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
                                   input_names=input_names, output_names=output_names,
-                                  dynamic_axes=axes or None, do_constant_folding=True)
+                                  dynamic_axes=axes or None, do_constant_folding=True,
+                                  export_modules_as_functions=modules or False)
             else:
                 prog = torch.onnx.export(
                     model, args, dynamo=True, opset_version=opset, input_names=input_names,

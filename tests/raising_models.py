@@ -1,0 +1,110 @@
+"""Small models whose exports hold the lowered families the raising rules fold back.
+
+Seeded by the caller (torch.manual_seed); each is tiny so a test exports it in well under a
+second.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+# YOLOv5's Focus order: (row, col) offsets (0,0), (1,0), (0,1), (1,1) along channels
+YOLO_ORDER = ((0, 0), (1, 0), (0, 1), (1, 1))
+# SpaceToDepth's (DCR) order: (0,0), (0,1), (1,0), (1,1)
+S2D_ORDER = ((0, 0), (0, 1), (1, 0), (1, 1))
+
+
+class Focus(nn.Module):
+    """YOLOv5's Focus: four strided slices of the image concatenated on channels, then a conv."""
+
+    def __init__(self, c1: int = 3, c2: int = 8, order: tuple = YOLO_ORDER) -> None:
+        super().__init__()
+        self.order = order
+        self.conv = nn.Conv2d(c1 * 4, c2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [x[..., r::2, c::2] for r, c in self.order]
+        return self.conv(torch.cat(parts, 1))
+
+
+class FocusNet(nn.Module):
+    """Focus followed by SiLU, as YOLOv5's first layer is."""
+
+    def __init__(self, order: tuple = YOLO_ORDER) -> None:
+        super().__init__()
+        self.focus = Focus(order=order)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.focus(x))
+
+
+class Shuffle(nn.Module):
+    """Sub-pixel upsampling: conv to C*r^2 channels, PixelShuffle(r)."""
+
+    def __init__(self, r: int = 2) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3 * r * r, 3, padding=1)
+        self.shuffle = nn.PixelShuffle(r)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shuffle(self.conv(x))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out by hand (q @ k^T * scale, optional mask, softmax,
+    @ v), the way most vision transformers write it."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, scale: float | None = None,
+                 softmax_dim: int = -1, mask: bool = False, split_scale: bool = False) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.scale = scale if scale is not None else 1 / math.sqrt(self.head_dim)
+        self.softmax_dim, self.split_scale = softmax_dim, split_scale
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.mask = nn.Parameter(torch.randn(1, 1, 1, 1), requires_grad=False) if mask else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        if self.split_scale:  # q and k each scaled by scale ** 0.5 (as some exports write it)
+            s = math.sqrt(self.scale)
+            attn = (q * s) @ (k.transpose(-2, -1) * s)
+        else:
+            attn = (q @ k.transpose(-2, -1)) * self.scale
+        if self.mask is not None:
+            attn = attn + torch.triu(torch.full((n, n), -1e4), 1) * self.mask
+        attn = attn.softmax(dim=self.softmax_dim)
+        out = (attn @ v).transpose(1, 2).reshape(b, n, c)
+        return self.proj(out)
+
+
+class Lowered(nn.Module):
+    """GroupNorm, GELU (erf) and F.normalize: three families export lowers at low opsets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.act = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.normalize(self.act(self.norm(self.conv(x))), dim=1)
+
+
+class Linear2d(nn.Module):
+    """nn.Linear on a rank-2 input: MatMul + Add at export when the weight is transposed in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 8))
+        self.b = nn.Parameter(torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x @ self.w + self.b)
