@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo lab test lint clean
+.PHONY: demo lab test lint clean browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,13 @@ lab: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: lint
+# The browser tests drive Debian Chromium through Playwright (pip extra `dev`); never
+# `playwright install`: its downloaded browsers do not run here.
+browser-deps:
+	@test -x /usr/bin/chromium || { if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
+
+test: lint browser-deps
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 clean:
