@@ -25,6 +25,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "export": ("workbench.stages.export", "export"),
     "simplify": ("workbench.stages.simplify", "simplify"),
+    "raise_ops": ("workbench.stages.raising", "raise_ops"),
+    "RaiseReport": ("workbench.stages.raising", "RaiseReport"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "compare": ("workbench.compare", None),  # the package is callable: wb.compare(...)
     "CompareReport": ("workbench.compare.report", "CompareReport"),
