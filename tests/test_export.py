@@ -123,6 +123,30 @@ def test_branch_frozen_by_trace_is_found_with_second_inputs(ws):
     assert wb.export(tm.Branch(), (x,), workspace=ws).diagnostics_with("trace-diverges") == []
 
 
+def test_input_frozen_into_a_constant_is_reported_dropped_and_the_checks_still_run(ws):
+    x = torch.rand(1, 3, 4, 4)
+    art = wb.export(tm.FactorInput(), (x, torch.tensor(2.0)), workspace=ws,
+                    input_names=["x", "factor"], inputs2=(x, torch.tensor(3.0)))
+    assert [t.name for t in art.graph.inputs] == ["x"]
+    (d,) = art.diagnostics_with("input-dropped")
+    assert "['factor']" in d.message and d.hint
+    assert art.diagnostics_with("tracer-constant")[0].source.endswith(
+        f":{tm.trap_line('float-input')}")
+    # the remaining input still feeds the numeric checks: the frozen factor is found on inputs2
+    assert art.metrics["max_abs"] == 0.0 and not art.diagnostics_with("ort-failed")
+    (div,) = art.diagnostics_with("trace-diverges")
+    assert "[1, 3, 12, 12] vs [1, 3, 8, 8]" in div.message
+
+
+def test_unrolled_loop_reports_the_onnx_runtime_error_not_a_hint(ws):
+    art = wb.export(tm.RowLoop(), (torch.rand(3, 4),), workspace=ws,
+                    dynamic_axes={"input": {0: "n"}})
+    assert art.diagnostics_with("tracer-loop")[0].source.endswith(f":{tm.trap_line('loop')}")
+    (d,) = art.diagnostics_with("dynamic-axis-frozen")
+    assert "Split node '/Split'" in d.message and "Cannot split" in d.message
+    assert "hint:" not in d.message
+
+
 def test_second_inputs_agreeing_raise_nothing(ws, sr_model):
     model, x = sr_model
     art = wb.export(model, x, workspace=ws, inputs2=(torch.rand(1, 3, 64, 64),))

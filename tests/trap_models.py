@@ -44,6 +44,22 @@ class SliceFrozen(nn.Module):
         return x[:n] * 2
 
 
+class FactorInput(nn.Module):
+    """An upscale factor given as a tensor but read as a Python number: the input is dropped."""
+
+    def forward(self, x, factor):
+        s = float(factor)  # TRAP: float-input
+        return nn.functional.interpolate(x, scale_factor=s, mode="nearest")
+
+
+class RowLoop(nn.Module):
+    def forward(self, x):
+        acc = torch.zeros_like(x[0])
+        for row in x:  # TRAP: loop
+            acc = acc + row
+        return acc
+
+
 class Branch(nn.Module):
     def forward(self, x):
         if x.sum() > 0:  # TRAP: branch

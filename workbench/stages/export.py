@@ -18,7 +18,7 @@ from typing import Any
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..checks import save_reference
 from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
-from ..errors import ExportError, InputError
+from ..errors import ExportError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, flatten_outputs
 
 EXPORTERS = ("torchscript", "dynamo")
@@ -457,9 +457,19 @@ def _check_onnx(path: Path, diags: list[Diagnostic]) -> None:
 def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: list, path: Path,
                     input_names: list[str], axes: dict[str, dict[int, str]], atol: float,
                     rtol: float, diags: list[Diagnostic]) -> dict[str, Any]:
+    from ..graph import summarize
     from ..runtime.ort_runner import OrtRunner
 
-    runner = OrtRunner(path)
+    kept = [t.name for t in summarize(path).inputs]
+    dropped = [n for n in input_names if n not in kept]
+    if dropped:
+        diags.append(Diagnostic(
+            "warning", "input-dropped",
+            f"input(s) {dropped} are not in the exported graph: nothing in it depends on them "
+            "(a value read with float(), int() or .item() froze into a constant)",
+            "see the tracer-constant diagnostic for the line; keep the value a tensor, or drop "
+            "the input if it is meant to be a constant"))
+    runner = _KeptInputs(OrtRunner(path), input_names, kept)
     try:
         got = list(runner.run(args).values())
     except Exception as e:
@@ -478,7 +488,7 @@ def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: lis
             + (f", shapes {errs['shape_mismatch']}" if errs["shape_mismatch"] else ""),
             "wb.compare(model, [artifact], inputs) finds the first op that diverges"))
     for name, spec in axes.items():
-        if name in input_names:
+        if name in input_names and name in kept:
             diags.extend(_check_dynamic_axes(model, args, runner, input_names.index(name), name,
                                              spec, path, atol, rtol))
     if args2 is not None:
@@ -486,8 +496,20 @@ def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: lis
     return metrics
 
 
+class _KeptInputs:
+    """A runner fed only the inputs the exported graph kept (an exporter drops unused ones)."""
+
+    def __init__(self, runner: Any, names: list[str], kept: list[str]) -> None:
+        self.runner, self.names, self.kept = runner, names, kept
+
+    def run(self, args: tuple) -> dict[str, Any]:
+        return self.runner.run({n: a for n, a in zip(self.names, args, strict=True)
+                                if n in self.kept})
+
+
 def _first(e: Exception) -> str:
-    text = str(e).strip()
+    # a WorkbenchError's str() ends with its hint line; the message is the error itself
+    text = (e.message if isinstance(e, WorkbenchError) else str(e)).strip()
     return text.splitlines()[-1] if text else type(e).__name__
 
 
@@ -510,7 +532,7 @@ def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: 
     from ..graph import summarize
 
     diags = []
-    declared = summarize(path).inputs[index]
+    declared = next(t for t in summarize(path).inputs if t.name == name)
     for axis, dim_name in spec.items():
         where = f"{name!r} axis {axis} ({dim_name!r})"
         if declared.shape is not None and isinstance(declared.shape[axis], int):
