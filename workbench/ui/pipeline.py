@@ -1,0 +1,221 @@
+"""``wb.ui.Pipeline(model, inputs)``: the stage panels as tabs, each feeding the next.
+
+Export feeds simplify, simplify feeds raise, the last ONNX model feeds ncnn (when ncnn
+converts from ONNX) and every artifact made feeds compare. "Run all" runs the stages in
+order, as ``wb.Pipeline`` does headless; each tab can also be run on its own, again and
+again with other settings, and the next stages pick up its newest artifact.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from ..artifact import Artifact, Workspace, as_workspace
+from .code import program
+from .panels import (
+    ComparePanel,
+    CustomOpsPanel,
+    ExportPanel,
+    NcnnPanel,
+    RaisePanel,
+    SimplifyPanel,
+    StagePanel,
+    available,
+)
+
+
+class Pipeline:
+    """Every stage of the workbench as one notebook widget (tabs), chained by artifacts."""
+
+    def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
+                 export: dict[str, Any] | None = None, simplify: dict[str, Any] | None = None,
+                 raise_: dict[str, Any] | None = None, ncnn: dict[str, Any] | None = None,
+                 compare: dict[str, Any] | None = None) -> None:
+        import ipywidgets as w
+
+        self.model = model
+        self.inputs = inputs
+        self.workspace = workspace if isinstance(workspace, Workspace) else as_workspace(workspace)
+        ws = self.workspace
+        panels: dict[str, StagePanel] = {}
+        panels["export"] = ExportPanel(model, inputs, workspace=ws, **(export or {}))
+        if available("workbench.stages.custom_ops"):
+            panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
+        panels["simplify"] = SimplifyPanel(workspace=ws, **(simplify or {}))
+        if available("workbench.stages.raising"):
+            panels["raise"] = RaisePanel(workspace=ws, **(raise_ or {}))
+        panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **(ncnn or {}))
+        panels["compare"] = ComparePanel(model, inputs, workspace=ws, **(compare or {}))
+        self.panels = panels
+        self._wire()
+
+        self.run_all_button = w.Button(description="Run all", button_style="primary",
+                                       icon="forward", tooltip="every stage, in order")
+        self.code_toggle = w.ToggleButton(description="Show code", icon="code",
+                                          tooltip="the whole pipeline as engine calls")
+        self.progress = w.IntProgress(value=0, min=0, max=len(self._order()),
+                                      description="stages", layout=w.Layout(width="260px"))
+        self.status = w.HTML("<span style='color:#777'>not run yet</span>")
+        self.table = w.HTML("")
+        self.code_html = w.HTML("", layout=w.Layout(display="none"))
+        self.run_all_button.on_click(lambda _b: self.run())
+        self.code_toggle.observe(self._toggle_code, names="value")
+        self.tabs = w.Tab(children=[p.widget for p in panels.values()])
+        for i, p in enumerate(panels.values()):
+            self.tabs.set_title(i, p.title.split(". ", 1)[-1])
+        head = w.HBox([self.run_all_button, self.code_toggle, self.progress, self.status],
+                      layout=w.Layout(align_items="center"))
+        self.widget = w.VBox([head, self.table, self.code_html, self.tabs])
+        self.widget.add_class("wb-pipeline")
+
+    def _order(self) -> list[str]:
+        """The stages "Run all" runs (custom ops only on demand: it registers, then re-exports)."""
+        return [s for s in self.panels if s != "custom_ops"]
+
+    def _wire(self) -> None:
+        p = self.panels
+        p["simplify"].upstream = p["export"]
+        onnx_stages = ["export", "simplify"] + (["raise"] if "raise" in p else [])
+        if "raise" in p:
+            p["raise"].upstream = p["simplify"]
+        p["ncnn"].upstream = p[onnx_stages[-1]]
+
+        def feed(panel: StagePanel) -> None:
+            art = panel.artifact
+            if art is None:
+                return
+            if panel.stage == "export":
+                p["simplify"].source = art
+            elif panel.stage == "simplify" and "raise" in p:
+                p["raise"].source = art
+            if panel.stage in onnx_stages:
+                # ncnn from ONNX takes the newest ONNX model down the chain
+                p["ncnn"].source = art
+            p["compare"].set_candidates(self._candidates())
+            self._refresh()
+
+        for stage in ["export", "simplify", "raise", "ncnn"]:
+            if stage in p:
+                p[stage].on_result(feed)
+        p["compare"].on_result(lambda _p: self._refresh())
+
+    def _candidates(self) -> list[Artifact]:
+        """The newest ONNX model of the chain and the ncnn model, what compare checks."""
+        onnx = [self.panels[s].artifact for s in ("raise", "simplify", "export")
+                if s in self.panels and self.panels[s].artifact is not None]
+        out = onnx[:1]
+        if self.panels["ncnn"].artifact is not None:
+            out.append(self.panels["ncnn"].artifact)
+        return out
+
+    @property
+    def artifacts(self) -> dict[str, Artifact]:
+        """The artifact each stage's last successful run wrote."""
+        return {s: p.artifact for s, p in self.panels.items() if p.artifact is not None}
+
+    @property
+    def report(self) -> Any:
+        """The compare stage's CompareReport (None before it ran)."""
+        return self.panels["compare"].result
+
+    @property
+    def errors(self) -> dict[str, BaseException]:
+        return {s: p.error for s, p in self.panels.items() if p.error is not None}
+
+    def run(self) -> dict[str, Any]:
+        """Run every stage in order (what "Run all" calls); never raises. Returns the results."""
+        order = self._order()
+        self.run_all_button.disabled = True
+        self.progress.value = 0
+        self.progress.bar_style = "info"
+        try:
+            for i, stage in enumerate(order):
+                panel = self.panels[stage]
+                self.status.value = f"<span class='wb-running'>running {stage}&hellip;</span>"
+                self.tabs.selected_index = list(self.panels).index(stage)
+                panel.run()
+                self.progress.value = i + 1
+                if stage == "export" and panel.error is not None:
+                    break  # nothing after export can run
+        finally:
+            self.run_all_button.disabled = False
+        failed = self.errors
+        self.progress.bar_style = "danger" if failed else "success"
+        self.status.value = (f"<span class='wb-failed' style='color:#c62828'>failed: "
+                             f"{', '.join(failed)}</span>" if failed
+                             else "<span class='wb-done'>all stages done</span>")
+        self._refresh()
+        return {s: p.result for s, p in self.panels.items() if p.result is not None}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per stage that ran: artifact, nodes, max abs vs torch, seconds, status."""
+        rows = []
+        for stage, p in self.panels.items():
+            if p.error is not None:
+                rows.append({"stage": stage, "artifact": "-", "nodes": None, "max_abs": None,
+                             "seconds": p.seconds, "status": "failed"})
+            elif p.artifact is not None:
+                a = p.artifact
+                rows.append({"stage": stage, "artifact": a.id, "nodes": a.graph.node_count,
+                             "max_abs": a.metrics.get("max_abs"), "seconds": p.seconds,
+                             "status": "ok" if a.ok else "errors"})
+            elif p.result is not None and stage == "compare":
+                rows.append({"stage": stage, "artifact": "-", "nodes": None, "max_abs": None,
+                             "seconds": p.seconds, "status": "ok" if p.result.ok else "diverges"})
+        return rows
+
+    def _refresh(self) -> None:
+        rows = self.rows()
+        if not rows:
+            return
+
+        def f(v: Any, spec: str = "{}") -> str:
+            return "-" if v is None else spec.format(v)
+
+        body = "".join(
+            f"<tr class='wb-row-{html.escape(r['stage'])}'><td>{html.escape(r['stage'])}</td>"
+            f"<td>{html.escape(r['artifact'])}</td><td>{f(r['nodes'])}</td>"
+            f"<td>{f(r['max_abs'], '{:.3g}')}</td><td>{f(r['seconds'], '{:.2f}')}</td>"
+            f"<td>{html.escape(r['status'])}</td></tr>" for r in rows)
+        self.table.value = ("<table class='wb-pipeline-table' style='font-size:12px'><tr>"
+                            "<th>stage</th><th>artifact</th><th>nodes</th>"
+                            "<th>max abs vs torch</th><th>seconds</th><th>status</th></tr>"
+                            f"{body}</table>")
+        if self.code_toggle.value:
+            self._show_code()
+
+    def code(self) -> str:
+        """The whole chain as engine calls for the current settings of every panel."""
+        p = self.panels
+        last = "raise" if "raise" in p else "simplify"
+        body, _ = p[last]._chain_fresh()
+        body.append(f"print({p[last].var}.summary())")
+        ncnn = p["ncnn"]
+        if ncnn.from_.value == "module":
+            body += ncnn._body(ncnn.settings(), None)
+        else:
+            body += ncnn._body(ncnn.settings(), p[last].var)
+        body.append(f"print({ncnn.var}.summary())")
+        cmp = p["compare"]
+        body.append(cmp._body_for([p[last].var, ncnn.var]))
+        body.append(f"print({cmp.var}.summary())")
+        return program(body, True)
+
+    def _toggle_code(self, change: dict) -> None:
+        self.code_html.layout.display = "" if change["new"] else "none"
+        self._show_code()
+
+    def _show_code(self) -> None:
+        try:
+            text = self.code()
+        except Exception as e:
+            text = f"# cannot write the code: {e}"
+        self.code_html.value = (f"<pre class='wb-code' style='background:#f6f8fa;padding:6px'>"
+                                f"{html.escape(text)}</pre>")
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"wb.ui.Pipeline(stages={list(self.panels)}, done={list(self.artifacts)})"
