@@ -37,6 +37,9 @@ _LAZY = {
     "GraphSummary": ("workbench.graph", "GraphSummary"),
     "default_model": ("workbench.models", "default_model"),
     "runtime": ("workbench.runtime", None),
+    "register_symbolic": ("workbench.stages.custom_ops", "register_symbolic"),
+    "custom_op": ("workbench.stages.custom_ops", "custom_op"),
+    "unregister": ("workbench.stages.custom_ops", "unregister"),
     "ui": ("workbench.ui", None),
 }
 

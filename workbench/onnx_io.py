@@ -173,6 +173,10 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
         setattr(so, k, v)
     path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
     model = load_onnx(path, external_data=False) if path is not None else path_or_model
+    from .stages.custom_ops import ort_model  # @wb.custom_op ops -> their Python kernels
+
+    if (rewritten := ort_model(model, path, libraries)) is not None:
+        model, path = rewritten, None
     for lib in _libraries(model, libraries):
         so.register_custom_ops_library(str(lib))
     try:
@@ -214,10 +218,10 @@ def _missing_op(model: onnx.ModelProto, domain: str, op: str) -> Exception:
     opset = next((o.version for o in model.opset_import if o.domain == domain), None)
     nodes = [n.name or n.output[0] for n in model.graph.node
              if n.op_type == op and n.domain == domain][:3]
+    from .stages.custom_ops import missing_ort_hint
+
     return MissingOpError(
         f"ONNX Runtime has no implementation of {domain or 'ai.onnx'}::{op} (domain "
         f"{domain!r}, opset {opset}); used by node(s) {nodes}",
-        "register the library that implements it: OrtRunner(model, libraries=['/path/to/"
-        "libmyops.so']), or give the op an ort= implementation with @wb.custom_op"
-        + ("; for ai.onnx.contrib ops: pip install onnxruntime-extensions"
-           if domain == EXTENSIONS_DOMAIN else ""))
+        ("for ai.onnx.contrib ops: pip install onnxruntime-extensions"
+         if domain == EXTENSIONS_DOMAIN else missing_ort_hint(domain, op)))

@@ -64,7 +64,9 @@ class NcnnRunner(Runner):
     name = "ncnn"
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
-                 isolated: bool = True) -> None:
+                 isolated: bool = True, custom_ops: bytes | None = None) -> None:
+        from ..stages import custom_ops as cops
+
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
                              "fp32 for accuracy checks; fp16 is what ncnn does by default")
@@ -81,15 +83,18 @@ class NcnnRunner(Runner):
         self.num_threads = num_threads
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
         self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
-        self.isolated = isolated
+        if custom_ops is not None:  # the twin in the worker: @wb.custom_op layers it runs
+            cops.install(custom_ops)
+        ship = cops.for_worker(self.param) if isolated else {}  # see OrtRunner
+        self.isolated = isolated = isolated and ship is not None
         self._net = None
         if isolated:
             from .worker import RemoteHandle
 
             self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
                                         (str(self.param),),
-                                        {"precision": precision, "num_threads": num_threads},
-                                        f"ncnn ({precision})")
+                                        {"precision": precision, "num_threads": num_threads,
+                                         **ship}, f"ncnn ({precision})")
 
     @property
     def net(self):
@@ -103,6 +108,9 @@ class NcnnRunner(Runner):
             net.opt.use_fp16_packed = fp16
             net.opt.use_fp16_arithmetic = fp16
             net.opt.num_threads = self.num_threads
+            from ..stages.custom_ops import register_ncnn_layers
+
+            register_ncnn_layers(net, self.param)  # Python layers of @wb.custom_op ops
             if net.load_param(str(self.param)) != 0:
                 from ..stages.ncnn import unloadable_layers
 
@@ -111,10 +119,11 @@ class NcnnRunner(Runner):
                     from ..errors import MissingOpError
 
                     listing = ", ".join(f"{t} ({n})" for t, n in unknown[:8])
+                    from ..stages.custom_ops import missing_ncnn_hint
+
                     raise MissingOpError(
                         f"ncnn has no layer type for {listing} in {self.param.name}",
-                        "register an implementation (Net.register_custom_layer, or an ncnn= "
-                        "implementation with @wb.custom_op), or convert without that op")
+                        missing_ncnn_hint([t for t, _ in unknown]))
                 raise InputError(f"ncnn cannot load {self.param.name}: a layer has parameters "
                                  "ncnn rejects", "convert again with wb.to_ncnn; `workbench "
                                  "inspect` lists the layers")

@@ -19,8 +19,10 @@ _ORT_TYPES = {
 class OrtRunner(Runner):
     name = "onnxruntime"
 
-    def __init__(self, source: Any, isolated: bool = True, libraries: Any = ()) -> None:
+    def __init__(self, source: Any, isolated: bool = True, libraries: Any = (),
+                 custom_ops: bytes | None = None) -> None:
         from ..onnx_io import check_model_file
+        from ..stages import custom_ops as cops
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
@@ -29,12 +31,18 @@ class OrtRunner(Runner):
                                            else libraries)]
         self._session = None
         self._all_session = None
+        if custom_ops is not None:  # the twin in the worker: @wb.custom_op kernels it runs
+            cops.install(custom_ops)
+        # the worker lacks this process's Python custom ops: they travel pickled by value
+        # (None: they cannot, so run here; see stages/custom_ops.py)
+        ship = cops.for_worker(self.path) if isolated else {}
+        self.isolated = isolated = isolated and ship is not None
         if isolated:
             from .worker import RemoteHandle
 
             self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
-                                        (str(self.path),), {"libraries": self.libraries},
-                                        self.name)
+                                        (str(self.path),), {"libraries": self.libraries,
+                                                            **ship}, self.name)
 
     @property
     def session(self):

@@ -232,9 +232,12 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
                                   dynamic_axes=axes or None, do_constant_folding=True,
                                   export_modules_as_functions=modules or False)
             else:
+                from .custom_ops import translation_table
+
                 prog = torch.onnx.export(
                     model, args, dynamo=True, opset_version=opset, input_names=input_names,
                     output_names=output_names, verbose=False,
+                    custom_translation_table=translation_table(opset) or None,
                     dynamic_shapes=_dynamic_shapes(axes, input_names, args) if axes else None)
                 prog.save(str(path))
         except Exception as e:  # translated below, after the capture is closed
@@ -373,30 +376,14 @@ def op_schema(op: str) -> tuple[str, list[str]]:
 
 
 def _unsupported_op_error(op: str, exporter: str, opset: int) -> ExportError:
+    from .custom_ops import registration_hint
+
     schema, arg_names = op_schema(op)
     where = supported_opsets(op) if exporter == "torchscript" else []
-    namespace, short = op.split("::", 1)
+    namespace = op.split("::", 1)[0]
     custom = namespace not in ("aten", "prim", "quantized")
-    params = ", ".join(arg_names) if arg_names else "*args"
-    first_arg = arg_names[0] if arg_names else "args[0]"
-    onnx_op = f"{namespace}::{short}" if custom else short[:1].upper() + short[1:]
-    note = "a node in your own domain" if custom else f"or compose ops opset {opset} has"
-    if exporter == "torchscript":
-        skeleton = (
-            f"import torch\n\n"
-            f"def {short}_symbolic(g, {params}):\n"
-            f"    return g.op(\"{onnx_op}\", {first_arg})  # {note}\n\n"
-            f"torch.onnx.register_custom_op_symbolic(\"{op}\", {short}_symbolic, {opset})")
-    else:
-        fn_op = (f"op.{onnx_op}({first_arg})" if not custom
-                 else f"op.Identity({first_arg})  # replace with ONNX ops, or a custom-domain node")
-        skeleton = (
-            f"import torch\nfrom onnxscript import opset{opset} as op\n\n"
-            f"def {short}_onnx({params}):\n"
-            f"    return {fn_op}\n\n"
-            f"torch.onnx.export(model, args, dynamo=True, custom_translation_table="
-            f"{{torch.ops.{namespace}.{short}.default: {short}_onnx}})")
-    skeleton += "\n# (the workbench's custom-op helpers will wrap this for both exporters)"
+    # the exact wb.register_symbolic / wb.custom_op call (and an opset mismatch, if any)
+    skeleton = registration_hint(op, exporter, opset, arg_names, custom)
     if where:
         avail = (f"the {exporter} exporter supports it at opset(s) "
                  f"{where[0]}..{where[-1]}" if where == list(range(where[0], where[-1] + 1))

@@ -120,6 +120,10 @@ def to_ncnn(
                     shutil.copy2(parent.dir / extra, tmp / extra)
             # the torch outputs stored at export, or ONNX Runtime's on inputs given here
             ref_out = reference[1] if reference else _ort_outputs(parent, args)
+        from .custom_ops import ncnn_finish, pnnx_prepare
+
+        # @wb.custom_op nodes -> stand-ins pnnx keeps as one layer each (see custom_ops.py)
+        custom = pnnx_prepare(model_file) if kind == "onnx" else []
         cmd = [str(pnnx_binary()), model_file.name, f"inputshape={_shape_arg(args)}",
                "device=cpu", f"optlevel={optlevel}", f"fp16={int(fp16)}"]
         if args2 is not None:
@@ -133,6 +137,7 @@ def to_ncnn(
         ncnn_files = [f"{stem}.ncnn.param", f"{stem}.ncnn.bin", f"{stem}_ncnn.py"]
         (tmp / "pnnx.log").write_text(log)
         _check_exit(rc, log, cmd, [d for d in diags if d.code == "unused-module-output"])
+        ncnn_finish(tmp / ncnn_files[0], custom, [tmp / pnnx_files[0]])  # named custom layers
         params = {"source": kind, "fp16": fp16, "optlevel": optlevel, "moduleop": moduleop,
                   "inputshape": _shape_arg(args),
                   "inputshape2": _shape_arg(args2) if args2 is not None else None,
@@ -311,11 +316,14 @@ def unloadable_layers(param: Path) -> list[tuple[str, str]]:
     """(layer type, layer name) of every layer in an ncnn param that ncnn cannot create."""
     import ncnn
 
+    from .custom_ops import is_custom_layer
+
     bad = []
     lines = param.read_text().splitlines()[2:]
     for line in lines:
         parts = line.split()
-        if len(parts) >= 2 and ncnn.layer_to_index(parts[0]) < 0:
+        if len(parts) >= 2 and ncnn.layer_to_index(parts[0]) < 0 and not is_custom_layer(
+                parts[0]):
             bad.append((parts[0], parts[1]))
     return bad
 
