@@ -53,6 +53,7 @@ from ._rule import (
     fail,
     ints,
     last_axes,
+    new_initializer,
     rank,
     scalar,
 )
@@ -60,6 +61,7 @@ from ._rule import (
 __all__ = [
     "DOMAIN", "Rule", "register", "get", "all_rules", "names",
     "fail", "const", "scalar", "ints", "close", "all_equal", "rank", "dims", "last_axes", "attr",
+    "new_initializer",
 ]
 
 _REGISTRY: dict[str, Rule] = {}

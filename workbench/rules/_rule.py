@@ -8,12 +8,14 @@ for checks (``const``, ``scalar``, ``ints``, ``close``) and say why a check fail
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 DOMAIN = "pkg.workbench"  # the domain of the local functions target="functions" emits
+_CONST_IDS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -145,3 +147,15 @@ def attr(node: Any, name: str, default: Any = None) -> Any:
     """An attribute's Python value on an ``ir.Node`` (``default`` when absent)."""
     a = node.attributes.get(name) if node is not None else None
     return default if a is None else a.value
+
+
+def new_initializer(op: Any, array: Any, hint: str = "w") -> Any:
+    """A new initializer holding ``array``, for a standard op's input (scale, bias...).
+
+    An initializer, not a Constant node: a raised graph should not count glue nodes.
+    """
+    import numpy as np
+    import onnx_ir as ir
+
+    name = f"raise_{hint}_{next(_CONST_IDS)}"
+    return op.initializer(ir.tensor(np.ascontiguousarray(array), name=name), name)

@@ -81,7 +81,8 @@ class RaiseReport:
     ops_after: dict[str, int] = field(default_factory=dict)
     max_abs_vs_parent: float | None = None
     max_rel_vs_parent: float | None = None
-    fallbacks: dict[str, int] = field(default_factory=dict)  # rule -> opset its op needs
+    # rule -> the opset its standard op needs (None: the op exists but cannot express a match)
+    fallbacks: dict[str, int | None] = field(default_factory=dict)
     disabled: list[str] = field(default_factory=list)  # rules dropped by the numeric check
 
     @property
@@ -120,7 +121,8 @@ class RaiseReport:
         lines = [self.summary()]
         lines += [f"  {f}" for f in self.firings]
         for rule, op in self.fallbacks.items():
-            lines.append(f"  {rule}: function form (the standard op needs opset {op})")
+            why = f"the standard op needs opset {op}" if op else "no standard op for some"
+            lines.append(f"  {rule}: function form ({why})")
         for rule in self.disabled:
             lines.append(f"  {rule}: disabled (the raised model did not match its parent)")
         return "\n".join(lines)
@@ -182,7 +184,7 @@ def raise_ops(
     with ws.staging() as d:
         path = d / MAIN
 
-        def attempt(rule_list: list[Rule]) -> tuple[Any, list[Firing], dict[str, int],
+        def attempt(rule_list: list[Rule]) -> tuple[Any, list[Firing], dict[str, int | None],
                                                      dict[str, Any], list[Diagnostic]]:
             raised, firings, fallbacks = _apply(model, rule_list, target, opset_now)
             _save(raised, path)
@@ -221,12 +223,20 @@ def raise_ops(
         diags.extend(more)
         for rule_name, needed in fallbacks.items():
             rule = next(r for r in chosen if r.name == rule_name)
-            diags.append(Diagnostic(
-                "info", "standard-op-needs-opset",
-                f"{rule_name}: the standard op {rule.standard_op or ''} needs ai.onnx opset "
-                f"{needed}, the model has {opset_now}; raised to the function form "
-                f"pkg.workbench::{rule_name} instead",
-                f"wb.raise_ops(art, opset={needed}) upgrades the model first"))
+            if needed is not None:
+                diags.append(Diagnostic(
+                    "info", "standard-op-needs-opset",
+                    f"{rule_name}: the standard op {rule.standard_op} needs ai.onnx opset "
+                    f"{needed}, the model has {opset_now}; raised to the function form "
+                    f"pkg.workbench::{rule_name} instead",
+                    f"wb.raise_ops(art, opset={needed}) upgrades the model first"))
+            else:
+                diags.append(Diagnostic(
+                    "info", "standard-op-cannot-express",
+                    f"{rule_name}: some matches cannot be written as {rule.standard_op} (e.g. "
+                    "normalized axes it does not take, or unknown dims); they are raised to "
+                    f"the function form pkg.workbench::{rule_name}",
+                    "nothing to do; the function runs in ONNX Runtime as before"))
         try:
             onnx.checker.check_model(str(path))
         except onnx.checker.ValidationError as e:
@@ -341,7 +351,7 @@ def _is_const(value: Any) -> bool:
 
 
 def _apply(model_proto: Any, chosen: list[Rule], target: str,
-           opset: int | None) -> tuple[Any, list[Firing], dict[str, int]]:
+           opset: int | None) -> tuple[Any, list[Firing], dict[str, int | None]]:
     """Apply ``chosen`` to a copy of ``model_proto``; the raised ModelProto and the firings."""
     import onnx_ir as ir
     import onnxscript.optimizer
@@ -351,31 +361,59 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
     onnxscript.optimizer.basic_constant_propagation(model.graph)
     _canonicalize(model.graph)
     firings: list[Firing] = []
-    fallbacks: dict[str, int] = {}
+    fallbacks: dict[str, int | None] = {}
+    stash: dict[tuple[str, str, str], Any] = {}
     for rule in chosen:
-        form = "function"
-        if target == "standard" and rule.standard is not None:
-            if opset is not None and rule.opset is not None and opset >= rule.opset:
-                form = "standard"
-        hooks = _Hooks(rule, form, firings)
-        fired_before = len(firings)
+        standard = target == "standard" and rule.standard is not None
+        if standard and (opset is None or opset < (rule.opset or 0)):
+            standard = False
+            needs: int | None = rule.opset  # the opset lacks the op
+        else:
+            needs = None  # the op exists; a match its builder cannot express -> function
+        forms = ["standard", "function"] if standard else ["function"]
         for pattern in rule.patterns:
-            rr = RewriteRule(pattern, hooks.replace, hooks.check, name=rule.name,
-                             as_function=form == "function")
-            try:
-                RewriteRuleSet([rr], commute=rule.commute).apply_to_model(model)
-            except Exception as e:
-                raise RaiseError(f"rule {rule.name!r} failed while rewriting: "
-                                 f"{type(e).__name__}: {str(e).strip()[:300]}",
-                                 f"raise without it: rules=[...] minus {rule.name!r}; please "
-                                 "report the model") from e
-        if (form == "function" and target == "standard" and rule.standard is not None
-                and len(firings) > fired_before):
-            fallbacks[rule.name] = rule.opset  # type: ignore[assignment]
+            for form in forms:
+                hooks = _Hooks(rule, form, firings)
+                rr = RewriteRule(pattern, hooks.replace, hooks.check, name=rule.name,
+                                 as_function=form == "function")
+                fired_before = len(firings)
+                try:
+                    RewriteRuleSet([rr], commute=rule.commute).apply_to_model(model)
+                except Exception as e:
+                    raise RaiseError(f"rule {rule.name!r} failed while rewriting: "
+                                     f"{type(e).__name__}: {str(e).strip()[:300]}",
+                                     f"raise without it: rules=[...] minus {rule.name!r}; "
+                                     "please report the model") from e
+                _stash_functions(model, stash)
+                if (form == "function" and target == "standard" and rule.standard is not None
+                        and len(firings) > fired_before):
+                    fallbacks[rule.name] = needs
+    for key, fn in stash.items():
+        model.functions[key] = fn
     if firings:
         onnxscript.optimizer.remove_unused_nodes(model)  # Constant nodes the rules left unused
     _name_firings(model, firings)
     return ir.serde.serialize_model(model), firings, fallbacks
+
+
+def _stash_functions(model: Any, stash: dict[tuple[str, str, str], Any]) -> None:
+    """Move the functions rules just emitted out of the model until the end.
+
+    onnxscript's rewriter also rewrites inside the model's functions, so a later pattern
+    would otherwise match inside a function body an earlier one made (a GroupNorm body
+    without its affine part raised again). Overloads are renumbered uniquely across the
+    whole run (onnxscript numbers them from what is in ``model.functions``).
+    """
+    from ..rules import DOMAIN
+
+    for key in [k for k in model.functions if k[0] == DOMAIN and k not in stash]:
+        fn = model.functions.pop(key)
+        overload = str(len(stash) + 1)
+        for node in model.graph:
+            if (node.domain, node.op_type, node.overload) == key:
+                node.overload = overload
+        fn.overload = overload
+        stash[fn.identifier()] = fn
 
 
 class _Hooks:
