@@ -495,6 +495,12 @@ class CustomOpsPanel(StagePanel):
         m = re.search(r"aten::\w+", str(e))
         if m and not self.op.value:
             self.op.value = m.group(0)
+            op = re.search(r"g\.op\([\"'](\w+)[\"']", getattr(e, "hint", "") or "")
+            if op and not self.onnx_op.value:  # the registration the export error suggests
+                self.onnx_op.value = op.group(1)
+            opset = re.search(r"opset=(\d+)", getattr(e, "hint", "") or "")
+            if opset:
+                self.opset.value = int(opset.group(1))
             self.status.value = (f"<span>export failed on <code>{_esc(m.group(0))}</code>: "
                                  "register a symbolic here</span>")
 

@@ -1,0 +1,252 @@
+"""Stage panels and the pipeline widget, headless: ``panel.run()`` is what Run calls.
+
+The expensive runs (a whole pipeline on the default model) happen once per module. "Show
+code" is checked the honest way: the code is exec'd in a fresh namespace holding only
+``model`` and ``inputs``, and what it makes is compared with what the panel made.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import workbench as wb
+from workbench.ui.panels import (
+    ComparePanel,
+    CustomOpsPanel,
+    ExportPanel,
+    NcnnPanel,
+    RaisePanel,
+    SimplifyPanel,
+    error_html,
+)
+
+
+@pytest.fixture(scope="module")
+def model_inputs():
+    return wb.default_model()
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return wb.Workspace(tmp_path_factory.mktemp("ui") / "ws")
+
+
+@pytest.fixture(scope="module")
+def pipeline(model_inputs, ws):
+    model, inputs = model_inputs
+    pipe = wb.ui.Pipeline(model, inputs, workspace=ws, compare={"mode": "accumulated"})
+    pipe.run()
+    return pipe
+
+
+def _exec(code: str, model_inputs) -> dict:
+    model, inputs = model_inputs
+    ns = {"model": model, "inputs": inputs}
+    exec(compile(code, "<panel code>", "exec"), ns)
+    return ns
+
+
+def _same_artifact(a, b) -> None:
+    """Equivalent: same stage and format, same graph and the same stage parameters."""
+    assert (a.stage, a.format) == (b.stage, b.format)
+    assert a.id != b.id  # a new artifact, not the panel's
+    assert a.graph.op_histogram == b.graph.op_histogram
+    assert [str(t) for t in a.graph.inputs] == [str(t) for t in b.graph.inputs]
+    skip = {"command"}  # pnnx's command line names its temp folder
+    assert {k: v for k, v in a.params.items() if k not in skip} == \
+        {k: v for k, v in b.params.items() if k not in skip}
+
+
+def test_import_stays_lazy() -> None:
+    probe = ("import sys, workbench, workbench.ui\n"
+             "print([m for m in ('ipywidgets', 'jupyter_server', 'torch', 'IPython') "
+             "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+    assert wb.ui.Pipeline is not None and "netron" in dir(wb.ui)
+
+
+def test_pipeline_runs_every_stage_and_chains_artifacts(pipeline) -> None:
+    assert not pipeline.errors, {s: str(e) for s, e in pipeline.errors.items()}
+    arts = pipeline.artifacts
+    assert {"export", "simplify", "ncnn"} <= set(arts)
+    assert arts["simplify"].parent.id == arts["export"].id
+    last_onnx = arts.get("raise", arts["simplify"])
+    if "raise" in arts:
+        assert arts["raise"].parent.id == arts["simplify"].id
+    # compare checked the newest ONNX model and the ncnn model
+    assert [c.id for c in pipeline.panels["compare"].candidates] == [last_onnx.id,
+                                                                     arts["ncnn"].id]
+    report = pipeline.report
+    assert report is not None and report.ok, report.summary()
+    assert set(report.aligned_fraction) and all(f > 0.5 for f in report.aligned_fraction.values())
+    # the summary table and every panel's status say what happened
+    table = pipeline.table.value
+    for stage in ("export", "simplify", "ncnn", "compare"):
+        assert f"wb-row-{stage}" in table
+        assert "done in" in pipeline.panels[stage].status.value
+    assert arts["export"].id in table and "failed" not in table
+    assert pipeline.progress.value == pipeline.progress.max
+    assert "all stages done" in pipeline.status.value
+
+
+def test_panel_shows_summary_node_counts_diagnostics_and_preview(pipeline) -> None:
+    sim = pipeline.panels["simplify"]
+    art = sim.artifact
+    html = sim.result_html.value
+    assert art.summary() in html
+    assert f"nodes: {art.parent.graph.node_count} &rarr; {art.graph.node_count}" in html
+    assert "wb-diagnostics" in html or "no diagnostics" in html
+    assert sim.progress.bar_style == "success"
+    (preview,) = sim.preview.children  # GraphView once it exists, else the op histogram
+    if type(preview).__name__ == "HTML":
+        for op, n in art.graph.op_histogram.items():
+            assert f"<code>{op}</code>" in preview.value and f"</div> {n}</td>" in preview.value
+    ncnn = pipeline.panels["ncnn"]
+    assert "max_abs_fp16" in ncnn.result_html.value  # ncnn's fp32 and fp16 figures
+    assert "pnnx graph" in ncnn.result_html.value
+    cmp_panel = pipeline.panels["compare"]
+    assert pipeline.report.summary().splitlines()[0] in cmp_panel.result_html.value
+
+
+def test_show_code_reproduces_the_export(model_inputs, ws) -> None:
+    model, inputs = model_inputs
+    panel = ExportPanel(model, inputs, workspace=ws, opset=16)
+    batch_box, batch_name = panel.axes[0][0]
+    batch_box.value = True
+    batch_name.value = "n"
+    assert panel.code_html.layout.display == "none"
+    panel.code_toggle.value = True
+    assert panel.code_html.layout.display == ""
+    shown = panel.code_html.value
+    assert "opset=16" in shown and "{0: &#x27;n&#x27;}" in shown
+    panel.opset.value = 17  # the code follows the controls
+    assert "opset=17" in panel.code_html.value
+    art = panel.run()
+    assert panel.error is None and art is not None
+    assert art.graph.inputs[0].dynamic_dims == {0: "n"}
+    ns = _exec(panel.code(), model_inputs)
+    _same_artifact(ns["onx"], art)
+
+
+def test_show_code_reproduces_simplify_and_ncnn(pipeline, model_inputs) -> None:
+    sim = pipeline.panels["simplify"]
+    sim.backend.value = "onnxsim"
+    code = sim.code()
+    assert f"ws.get({sim.source.id!r})" in code and "backend='onnxsim'" in code
+    fresh = _exec(code, model_inputs)["sim"]
+    art = sim.run()
+    assert sim.error is None
+    _same_artifact(fresh, art)
+    ncnn = pipeline.panels["ncnn"]
+    fresh_nc = _exec(ncnn.code(), model_inputs)["nc"]
+    _same_artifact(fresh_nc, ncnn.artifact)
+    assert fresh_nc.metrics["max_abs"] == pytest.approx(ncnn.artifact.metrics["max_abs"],
+                                                        abs=1e-6)
+
+
+def test_pipeline_code_runs_the_whole_chain(pipeline, model_inputs) -> None:
+    code = pipeline.code()
+    for call in ("wb.export(model, inputs", "wb.simplify(onx", "wb.to_ncnn(", "wb.compare(model"):
+        assert call in code
+    ns = _exec(code, model_inputs)
+    rep = ns["rep"]
+    assert rep.ok and set(rep.aligned_fraction.values()) == \
+        set(pipeline.report.aligned_fraction.values())
+    _same_artifact(ns["onx"], pipeline.artifacts["export"])
+
+
+def test_bad_settings_show_the_error_and_hint_in_the_panel(model_inputs, ws) -> None:
+    model, inputs = model_inputs
+    panel = ExportPanel(model, inputs, workspace=ws, opset=3)
+    panel.run_button.click()  # the button callback: nothing escapes it
+    assert isinstance(panel.error, wb.InputError)
+    html = panel.result_html.value
+    assert "opset=3" in html and "wb-hint" in html and panel.error.hint.split(";")[0] in html
+    assert panel.progress.bar_style == "danger" and "failed" in panel.status.value
+    assert not panel.run_button.disabled
+    assert panel.run() is None  # run() itself returns None, never raises
+    # an axis name that is not an identifier
+    panel.opset.value = 17
+    panel.axes[0][2][0].value = True
+    panel.axes[0][2][1].value = "2 h"
+    assert panel.run() is None and "not an identifier" in panel.result_html.value
+    # stages with nothing to work on, and an unreadable tolerance
+    sim = SimplifyPanel(workspace=ws)
+    assert sim.run() is None and isinstance(sim.error, wb.InputError)
+    assert "run the export panel first" in sim.result_html.value
+    cmp_panel = ComparePanel(model, inputs, [], workspace=ws)
+    cmp_panel.tolerance.value = "tight"
+    assert cmp_panel.run() is None and "not a number" in cmp_panel.result_html.value
+    nc = NcnnPanel(source=None, workspace=ws)
+    assert nc.run() is None and "no ONNX model yet" in nc.result_html.value
+
+
+def test_unexpected_errors_are_shown_too() -> None:
+    try:
+        raise KeyError("boom")
+    except KeyError as e:
+        html = error_html(e)
+    assert "KeyError" in html and "boom" in html and "wb-hint" in html
+
+
+def test_raise_panel_rules_and_code(pipeline, model_inputs) -> None:
+    if "raise" not in pipeline.panels:
+        pytest.skip("this workbench has no raising stage")
+    panel: RaisePanel = pipeline.panels["raise"]
+    every = list(panel.rules.options)
+    assert every and panel.settings()["rules"] is None
+    panel.rules.value = tuple(every[:1])
+    assert panel.settings()["rules"] == every[:1]
+    assert f"rules={every[:1]!r}" in panel.code()
+    art = panel.run()
+    assert panel.error is None and art.stage == "raise"
+    _same_artifact(_exec(panel.code(), model_inputs)["hi"], art)
+    panel.rules.value = ()
+    assert panel.run() is None and "no raising rule" in panel.result_html.value
+
+
+def test_custom_ops_panel_registers_the_op_export_asked_for(ws) -> None:
+    import torch
+
+    if not hasattr(wb, "register_symbolic"):
+        pytest.skip("this workbench has no custom-ops stage")
+
+    class Asinh(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.asinh(x) * 2
+
+    export = ExportPanel(Asinh(), (torch.rand(2, 5),), workspace=ws, opset=9)
+    custom = CustomOpsPanel(workspace=ws, export_panel=export)
+    try:
+        assert export.run() is None and isinstance(export.error, wb.ExportError)
+        # the failing op, and the registration the error suggests, fill the custom-ops panel
+        assert custom.op.value == "aten::asinh" and custom.onnx_op.value == "Asinh"
+        assert custom.opset.value == 9
+        assert custom.code().strip().endswith(
+            "wb.register_symbolic('aten::asinh', lambda g, *args: g.op('Asinh', *args), "
+            "opset=9)")
+        art = custom.run()  # registers, then exports again
+        assert custom.error is None, custom.result_html.value
+        assert art is export.artifact and art.graph.op_histogram.get("Asinh") == 1
+        assert art.ok and "registered" in custom.result_html.value
+    finally:
+        wb.unregister("aten::asinh")
+    custom.op.value = "asinh"
+    assert custom.run() is None and "qualified name" in custom.result_html.value
+
+
+def test_netron_button_registers_the_result(pipeline, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    panel = pipeline.panels["ncnn"]
+    assert not panel.netron_button.disabled
+    view = panel.show_netron()
+    assert set(view.files) == {"model.ncnn.param", "model.ncnn.bin"}
+    entry = json.loads((tmp_path / "workbench-netron" / f"{view.key}.json").read_text())
+    assert entry["main"] == "model.ncnn.param"
+    assert f"workbench/netron/{view.key}/" in view.html()
