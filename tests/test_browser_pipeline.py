@@ -1,0 +1,68 @@
+"""The pipeline widget and inline Netron in a real JupyterLab, in headless Chromium.
+
+One JupyterLab (loopback, base URL ``/wb/``, token) and one browser for the module, one
+notebook opened once: the widget renders, "Run all" completes and shows the summary table,
+and the Netron button shows the export inside an iframe served by the Jupyter server
+itself (its address under ``/wb/``, no other host or port), with the model's ops drawn.
+Screenshots go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from browser_harness import browser, lab, lab_server  # noqa: F401 - module-scoped fixtures
+
+NOTEBOOK = "pipeline-widget.ipynb"
+CELLS = [
+    "import workbench as wb\n"
+    "model, inputs = wb.default_model()\n"
+    "pipe = wb.ui.Pipeline(model, inputs, workspace='runs/browser',\n"
+    "                      compare={'mode': 'accumulated'})\n"
+    "pipe",
+]
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+
+
+def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: F811
+    page = lab.page
+    lab.run_notebook(NOTEBOOK, CELLS)
+    lab.wait_for(f"{PANEL} .wb-pipeline", timeout=60)
+    tabs = page.locator(f"{PANEL} .wb-pipeline .lm-TabBar-tab")
+    titles = [t.strip() for t in tabs.all_inner_texts()]
+    for title in ("Export to ONNX", "Simplify", "Convert to ncnn", "Compare op by op"):
+        assert title in titles, titles
+    lab.screenshot("pipeline-widget", f"{PANEL} .wb-pipeline")
+
+    # Run all, as a user would: the kernel runs every stage, the widget follows
+    page.locator(f"{PANEL} .wb-pipeline button", has_text=re.compile(r"^\s*Run all\s*$")).click()
+    page.wait_for_selector(f"{PANEL} .wb-pipeline .wb-done, {PANEL} .wb-pipeline .wb-failed",
+                           timeout=180_000)
+    status = page.locator(f"{PANEL} .wb-pipeline .wb-done, {PANEL} .wb-pipeline .wb-failed")
+    table = page.locator(f"{PANEL} .wb-pipeline-table")
+    assert "all stages done" in status.first.inner_text(), table.inner_text()
+    rows = table.inner_text()
+    for stage in ("export", "simplify", "ncnn", "compare"):
+        assert re.search(rf"^{stage}\t", rows, re.M), rows
+    assert "failed" not in rows
+    compare = page.locator(f"{PANEL} .wb-panel-compare .wb-summary").first
+    assert "aligned" in compare.inner_text()
+    lab.screenshot("pipeline-run-all", f"{PANEL} .wb-pipeline")
+
+    # the export tab: its summary, then Netron inline through the Jupyter server
+    tabs.filter(has_text="Export to ONNX").click()
+    export = page.locator(f"{PANEL} .wb-panel-export")
+    assert "0001-export: onnx from export" in export.locator(".wb-summary").inner_text()
+    export.locator("button", has_text="Netron").click()
+    frame_el = page.wait_for_selector(f"{PANEL} .wb-panel-export iframe[data-wb-netron]",
+                                      timeout=30_000)
+    src = frame_el.get_attribute("src")
+    assert src.startswith(f"{lab.server.base_url}workbench/netron/"), src
+    assert "localhost" not in src and "127.0.0.1" not in src and "://" not in src
+    frame = frame_el.content_frame()
+    assert frame.url.startswith(f"{lab.server.url}workbench/netron/"), frame.url
+    # Netron draws the graph: the model's Resize (the bicubic x3) and its convolutions
+    frame.wait_for_selector("#canvas text:text-is('Resize')", timeout=60_000)
+    assert frame.locator("#canvas text:text-is('Conv')").count() >= 1
+    lab.screenshot("netron-inline", f"{PANEL} .wb-panel-export")
+    assert not [e for e in lab.cell_errors() if "Traceback" in e]
