@@ -1,0 +1,208 @@
+"""GraphView without a browser: the node/edge payload of real exports, colours per value, a
+selection showing the op's plots, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import time
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import workbench as wb
+from workbench.ui.graphview import (
+    ERROR_STOPS,
+    MISSING,
+    GraphView,
+    graph_payload,
+    tolerance_colors,
+    value_colors,
+)
+
+TOL = (1e-6, 0.0)  # tight: the exported ops land on both sides of it
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    model, x = wb.default_model()
+    ws = wb.Workspace(tmp_path_factory.mktemp("gv") / "ws")
+    onx = wb.export(model, x, workspace=ws)
+    rep = wb.compare(model, [onx], x, mode="both", tolerance=TOL, progress=False)
+    return model, x, onx, rep
+
+
+def _edges_from_onnx(path):
+    """(producer node name, consumer node name) pairs, computed from the protobuf directly."""
+    g = onnx.load(str(path), load_external_data=False).graph
+    prod = {o: n.name for n in g.node for o in n.output}
+    return {(prod[i], n.name) for n in g.node for i in n.input if i in prod}
+
+
+def test_payload_has_every_onnx_node_and_edge(compared):
+    _, _, onx, _ = compared
+    p = graph_payload(onx)
+    g = onnx.load(str(onx.path), load_external_data=False).graph
+    assert p["format"] == "onnx" and len(p["nodes"]) == len(g.node) == onx.graph.node_count
+    assert [n["id"] for n in p["nodes"]] == [n.name for n in g.node]
+    ids = [n["id"] for n in p["nodes"]]
+    assert {(ids[a], ids[b]) for a, b in p["edges"]} == _edges_from_onnx(onx.path)
+
+
+def test_op_type_colours_follow_the_histogram(compared):
+    _, _, onx, _ = compared
+    gv = GraphView(onx)
+    by_op: dict[str, set] = {}
+    for n in gv.nodes:
+        by_op.setdefault(n["op"], set()).add(n["color"])
+    assert all(len(c) == 1 for c in by_op.values())  # one colour per op type
+    assert len({next(iter(c)) for c in by_op.values()}) == len(by_op)  # distinct types differ
+    legend = {op: count for op, _c, count in gv.canvas.legend["items"]}
+    assert legend == onx.graph.op_histogram
+
+
+@pytest.mark.parametrize("mode", ["accumulated", "isolated"])
+def test_error_colours_come_from_the_report(compared, mode):
+    _, _, onx, rep = compared
+    gv = GraphView(onx, color_by=mode, report=rep)
+    recs = {r.name: r for r in rep.records if r.mode == mode}
+    assert recs, mode
+    drawn = 0
+    for n in gv.nodes:
+        mine = [recs[t] for t in n["outputs"] if t in recs]
+        if not mine:
+            assert n["value"] is None and n["color"] == MISSING
+            continue
+        drawn += 1
+        assert n["value"] == max(r.metrics["max_abs"] for r in mine)
+        ratio = max(r.metrics["max_abs"] / r.metrics["tolerance"] for r in mine)
+        assert n["color"] == tolerance_colors([ratio])[0]
+    assert drawn >= 4
+    fails = [any(not recs[t].metrics["passed"] for t in n["outputs"] if t in recs)
+             for n in gv.nodes]
+    assert gv.canvas.strokes == fails and any(fails)
+    assert gv.canvas.legend["kind"] == "scale" and mode in gv.canvas.legend["title"]
+
+
+def test_accumulated_and_isolated_differ_somewhere(compared):
+    _, _, onx, rep = compared
+    acc = GraphView(onx, color_by="accumulated", report=rep).nodes
+    iso = GraphView(onx, color_by="isolated", report=rep).nodes
+    assert any(a["value"] != i["value"] for a, i in zip(acc, iso, strict=True))
+
+
+def test_colour_scales_are_ordered():
+    # tolerance scale: fixed ends, yellow at the tolerance
+    assert tolerance_colors([1e-6, 1.0, 1e4, None, float("inf")]) == [
+        ERROR_STOPS[0], ERROR_STOPS[1], ERROR_STOPS[2], MISSING, ERROR_STOPS[2]]
+    # raw values: log scale between the smallest and the largest
+    cols, lo, hi = value_colors([1e-5, 1e-3, 1e-1, None])
+    assert (lo, hi) == (1e-5, 1e-1) and cols == [ERROR_STOPS[0], ERROR_STOPS[1],
+                                                  ERROR_STOPS[2], MISSING]
+
+
+def test_values_by_node_or_tensor_name(compared):
+    _, _, onx, _ = compared
+    nodes = graph_payload(onx)["nodes"]
+    conv = next(n for n in nodes if n["op"] == "Conv")
+    relu = next(n for n in nodes if n["op"] == "Relu")
+    gv = GraphView(onx, values={conv["id"]: 1e-2, relu["outputs"][0]: 1e-6},
+                   color_by="accumulated")
+    assert gv.color_of(conv["id"]) == ERROR_STOPS[2]
+    assert gv.color_of(relu["outputs"][0]) == ERROR_STOPS[0]
+    others = [n for n in gv.nodes if n["id"] not in (conv["id"], relu["id"])]
+    assert all(n["color"] == MISSING for n in others)
+
+
+def test_selecting_a_node_shows_its_plots(compared):
+    _, _, onx, rep = compared
+    gv = GraphView(onx, color_by="accumulated", report=rep)
+    conv = next(n for n in gv.nodes if n["op"] == "Conv" and n["value"] is not None)
+    gv.canvas.selected = conv["id"]  # what a click in the browser does
+    assert gv.selected == conv["id"] and gv.last_error is None
+    figs = gv.last_figures
+    assert len(figs) >= 2
+    size = next(r.metrics["size"] for r in rep.records if r.name == conv["outputs"][0])
+    assert f"over {size} elements" in figs[0].axes[0].get_title()
+    # a node without a comparison: nothing plotted, no error
+    const = next(n for n in gv.nodes if n["value"] is None)
+    gv.select(const["id"])
+    assert gv.last_figures == [] and gv.last_error is None
+
+
+def test_a_report_as_first_argument_draws_its_candidate(compared):
+    _, _, onx, rep = compared
+    gv = GraphView(rep, color_by="accumulated")
+    assert gv.candidate.path == onx.path and len(gv.nodes) == onx.graph.node_count
+
+
+def test_ncnn_and_pnnx_graphs(compared, tmp_path_factory):
+    from workbench.params import parse_ncnn_param, parse_pnnx_param
+
+    model, x, _, _ = compared
+    nc = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path_factory.mktemp("nc") / "ws"))
+    p = graph_payload(nc)
+    layers = parse_ncnn_param(nc.path).layers
+    assert p["format"] == "ncnn" and [n["op"] for n in p["nodes"]] == [la.type for la in layers]
+    assert len(p["edges"]) >= len(layers) - 1
+    pn = graph_payload(nc.parent)
+    ops = parse_pnnx_param(nc.parent.path).ops
+    assert pn["format"] == "pnnx" and [n["id"] for n in pn["nodes"]] == [o.name for o in ops]
+    assert {"pnnx.Input", "nn.Conv2d"} <= {n["op"] for n in pn["nodes"]}
+    assert len(GraphView(nc).nodes) == len(layers)
+
+
+def _chain_model(n: int) -> onnx.ModelProto:
+    """n nodes: Relu/Add, every third Add reads the value three nodes back (skip edges)."""
+    nodes, prev = [], "x"
+    for i in range(n):
+        out = f"t{i}"
+        if i % 3 == 2 and i >= 3:
+            nodes.append(helper.make_node("Add", [prev, f"t{i - 3}"], [out], name=f"add{i}"))
+        else:
+            nodes.append(helper.make_node("Relu", [prev], [out], name=f"relu{i}"))
+        prev = out
+    vi = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, [1, 4]) for nm in ("x", prev)]
+    return helper.make_model(helper.make_graph(nodes, "chain", vi[:1], vi[1:]))
+
+
+def test_a_2000_node_graph_builds_fast(tmp_path):
+    path = tmp_path / "chain.onnx"
+    onnx.save(_chain_model(2000), str(path))
+    t = time.perf_counter()
+    gv = GraphView(path, values={f"t{i}": 10.0 ** (-(i % 7)) for i in range(2000)},
+                   color_by="isolated")
+    assert time.perf_counter() - t < 2.0
+    assert len(gv.canvas.graph["nodes"]) == 2000 and len(gv.canvas.graph["edges"]) > 2000
+    assert len(set(gv.canvas.colors)) >= 5
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def test_bad_inputs_get_clear_errors(compared, tmp_path):
+    _, _, onx, rep = compared
+    with pytest.raises(wb.WorkbenchError, match="color_by='heat' is not one of") as e:
+        GraphView(onx, color_by="heat")
+    assert "op_type" in e.value.hint
+    with pytest.raises(wb.WorkbenchError, match=r"not in the graph: \['no_such_node'\]"):
+        GraphView(onx, values={"no_such_node": 1.0}, color_by="accumulated")
+    first = graph_payload(onx)["nodes"][0]["id"]
+    with pytest.raises(wb.WorkbenchError, match="expected a number"):
+        GraphView(onx, values={first: "big"}, color_by="accumulated")
+    with pytest.raises(wb.WorkbenchError, match="colours by op type"):
+        GraphView(onx, values={first: 1.0})
+    with pytest.raises(wb.WorkbenchError, match="needs a comparison") as e:
+        GraphView(onx, color_by="isolated")
+    assert "report=wb.compare" in e.value.hint
+    with pytest.raises(wb.WorkbenchError, match="GraphSummary has no node list"):
+        GraphView(onx.graph)
+    with pytest.raises(wb.WorkbenchError, match="does not exist"):
+        GraphView(tmp_path / "missing.onnx")
+    other = tmp_path / "other.onnx"
+    onnx.save(_chain_model(4), str(other))
+    with pytest.raises(wb.WorkbenchError, match="not\n?.*other.onnx") as e:
+        GraphView(other, color_by="accumulated", report=rep)
+    assert "candidate=" in e.value.hint
+    gv = GraphView(onx)
+    with pytest.raises(wb.WorkbenchError, match="'nope' is not in the graph"):
+        gv.select("nope")
