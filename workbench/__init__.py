@@ -40,6 +40,7 @@ _LAZY = {
     "register_symbolic": ("workbench.stages.custom_ops", "register_symbolic"),
     "custom_op": ("workbench.stages.custom_ops", "custom_op"),
     "unregister": ("workbench.stages.custom_ops", "unregister"),
+    "side_by_side": ("workbench.stages.sidebyside", "side_by_side"),
     "ui": ("workbench.ui", None),
 }
 
