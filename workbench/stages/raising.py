@@ -80,7 +80,8 @@ class RaiseReport:
     ops_before: dict[str, int] = field(default_factory=dict)
     ops_after: dict[str, int] = field(default_factory=dict)
     max_abs_vs_parent: float | None = None
-    max_rel_vs_parent: float | None = None
+    max_rel_vs_parent: float | None = None  # element-wise (|diff| / (|ref| + 1e-6)), worst
+    rel_vs_parent: float | None = None  # max abs diff / max |parent output|: the 1e-5 figure
     # rule -> the opset its standard op needs (None: the op exists but cannot express a match)
     fallbacks: dict[str, int | None] = field(default_factory=dict)
     disabled: list[str] = field(default_factory=list)  # rules dropped by the numeric check
@@ -245,17 +246,18 @@ def raise_ops(
                                     f"{str(e).strip().splitlines()[0]}",
                                     "please report the model; raise with fewer rules"))
         after = summarize(path)
+        rel = _relative(vs_parent["max_abs"], parent_runner, feeds)
         report = RaiseReport(
             target=target, opset_before=opset_before, opset_after=opset_now, firings=firings,
             nodes_before=before.node_count, nodes_after=after.node_count,
             ops_before=before.op_histogram, ops_after=after.op_histogram,
             max_abs_vs_parent=vs_parent["max_abs"], max_rel_vs_parent=vs_parent["max_rel"],
-            fallbacks=fallbacks, disabled=disabled)
+            rel_vs_parent=rel, fallbacks=fallbacks, disabled=disabled)
         (d / REPORT).write_text(json.dumps(report.to_dict(), indent=1))
         metrics = {
             "max_abs": error_vs_torch(path, ref),
             "max_abs_vs_parent": vs_parent["max_abs"], "max_rel_vs_parent": vs_parent["max_rel"],
-            "feeds_checked": vs_parent["feeds"],
+            "rel_vs_parent": rel, "feeds_checked": vs_parent["feeds"],
             "nodes_before": before.node_count, "nodes_after": after.node_count,
             "ops_before": before.op_histogram, "ops_after": after.op_histogram,
             "fired": report.counts, "fallbacks": fallbacks, "disabled": disabled,
@@ -265,6 +267,21 @@ def raise_ops(
         return ws.commit(d, stage="raise", format="onnx", main=MAIN, parent=parent,
                          params=params, seconds=time.perf_counter() - t0, diagnostics=diags,
                          metrics=metrics)
+
+
+def _relative(max_abs: float | None, parent_runner: Any, feeds: list[Any]) -> float | None:
+    """``max_abs`` over the largest magnitude of the parent's outputs on the first feed."""
+    import numpy as np
+
+    if max_abs is None or not feeds:
+        return None
+    try:
+        outs = parent_runner.run(feeds[0]).values()
+    except Exception:  # the check already said the parent does not run
+        return None
+    scale = max((float(np.abs(np.asarray(o, dtype=np.float64)).max()) for o in outs
+                 if np.size(o)), default=0.0)
+    return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else None)
 
 
 def _broken(diags: list[Diagnostic]) -> bool:
@@ -406,12 +423,17 @@ def _stash_functions(model: Any, stash: dict[tuple[str, str, str], Any]) -> None
     """
     from ..rules import DOMAIN
 
-    for key in [k for k in model.functions if k[0] == DOMAIN and k not in stash]:
+    keys = [k for k in model.functions if k[0] == DOMAIN]  # stashed ones are not there
+    # the calls of each function, found before any is renumbered; the stash numbers them
+    # "w1", "w2"..., never a number onnxscript gives a new function ("1", "2"...), so a
+    # call is never taken for another function's
+    calls = {k: [n for n in model.graph if (n.domain, n.op_type, n.overload) == k]
+             for k in keys}
+    for key in keys:
         fn = model.functions.pop(key)
-        overload = str(len(stash) + 1)
-        for node in model.graph:
-            if (node.domain, node.op_type, node.overload) == key:
-                node.overload = overload
+        overload = f"w{len(stash) + 1}"
+        for node in calls[key]:
+            node.overload = overload
         fn.overload = overload
         stash[fn.identifier()] = fn
 
