@@ -360,7 +360,7 @@ def translation_table(opset: int) -> dict[Any, Callable]:
 
 # -- custom_op ---------------------------------------------------------------------------------
 _KINDS = {"int": "int", "SymInt": "int", "float": "float", "bool": "bool", "str": "str",
-          "int[]": "ints", "SymInt[]": "ints", "float[]": "floats"}
+          "List[int]": "ints", "List[SymInt]": "ints", "List[float]": "floats"}
 
 
 def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
@@ -416,10 +416,11 @@ def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
         tensors, attrs = [], []
         for a in s.arguments:
             t = str(a.type)
-            if t.startswith("Tensor"):
+            t = t[len("Optional["):-1] if t.startswith("Optional[") else t
+            if t == "Tensor":
                 tensors.append(a.name)
-            elif t.rstrip("?") in _KINDS:
-                attrs.append((a.name, _KINDS[t.rstrip("?")]))
+            elif t in _KINDS:
+                attrs.append((a.name, _KINDS[t]))
             else:
                 op._lib._destroy()
                 from torch._library import custom_ops as tco
@@ -457,7 +458,7 @@ def _torchscript_symbolic(spec: CustomOp) -> Callable:
             val = sh._maybe_get_const(v, desc)
             if isinstance(val, bool):
                 val = int(val)
-            attrs[f"{a}_{'s' if kind == 'str' else desc}"] = val
+            attrs[f"{a}_{desc[0]}"] = val  # TorchScript names lists by the element: _i, _f
         tensors = [values[a] for a in spec.tensor_args]
         out = g.op(spec.name, *tensors, outputs=spec.n_outputs, **attrs)
         outs = out if isinstance(out, (tuple, list)) else [out]
@@ -779,6 +780,10 @@ def _used_ops(path: Path) -> list[str]:
                        if ln.split() and ln.split()[0] in _OPS})
     from ..onnx_io import load_onnx
 
+    data = path.read_bytes() if path.is_file() else b""
+    if not any(s.short.encode() in data and s.namespace.encode() in data
+               for s in _OPS.values()):
+        return []  # no node can be one of ours: skip parsing the model
     model = load_onnx(path, external_data=False)
     return sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
                    if f"{n.domain}::{n.op_type}" in _OPS})
