@@ -220,8 +220,14 @@ class StagePanel:
         result = None
         try:
             settings = self.settings()
+            failure: Exception | None = None
             with self.log:  # the engine's tqdm bars and prints land in the panel
-                result = self._execute(settings)
+                try:  # caught in here: in a kernel, Output.__exit__ swallows exceptions
+                    result = self._execute(settings)
+                except Exception as e:
+                    failure = e
+            if failure is not None:
+                raise failure
         except Exception as e:  # shown in the panel: a button callback must not raise
             self.error = e
             self.seconds = time.perf_counter() - t0
