@@ -805,7 +805,31 @@ class ComparePanel(StagePanel):
                 view = None
         if view is None:
             view = w.HTML(report._repr_html_())
-        self.preview.children = (view,)
+        self.preview.children = (view, *self._error_graph(report))
+
+    def _error_graph(self, report: Any) -> list[Any]:
+        """A candidate's graph coloured by accumulated error (UI-B's GraphView), to pick from."""
+        if not available("workbench.ui.graphview"):
+            return []
+        w = _widgets()
+        names = [c.name for c in report.candidates]
+        color_by = "accumulated"
+        self.graph_of = w.Dropdown(options=names, value=names[0], description="graph of")
+        box = w.VBox()
+
+        def draw(_change: Any = None) -> None:
+            from .graphview import GraphView
+
+            cand = next(c for c in report.candidates if c.name == self.graph_of.value)
+            try:
+                box.children = (GraphView(cand.path, report=report, color_by=color_by,
+                                          candidate=cand.name),)
+            except Exception as e:  # e.g. a candidate the view cannot draw
+                box.children = (w.HTML(error_html(e)),)
+
+        self.graph_of.observe(draw, names="value")
+        draw()
+        return [self.graph_of, box]
 
     def _chain(self) -> tuple[list[str], bool]:
         ws = self._ws()
