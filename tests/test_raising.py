@@ -213,3 +213,14 @@ def test_registering_a_clashing_or_non_rule_is_refused():
         R.register("GELU")
     with pytest.raises(TypeError, match="a standard form needs opset="):
         R.Rule("X", lambda op, x: op.Erf(x), lambda ctx, x: True, standard=lambda op, x: x)
+
+
+def test_cli_raise_prints_the_report(block, tmp_path, capsys):
+    from workbench.cli import main
+
+    code = main(["raise", str(block.path), "--rules", "GELU,normalize", "--target", "functions",
+                 "--out", str(tmp_path / "ws")])
+    out = capsys.readouterr().out
+    assert code == 0 and "GELU x1, normalize x1" in out and "pkg.workbench::GELU" in out
+    assert main(["raise", str(block.path), "--rules", "Nope", "--out", str(tmp_path / "w")]) == 2
+    assert "no raising rule named 'Nope'" in capsys.readouterr().err

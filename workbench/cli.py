@@ -121,6 +121,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0 if all(a.ok for a in arts) else 1
 
 
+def cmd_raise(args: argparse.Namespace) -> int:
+    from .stages.raising import RaiseReport, raise_ops
+
+    rules = [r for r in args.rules.split(",") if r] if args.rules else None
+    art = raise_ops(args.file, rules=rules, target=args.target, opset=args.opset,
+                    workspace=args.out)
+    print(RaiseReport.of(art))
+    for d in art.diagnostics:
+        if d.level != "info":
+            print(f"  {d}")
+    print(f"model: {art.path}")
+    return 0 if art.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -145,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--simplify", action="store_true", help="also run the simplify stage")
     e.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
     e.set_defaults(func=cmd_export)
+    r = sub.add_parser("raise", help="raise lowered subgraphs of an ONNX file to high-level ops")
+    r.add_argument("file", help="path to a .onnx file")
+    r.add_argument("--rules", default=None, help="comma-separated rule names (default: all)")
+    r.add_argument("--target", default="standard", choices=["standard", "functions"])
+    r.add_argument("--opset", type=int, default=None, help="upgrade the model's opset first")
+    r.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
+    r.set_defaults(func=cmd_raise)
     return p
 
 
