@@ -206,3 +206,50 @@ def test_bad_inputs_get_clear_errors(compared, tmp_path):
     gv = GraphView(onx)
     with pytest.raises(wb.WorkbenchError, match="'nope' is not in the graph"):
         gv.select("nope")
+
+
+# -- the compare view (same comparison) ------------------------------------------------------
+
+
+def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
+    from workbench.ui.compare_view import CompareView
+
+    _, _, _, rep = compared
+    view = CompareView(rep)
+    assert len(view.rows) == len(rep.records) and len(view.figures) == 2
+    assert [r["order"] for r in view.rows] == sorted(r.order for r in rep.records)
+    first = rep.first_divergence
+    assert first is not None
+    rows_html = view.table_w.value.split("<tr class=")[1:]
+    marked = [ln for ln in rows_html if "wb-first-divergence" in ln.split(">")[0]]
+    assert len(marked) == 1 and f'data-name="{first.name}"' in marked[0]
+    rows = view.sort("max_abs", descending=True)
+    assert [r["max_abs"] for r in rows] == sorted((r.metrics["max_abs"] for r in rep.records),
+                                                  reverse=True)
+    conv = view.filter(op_type="Conv", mode="isolated")
+    assert conv and all(r["op_type"] == "Conv" and r["mode"] == "isolated" for r in conv)
+    cut = sorted(r["max_abs"] for r in conv)[len(conv) // 2]
+    above = view.filter(threshold=cut)
+    assert above and all(r["max_abs"] >= cut for r in above) and len(above) < len(conv) + 1
+    assert f"{len(above)} of {len(rep.records)} rows" in view.count_w.value
+    view.filter(op_type="(all)", mode="(all)", threshold=0.0, failing=True)
+    assert view.rows and all(not r["passed"] for r in view.rows)
+    assert len(view.rows) == sum(not r.metrics["passed"] for r in rep.records)
+
+
+def test_compare_view_bad_inputs(compared):
+    import workbench.ui as ui
+    from workbench.ui.compare_view import CompareView
+
+    _, _, onx, rep = compared
+    assert isinstance(ui.compare_view(rep, figures=False), CompareView)  # lazy name, callable
+    with pytest.raises(wb.WorkbenchError, match="takes a CompareReport, got a Artifact"):
+        CompareView(onx)
+    view = CompareView(rep, figures=False)
+    with pytest.raises(wb.WorkbenchError, match="op type 'Softmax' is not in the report"):
+        view.filter(op_type="Softmax")
+    with pytest.raises(wb.WorkbenchError, match="threshold must be a finite number"):
+        view.filter(threshold=-1.0)
+    with pytest.raises(wb.WorkbenchError, match="cannot sort by 'colour'"):
+        view.sort("colour")
+    assert len(view.rows) == len(rep.records)  # a refused filter changes nothing

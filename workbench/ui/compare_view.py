@@ -1,0 +1,202 @@
+"""CompareView: a comparison's table (sortable, filterable, first divergence highlighted) and
+its figures, inline in the notebook.
+
+Plain ipywidgets and an HTML table: filtering and sorting run in Python on the report's
+records, so the view and ``CompareView.rows`` always agree (and scripts can use the same).
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+import sys
+import types
+from typing import Any
+
+import ipywidgets as widgets
+
+from ..errors import InputError
+
+SHOWN = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
+         "max_rel", "cosine", "snr_db", "frac_over_tol", "tolerance", "passed"]
+SORTABLE = ["order", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "frac_over_tol",
+            "op_type", "name", "reference", "candidate", "mode"]
+ALL = "(all)"
+STYLE = """<style>
+.wb-compare-table { border-collapse: collapse; font-size: 12px; }
+.wb-compare-table th, .wb-compare-table td { padding: 2px 6px; border-bottom: 1px solid #e3e3e3;
+  text-align: right; white-space: nowrap; }
+.wb-compare-table th { position: sticky; top: 0; background: var(--jp-layout-color2, #f2f2f2); }
+.wb-compare-table td.wb-text { text-align: left; }
+.wb-compare-table tr.wb-failed td { color: #a50f15; }
+.wb-compare-table tr.wb-first-divergence td { background: #fde0dd; font-weight: 600; }
+</style>"""
+
+
+class CompareView(widgets.VBox):
+    """The report's summary, a filterable and sortable table, and its figures."""
+
+    def __init__(self, report: Any, metric: str = "max_abs", figures: bool = True) -> None:
+        if not hasattr(report, "records") or not hasattr(report, "first_divergence"):
+            raise InputError(f"CompareView takes a CompareReport, got a {type(report).__name__}",
+                             "CompareView(wb.compare(model, [onx], inputs))")
+        if metric not in SORTABLE:
+            raise InputError(f"metric={metric!r} is not a column of the table",
+                             f"one of {', '.join(SORTABLE)}")
+        self.report = report
+        self.metric = metric
+        self.all_rows = report.rows()
+        first = report.first_divergence
+        self.first_key = (first.candidate, first.mode, first.name) if first else None
+        ops = sorted({r["op_type"] for r in self.all_rows})
+        cands = sorted({r["candidate"] for r in self.all_rows})
+        modes = sorted({r["mode"] for r in self.all_rows})
+        self.candidate_w = widgets.Dropdown(options=[ALL, *cands], description="candidate")
+        self.mode_w = widgets.Dropdown(options=[ALL, *modes], description="mode")
+        self.op_w = widgets.Dropdown(options=[ALL, *ops], description="op type")
+        self.threshold_w = widgets.FloatText(value=0.0, description=f"{metric} \u2265",
+                                             step=1e-4)
+        self.failing_w = widgets.Checkbox(value=False, description="over tolerance only",
+                                          indent=False)
+        self.sort_w = widgets.Dropdown(options=SORTABLE, value="order", description="sort by")
+        self.descending_w = widgets.Checkbox(value=False, description="descending",
+                                             indent=False)
+        self.count_w = widgets.HTML()
+        self.table_w = widgets.HTML(layout=widgets.Layout(max_height="420px", overflow="auto"))
+        self.table_w.add_class("wb-compare-view-table")
+        self.figures_w = widgets.Output()
+        self.figures_w.add_class("wb-compare-view-figures")
+        for w in (self.candidate_w, self.mode_w, self.op_w, self.threshold_w, self.failing_w,
+                  self.sort_w, self.descending_w):
+            w.observe(lambda _c: self._refresh(), names="value")
+        div = (f"first divergence: <b>{html.escape(str(first.reference))}</b> "
+               f"({html.escape(first.op_type)} {html.escape(first.name)}, {first.mode})"
+               if first else "no divergence: every aligned tensor is within tolerance")
+        summary = widgets.HTML(f"<pre>{html.escape(report.summary())}</pre><div>{div}</div>")
+        controls = widgets.VBox([
+            widgets.HBox([self.candidate_w, self.mode_w, self.op_w]),
+            widgets.HBox([self.threshold_w, self.failing_w, self.sort_w, self.descending_w]),
+        ])
+        super().__init__([summary, controls, self.count_w, self.table_w, self.figures_w])
+        self.add_class("wb-compare-view")
+        self.rows: list[dict[str, Any]] = []
+        self.figures: list[Any] = []
+        self._refresh()
+        if figures:
+            self._draw_figures()
+
+    # -- the same as the controls, from code --------------------------------------------------
+    def filter(self, op_type: str | None = None, threshold: float | None = None,
+               candidate: str | None = None, mode: str | None = None,
+               failing: bool | None = None) -> list[dict[str, Any]]:
+        """Set the filters (None leaves one as it is); returns the rows now shown."""
+        for value, w, what in ((op_type, self.op_w, "op type"),
+                               (candidate, self.candidate_w, "candidate"),
+                               (mode, self.mode_w, "mode")):
+            if value is not None:
+                if value not in w.options:
+                    raise InputError(f"{what} {value!r} is not in the report",
+                                     f"one of {list(w.options)}")
+                w.value = value
+        if threshold is not None:
+            if not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
+                    or threshold < 0:
+                raise InputError(f"threshold must be a finite number >= 0, got {threshold!r}",
+                                 "threshold=1e-4 shows rows whose error is at least 1e-4")
+            self.threshold_w.value = float(threshold)
+        if failing is not None:
+            self.failing_w.value = bool(failing)
+        return self.rows
+
+    def sort(self, column: str, descending: bool = False) -> list[dict[str, Any]]:
+        """Sort the table by a column; returns the rows now shown."""
+        if column not in SORTABLE:
+            raise InputError(f"cannot sort by {column!r}", f"one of {', '.join(SORTABLE)}")
+        self.descending_w.value = bool(descending)
+        self.sort_w.value = column
+        return self.rows
+
+    # -- drawing ------------------------------------------------------------------------------
+    def _selected(self) -> list[dict[str, Any]]:
+        out = []
+        for r in self.all_rows:
+            if self.candidate_w.value != ALL and r["candidate"] != self.candidate_w.value:
+                continue
+            if self.mode_w.value != ALL and r["mode"] != self.mode_w.value:
+                continue
+            if self.op_w.value != ALL and r["op_type"] != self.op_w.value:
+                continue
+            v = r.get(self.metric)
+            if self.threshold_w.value > 0 and (v is None or v < self.threshold_w.value):
+                continue
+            if self.failing_w.value and r.get("passed"):
+                continue
+            out.append(r)
+        col, desc = self.sort_w.value, self.descending_w.value
+
+        def key(r: dict[str, Any]) -> tuple:
+            v = r.get(col)
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                return (1, 0)  # missing values last, whichever the direction
+            return (0, -v if desc and isinstance(v, (int, float)) else v)
+
+        rows = sorted(out, key=key)
+        if desc and rows and not isinstance(rows[0].get(col), (int, float)):
+            present = [r for r in rows if r.get(col) is not None]
+            rows = present[::-1] + [r for r in rows if r.get(col) is None]
+        return rows
+
+    def _refresh(self) -> None:
+        self.rows = self._selected()
+        arrow = "\u25bc" if self.descending_w.value else "\u25b2"
+        head = "".join(f"<th>{c}{' ' + arrow if c == self.sort_w.value else ''}</th>"
+                       for c in SHOWN)
+        body = []
+        for r in self.rows:
+            key = (r["candidate"], r["mode"], r["name"])
+            cls = " ".join(c for c in ("wb-first-divergence" if key == self.first_key else "",
+                                       "" if r.get("passed") else "wb-failed") if c)
+            cells = "".join(
+                f'<td class="wb-text">{html.escape(_fmt(r.get(c)))}</td>'
+                if c in ("candidate", "mode", "name", "reference", "op_type")
+                else f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in SHOWN)
+            body.append(f'<tr class="{cls}" data-name="{html.escape(r["name"])}">{cells}</tr>')
+        self.table_w.value = (f'{STYLE}<table class="wb-compare-table"><thead><tr>{head}</tr>'
+                              f"</thead><tbody>{''.join(body)}</tbody></table>")
+        self.count_w.value = f"{len(self.rows)} of {len(self.all_rows)} rows"
+
+    def _draw_figures(self) -> None:
+        from IPython.display import Image, display
+
+        self.figures = [f for f in self.report.plot(metric=self.metric) if f is not None]
+        with self.figures_w:
+            for fig in self.figures:  # PNG bytes: the same whatever backend is active
+                buf = io.BytesIO()
+                fig.savefig(buf, format="png", dpi=80)
+                display(Image(data=buf.getvalue(), format="png"))
+
+
+def compare_view(report: Any, metric: str = "max_abs", figures: bool = True) -> CompareView:
+    """The comparison inline: ``wb.ui.compare_view(report)``."""
+    return CompareView(report, metric=metric, figures=figures)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+class _CallableModule(types.ModuleType):
+    """``wb.ui.compare_view`` resolves to this module (the lazy map in ui/__init__ names the
+    module); calling it builds the view, so ``wb.ui.compare_view(report)`` works."""
+
+    def __call__(self, report: Any, metric: str = "max_abs", figures: bool = True
+                 ) -> CompareView:
+        return compare_view(report, metric=metric, figures=figures)
+
+
+sys.modules[__name__].__class__ = _CallableModule
