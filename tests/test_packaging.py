@@ -71,3 +71,17 @@ def test_public_api_names_resolve():
                  "WorkbenchError", "summarize", "default_model"):
         assert getattr(wb, name) is not None
     assert issubclass(wb.ExportError, wb.WorkbenchError)
+
+
+def test_wheel_ships_the_browser_widgets(tmp_path):
+    import zipfile
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                            "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next(tmp_path.glob("deploy_workbench-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for rel in ("graphview.js", "graphview.css", "vendor/dagre.esm.js", "vendor/dagre.LICENSE"):
+        assert f"workbench/widgets/{rel}" in names, rel
+        assert (ROOT / "widgets" / rel).is_file()
