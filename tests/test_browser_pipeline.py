@@ -20,6 +20,15 @@ CELLS = [
     "pipe = wb.ui.Pipeline(model, inputs, workspace='runs/browser',\n"
     "                      compare={'mode': 'accumulated'})\n"
     "pipe",
+    # an ncnn param, and a kernel-side guess of the base URL that is wrong on purpose: the
+    # browser must re-base the iframe on JupyterLab's own baseUrl
+    "from pathlib import Path\n"
+    "Path('tiny.ncnn.param').write_text('7767517\\n2 2\\nInput in0 0 1 in0\\n'\n"
+    "                                   'ReLU relu0 1 1 in0 out0\\n')\n"
+    "Path('tiny.ncnn.bin').write_bytes(b'')\n"
+    "view = wb.ui.netron('tiny.ncnn.param', height=300)\n"
+    "view.base_url = '/not-the-base-url/'\n"
+    "view",
 ]
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 
@@ -34,11 +43,19 @@ def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: 
         assert title in titles, titles
     lab.screenshot("pipeline-widget", f"{PANEL} .wb-pipeline")
 
+    # inline Netron on an ncnn param: the address comes from the page's baseUrl
+    tiny = page.wait_for_selector(f"{PANEL} .jp-OutputArea-output .wb-netron iframe",
+                                  timeout=30_000)
+    page.wait_for_function("f => f.getAttribute('src').startsWith('/wb/workbench/netron/')",
+                           arg=tiny, timeout=10_000)
+    tiny_frame = tiny.content_frame()
+    tiny_frame.wait_for_selector("#canvas text:text-is('ReLU')", timeout=60_000)
+
     # Run all, as a user would: the kernel runs every stage, the widget follows
     page.locator(f"{PANEL} .wb-pipeline button", has_text=re.compile(r"^\s*Run all\s*$")).click()
-    page.wait_for_selector(f"{PANEL} .wb-pipeline .wb-done, {PANEL} .wb-pipeline .wb-failed",
-                           timeout=180_000)
-    status = page.locator(f"{PANEL} .wb-pipeline .wb-done, {PANEL} .wb-pipeline .wb-failed")
+    done = f"{PANEL} .wb-pipeline .wb-all-done, {PANEL} .wb-pipeline .wb-all-failed"
+    page.wait_for_selector(done, timeout=180_000)
+    status = page.locator(done)
     table = page.locator(f"{PANEL} .wb-pipeline-table")
     assert "all stages done" in status.first.inner_text(), table.inner_text()
     rows = table.inner_text()

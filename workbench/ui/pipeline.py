@@ -142,9 +142,9 @@ class Pipeline:
             self.run_all_button.disabled = False
         failed = self.errors
         self.progress.bar_style = "danger" if failed else "success"
-        self.status.value = (f"<span class='wb-failed' style='color:#c62828'>failed: "
+        self.status.value = (f"<span class='wb-all-failed' style='color:#c62828'>failed: "
                              f"{', '.join(failed)}</span>" if failed
-                             else "<span class='wb-done'>all stages done</span>")
+                             else "<span class='wb-all-done'>all stages done</span>")
         self._refresh()
         return {s: p.result for s, p in self.panels.items() if p.result is not None}
 
