@@ -389,9 +389,13 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
             needs = None  # the op exists; a match its builder cannot express -> function
         forms = ["standard", "function"] if standard else ["function"]
         for pattern in rule.patterns:
+            graph_pattern = _to_graph_pattern(pattern)
+            root = _root_op(graph_pattern)
             for form in forms:
+                if root is not None and root not in _ops_present(model):
+                    break  # cheap skip: no node could be the pattern's output
                 hooks = _Hooks(rule, form, firings)
-                rr = RewriteRule(pattern, hooks.replace, hooks.check, name=rule.name,
+                rr = RewriteRule(graph_pattern, hooks.replace, hooks.check, name=rule.name,
                                  as_function=form == "function")
                 fired_before = len(firings)
                 try:
@@ -411,6 +415,32 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
         onnxscript.optimizer.remove_unused_nodes(model)  # Constant nodes the rules left unused
     _name_firings(model, firings)
     return ir.serde.serialize_model(model), firings, fallbacks
+
+
+def _to_graph_pattern(pattern: Any) -> Any:
+    """The onnxscript GraphPattern of a pattern function (built once for both forms)."""
+    from onnxscript.rewriter import _pattern_ir
+
+    return _pattern_ir._to_graph_pattern(pattern)
+
+
+def _root_op(graph_pattern: Any) -> tuple[str, str] | None:
+    """(domain, op type) of the pattern's output node, when it is a fixed op."""
+    try:
+        if not graph_pattern.has_single_output_node:
+            return None
+        ident = graph_pattern.output_node.op_identifier()
+    except Exception:  # another onnxscript version: no skipping, just matching
+        return None
+    if ident is None:
+        return None
+    return (ident[0] if ident[0] not in ("ai.onnx",) else "", ident[1])
+
+
+def _ops_present(model: Any) -> set[tuple[str, str]]:
+    """(domain, op type) of every node in the graph and in the model's functions."""
+    nodes = [*model.graph, *(n for f in model.functions.values() for n in f)]
+    return {(n.domain if n.domain != "ai.onnx" else "", n.op_type) for n in nodes}
 
 
 def _stash_functions(model: Any, stash: dict[tuple[str, str, str], Any]) -> None:
