@@ -3,6 +3,11 @@
 Each notebook is executed from a temporary copy, so the workspaces it creates (``runs/...``,
 relative to the notebook) land in ``tmp_path``. The notebooks assert their own key results,
 so a regression in the engine fails the cell that shows it.
+
+Running every notebook is among the longest work in the suite, and ``pytest -n 2 --dist
+loadfile`` gives all tests of one file to one worker. So the notebooks are dealt into two
+shares (alternately, in name order, so a new notebook lands in one of them by itself): this
+file runs the first, ``test_notebooks_more.py`` the second, and both workers share the load.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernel
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+SHARES = (PATHS[0::2], PATHS[1::2])  # executed by this file and by test_notebooks_more.py
 KERNEL = "python3"
 CELL_TIMEOUT = 300
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -77,13 +83,17 @@ def test_python3_kernel_is_this_interpreter(python3_kernel: str) -> None:
     assert _kernel_python() == sys.executable
 
 
-@pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
-def test_notebook_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
+def test_shares_hold_every_notebook_once() -> None:
+    assert sorted(SHARES[0] + SHARES[1]) == PATHS
+
+
+def run_notebook(path: Path, kernel: str, tmp_path: Path) -> None:
+    """Execute a copy of ``path`` in ``tmp_path``; fail with the failing cell and its error."""
     before = sorted(p.name for p in NOTEBOOKS.iterdir())
     copy = tmp_path / path.name
     shutil.copy2(path, copy)
     nb = nbformat.read(copy, as_version=4)
-    client = NotebookClient(nb, kernel_name=python3_kernel, timeout=CELL_TIMEOUT,
+    client = NotebookClient(nb, kernel_name=kernel, timeout=CELL_TIMEOUT,
                             resources={"metadata": {"path": str(tmp_path)}})
     failure = None
     try:
@@ -97,6 +107,11 @@ def test_notebook_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
         f"{path.name}: not every code cell ran"
     assert sorted(p.name for p in NOTEBOOKS.iterdir()) == before, \
         f"{path.name} wrote into {NOTEBOOKS} instead of its working directory"
+
+
+@pytest.mark.parametrize("path", SHARES[0], ids=[p.name for p in SHARES[0]])
+def test_notebook_runs(path: Path, python3_kernel: str, tmp_path: Path) -> None:
+    run_notebook(path, python3_kernel, tmp_path)
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.name for p in PATHS])
