@@ -149,3 +149,16 @@ def test_look_alikes_are_refused(mws, kind):
     raised = wb.raise_ops(parent, target="functions")
     assert wb.RaiseReport.of(raised).firings == []
     assert raised.graph.op_histogram == parent.graph.op_histogram
+
+
+@pytest.mark.parametrize("kind", ["normalize", "groupnorm"])
+def test_dynamic_axes_from_the_dynamo_exporter(mws, kind):
+    x = torch.randn(2, 4, 5, 4, generator=torch.Generator().manual_seed(0))
+    parent = wb.export(Norm(kind).eval(), (x,), workspace=mws, exporter="dynamo", opset=18,
+                       dynamic_axes={"input": {0: "b", 2: "h", 3: "w"}})
+    raised = wb.raise_ops(wb.simplify(parent), opset=21)
+    rule, _, _, std_op, _ = CASES[kind]
+    assert wb.RaiseReport.of(raised).counts == {rule: 1}
+    assert raised.graph.op_histogram == {std_op: 1}  # the run-time shape glue is gone too
+    assert raised.metrics["feeds_checked"] == 3 and raised.ok  # other sizes were checked
+    assert raised.graph.inputs[0].shape[0] == "b"

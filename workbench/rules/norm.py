@@ -251,15 +251,19 @@ def normalize_expand_shape(op, x, c_eps):
     return op.Div(x, op.Expand(_l2(op, x, c_eps), op.Shape(x)))
 
 
-def normalize_expand(op, x, c_eps, shape):
-    return op.Div(x, op.Expand(_l2(op, x, c_eps), shape))
+def normalize_expand(op, x, c_eps, c_shape):
+    return op.Div(x, op.Expand(_l2(op, x, c_eps), c_shape))
+
+
+def normalize_expand_dynamic(op, x, c_eps, shape):  # the shape computed at run time
+    return op.Div(x, op.Expand(_l2(op, x, c_eps), shape, _outputs=["expanded"]))
 
 
 def normalize_plain(op, x, c_eps):
     return op.Div(x, _l2(op, x, c_eps))
 
 
-def _check_normalize(ctx, x, norm, clipped, c_eps, shape=None):
+def _check_normalize(ctx, x, norm, clipped, c_eps, c_shape=None, shape=None, expanded=None):
     node = norm.producer()
     axes = _reduce_axes(node)
     if axes is None or len(axes) != 1:
@@ -272,11 +276,24 @@ def _check_normalize(ctx, x, norm, clipped, c_eps, shape=None):
     eps = _scalar_const(c_eps)
     if not _eps_ok(eps):
         return fail(f"normalize: eps {eps} is not in (0, {EPS_MAX}]")
-    if shape is not None:
-        s, xd = ints(shape), dims(x)
+    if c_shape is not None:
+        s, xd = ints(c_shape), dims(x)
         if s is None or xd is None or s != xd:
             return fail(f"normalize: the norm is expanded to {s}, not to the input's {xd}")
+    if shape is not None and not _same_shape(expanded, x):
+        # a shape computed at run time (dynamic axes) must give x's own shape
+        return fail("normalize: the norm is expanded to a shape not known to be the input's")
     return True
+
+
+def _same_shape(a, b) -> bool:
+    """Two values whose shapes are fully known and equal (same ints, same symbolic names)."""
+    sa, sb = getattr(a, "shape", None), getattr(b, "shape", None)
+    if sa is None or sb is None or len(sa) != len(sb):
+        return False
+    return all(isinstance(d, int) or getattr(d, "value", None) for d in sa) and \
+        [d if isinstance(d, int) else d.value for d in sa] == \
+        [d if isinstance(d, int) else getattr(d, "value", None) for d in sb]
 
 
 def _lp_normalization(op, x, norm, **_):
@@ -284,7 +301,8 @@ def _lp_normalization(op, x, norm, **_):
     return op.LpNormalization(x, axis=int(axis), p=2)
 
 
-register(Rule("normalize", (normalize_expand_shape, normalize_expand, normalize_plain),
+register(Rule("normalize", (normalize_expand_shape, normalize_expand, normalize_expand_dynamic,
+                            normalize_plain),
               _check_normalize, standard=_lp_normalization, opset=1,
-              standard_op="LpNormalization", priority=12,
+              standard_op="LpNormalization", priority=12, inputs=("x", "shape"),
               doc="F.normalize(x, p=2, dim=d): x / max(||x||_2, eps) along d"))
