@@ -111,6 +111,21 @@ def test_the_environment_enables_the_server_extension() -> None:
                      "<venv>/etc/jupyter)")
 
 
+def test_enable_writes_the_config_a_wheel_install_would(tmp_path: Path, monkeypatch) -> None:
+    from jupyter_server.extension.config import ExtensionConfigManager
+
+    from workbench.ui.netron_server import enable
+
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(tmp_path))
+    target = enable(user=True)
+    assert target.parent == tmp_path / "jupyter_server_config.d"
+    shipped = Path(__file__).resolve().parents[1] / "jupyter-config" / \
+        "jupyter_server_config.d" / "workbench.json"
+    assert json.loads(target.read_text()) == json.loads(shipped.read_text())
+    assert ExtensionConfigManager(read_config_path=[str(tmp_path)]).enabled(
+        "workbench.ui.netron_server")
+
+
 def test_page_and_model_are_served_through_the_jupyter_server(server, onnx_art) -> None:
     view = wb.ui.netron(onnx_art)
     assert view.main == "model.onnx" and set(view.files) == {"model.onnx"}

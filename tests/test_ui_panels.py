@@ -259,3 +259,5 @@ def test_netron_button_registers_the_result(pipeline, tmp_path, monkeypatch) -> 
     entry = json.loads((tmp_path / "workbench-netron" / f"{view.key}.json").read_text())
     assert entry["main"] == "model.ncnn.param"
     assert f"workbench/netron/{view.key}/" in view.html()
+    pnnx = wb.ui.netron(panel.artifact.parent)  # the pnnx graph, with its own weights
+    assert set(pnnx.files) == {"model.pnnx.param", "model.pnnx.bin"} and pnnx.key != view.key

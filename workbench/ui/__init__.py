@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+# Eager on purpose (stdlib only): the function must win over the submodule of the same name,
+# which importing workbench.ui.netron would otherwise bind here as wb.ui.netron.
+from .netron import NetronView, netron
+
 _LAZY = {
     "Pipeline": ("workbench.ui.pipeline", "Pipeline"),
     "StagePanel": ("workbench.ui.panels", "StagePanel"),
@@ -17,15 +21,13 @@ _LAZY = {
     "RaisePanel": ("workbench.ui.panels", "RaisePanel"),
     "NcnnPanel": ("workbench.ui.panels", "NcnnPanel"),
     "ComparePanel": ("workbench.ui.panels", "ComparePanel"),
-    "netron": ("workbench.ui.netron", "netron"),
-    "NetronView": ("workbench.ui.netron", "NetronView"),
     # UI-B's viewers: mapped here so their module need not edit this file
     "GraphView": ("workbench.ui.graphview", "GraphView"),
     "CompareView": ("workbench.ui.compare_view", "CompareView"),
     "compare_view": ("workbench.ui.compare_view", None),
 }
 
-__all__ = list(_LAZY)
+__all__ = ["netron", "NetronView", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -150,8 +150,8 @@ class NetronView:
             f"<script>{script}</script>"
             f'<div style="font-size:11px;color:#666">Netron: {html.escape(self.main)} '
             f"({len(self.files)} file(s) served through this Jupyter server). If the frame "
-            "says 404, enable the server extension: <code>jupyter server extension enable "
-            "workbench.ui.netron_server</code> and restart JupyterLab.</div></div>"
+            "says 404, enable the server extension: <code>python -m "
+            "workbench.ui.netron_server enable</code> and restart JupyterLab.</div></div>"
         )
 
     def _repr_html_(self) -> str:

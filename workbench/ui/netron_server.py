@@ -28,6 +28,24 @@ ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".json": "applicati
                ".png": "image/png", ".ico": "image/x-icon"}
 
 
+def enable(user: bool = False) -> Path:
+    """Write the config that enables this extension (what a wheel install puts in place).
+
+    For installs that skip data files (editable ones, conda's ``-e .``); ``jupyter server
+    extension enable`` only toggles extensions some config already lists.
+    """
+    import sys
+
+    from jupyter_core.paths import jupyter_config_dir
+
+    base = Path(jupyter_config_dir()) if user else Path(sys.prefix) / "etc" / "jupyter"
+    target = base / "jupyter_server_config.d" / "workbench.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"ServerApp": {"jpserver_extensions": {
+        "workbench.ui.netron_server": True}}}, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "workbench.ui.netron_server"}]
 
@@ -120,3 +138,11 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         (url_path_join(base, KEY, r"(?P<name>[A-Za-z0-9_.-]+)"), AssetHandler),
     ])
     serverapp.log.info("workbench: inline Netron served at %s/", base)
+
+
+if __name__ == "__main__":  # python -m workbench.ui.netron_server enable [--user]
+    import sys
+
+    if sys.argv[1:2] != ["enable"]:
+        sys.exit("usage: python -m workbench.ui.netron_server enable [--user]")
+    print(f"wrote {enable(user='--user' in sys.argv)}; restart JupyterLab")

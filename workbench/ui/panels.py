@@ -386,9 +386,11 @@ class ExportPanel(StagePanel):
         self.opset = w.IntText(value=i["opset"], description="opset")
         names = i["input_names"] or [f"input{k}" if len(self._shapes) > 1 else "input"
                                      for k in range(len(self._shapes))]
-        self.input_names = w.Text(value=", ".join(names), description="input names")
+        self.input_names = w.Text(value=", ".join(names), description="input names",
+                                  style={"description_width": "initial"})
         self.output_names = w.Text(value=", ".join(i["output_names"] or ["output"]),
-                                   description="output names")
+                                   description="output names",
+                                   style={"description_width": "initial"})
         self.atol = w.FloatText(value=i["atol"], description="atol")
         self.rtol = w.FloatText(value=i["rtol"], description="rtol")
         self.axes_rows = self._axes_editor(names, i["dynamic_axes"])
