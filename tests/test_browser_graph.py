@@ -99,4 +99,13 @@ def test_a_2000_node_graph_renders_within_budget(ran):
     fills = set(big.locator(".wb-node rect").evaluate_all(
         "els => els.map(e => e.getAttribute('fill'))"))
     assert len(fills) >= 5
+    # labels come for the nodes in view, and more as the view pans down (plain wheel)
+    labelled = big.locator(".wb-node text").count()
+    assert 0 < labelled < 2000
     nb.screenshot("graphview-2000-nodes", selector=".wb-graphview-box >> nth=1")
+    big.locator("svg.wb-graph").hover()
+    for _ in range(3):
+        nb.page.mouse.wheel(0, 1500)
+    nb.page.wait_for_function(
+        "n => document.querySelectorAll('.wb-graphview')[1]"
+        ".querySelectorAll('.wb-node text').length > n", arg=labelled, timeout=10_000)

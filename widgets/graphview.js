@@ -4,6 +4,7 @@
 // and is imported from a Blob URL once per page.
 
 const DAGRE_MAX_NODES = 200; // above this, the layered layout below (see layeredLayout)
+const EAGER_LABELS = 300; // above this, labels are added for the nodes in view only
 const NODE_H = 26;
 const CHAR_W = 7;
 const SVGNS = "http://www.w3.org/2000/svg";
@@ -120,6 +121,11 @@ function layeredLayout(nodes, edges, widths) {
   return { x: xs.slice(0, n), y: ys.slice(0, n), paths, width: width + 20, height: nr * (NODE_H + ranksep) + 20 };
 }
 
+function labelSVG(label, w) {
+  const text = label.length > 24 ? label.slice(0, 23) + "\u2026" : label;
+  return `<text x="${(w / 2).toFixed(1)}" y="17">${esc(text)}</text>`;
+}
+
 function pathD(points) {
   return "M" + points.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join("L");
 }
@@ -156,15 +162,36 @@ async function render({ model, el }) {
   const status = root.querySelector(".wb-graphview-status");
   let view = { k: 1, x: 0, y: 0 };
   let size = { width: 1, height: 1 };
+  // Large graphs get their labels lazily, for the nodes in view: laying out 2,000 SVG texts
+  // is most of the first paint. `lazy` holds what is needed to add them as the view moves.
+  let lazy = null;
+  let labelPending = false;
+  const labelVisible = () => {
+    labelPending = false;
+    if (!lazy || view.k < 0.55) return;
+    const b = svg.getBoundingClientRect();
+    const m = 200 / view.k;
+    const x0 = -view.x / view.k - m, y0 = -view.y / view.k - m;
+    const x1 = x0 + (b.width || 800) / view.k + 2 * m, y1 = y0 + (b.height || 520) / view.k + 2 * m;
+    const { xs, ys, widths, labels, done, els } = lazy;
+    for (let i = 0; i < xs.length; i++) {
+      if (done[i] || xs[i] < x0 || xs[i] > x1 || ys[i] < y0 || ys[i] > y1) continue;
+      done[i] = 1;
+      els[i].insertAdjacentHTML("beforeend", labelSVG(labels[i], widths[i]));
+    }
+  };
   const apply = () => {
     viewport.setAttribute("transform", `translate(${view.x.toFixed(1)},${view.y.toFixed(1)}) scale(${view.k.toFixed(4)})`);
     root.dataset.zoom = view.k.toFixed(4);
+    // labels below ~6 px are unreadable: hide them (SVG text is most of the paint cost)
+    svg.classList.toggle("wb-far", view.k < 0.55);
+    if (lazy && !labelPending) { labelPending = true; requestAnimationFrame(labelVisible); }
   };
   const fit = () => {
     const box = svg.getBoundingClientRect();
     const W = box.width || 600, H = box.height || 500;
     // fit the width, but keep labels readable on long graphs: scroll (pan) down instead
-    view.k = Math.min(1.5, W / size.width, Math.max(H / size.height, 0.35));
+    view.k = Math.min(1.5, W / size.width, Math.max(H / size.height, 0.6));
     view.x = (W - size.width * view.k) / 2;
     view.y = 8;
     apply();
@@ -241,18 +268,22 @@ async function render({ model, el }) {
     const parts = ['<g class="wb-edges">'];
     for (const p of layout.paths) parts.push(`<path d="${pathD(p)}"/>`);
     parts.push('</g><g class="wb-nodes">');
+    const eager = nodes.length <= EAGER_LABELS;
     nodes.forEach((nd, i) => {
       const w = widths[i], x = layout.x[i] - w / 2, y = layout.y[i] - NODE_H / 2;
       const stroke = strokes[i] ? ` wb-flagged` : "";
       parts.push(`<g class="wb-node${stroke}" data-id="${esc(nd.id)}" data-index="${i}" data-op="${esc(nd.op)}" transform="translate(${x.toFixed(1)},${y.toFixed(1)})">` +
         `<title>${esc(titles[i] || nd.id)}</title>` +
         `<rect width="${w}" height="${NODE_H}" rx="4" fill="${esc(colors[i] || "#dddddd")}"/>` +
-        `<text x="${(w / 2).toFixed(1)}" y="17">${esc(labels[i].length > 24 ? labels[i].slice(0, 23) + "\u2026" : labels[i])}</text></g>`);
+        (eager ? labelSVG(labels[i], w) : "") + "</g>");
     });
     parts.push("</g>");
     viewport.innerHTML = parts.join("");
+    lazy = eager ? null : { xs: layout.x, ys: layout.y, widths, labels, done: new Uint8Array(nodes.length),
+      els: viewport.querySelectorAll(".wb-node") };
     size = { width: layout.width, height: layout.height };
     fit();
+    labelVisible();
     highlight();
     void svg.getBoundingClientRect(); // force style and layout now, so the time includes them
     const t2 = performance.now();
@@ -261,6 +292,9 @@ async function render({ model, el }) {
     const ms = { layout: t1 - t0, dom: t2 - t1, paint: t3 - t2, total: t3 - t0 };
     root.dataset.engine = engine;
     root.dataset.renderMs = ms.total.toFixed(1);
+    root.dataset.layoutMs = ms.layout.toFixed(1);
+    root.dataset.domMs = ms.dom.toFixed(1);
+    root.dataset.paintMs = ms.paint.toFixed(1);
     root.dataset.nodes = String(nodes.length);
     root.classList.add("wb-drawn");
     status.textContent = `${nodes.length} nodes \u00b7 ${engine} \u00b7 ${ms.total.toFixed(0)} ms`;
