@@ -170,6 +170,17 @@ def test_a_rule_that_changes_the_numbers_is_disabled_and_the_rest_still_raise(bl
     assert art.metrics["disabled"] == ["LyingGELU"]
 
 
+def test_a_rule_whose_check_crashes_is_reported_and_the_rest_still_raise(block):
+    def buggy_check(ctx, **_):
+        return 1 / 0
+
+    buggy = R.Rule("Buggy", R.get("GELU").patterns, buggy_check)
+    art = wb.raise_ops(block, rules=[buggy, "normalize"])
+    (d,) = art.diagnostics_with("rule-crashed")
+    assert d.level == "warning" and "'Buggy'" in d.message and "ZeroDivisionError" in d.message
+    assert wb.RaiseReport.of(art).counts == {"normalize": 1} and art.ok
+
+
 def test_a_path_is_imported_and_raised(mws, block):
     art = wb.raise_ops(str(block.path), workspace=mws, rules=["normalize"])
     assert art.parent.stage == "import" and wb.RaiseReport.of(art).counts == {"normalize": 1}

@@ -187,9 +187,12 @@ def raise_ops(
 
         def attempt(rule_list: list[Rule]) -> tuple[Any, list[Firing], dict[str, int | None],
                                                      dict[str, Any], list[Diagnostic]]:
-            raised, firings, fallbacks = _apply(model, rule_list, target, opset_now)
+            raised, firings, fallbacks, errors = _apply(model, rule_list, target, opset_now)
             _save(raised, path)
-            more: list[Diagnostic] = []
+            more = [Diagnostic("warning", "rule-crashed", f"rule {name!r}: {why}; its matches "
+                               "were left as they were",
+                               "fix the rule (or leave it out with rules=[...]); the other "
+                               "rules ran") for name, why in errors.items()]
             lowered = ensure_ort_readable(path)
             if lowered:
                 more.append(lowered)
@@ -368,7 +371,7 @@ def _is_const(value: Any) -> bool:
 
 
 def _apply(model_proto: Any, chosen: list[Rule], target: str,
-           opset: int | None) -> tuple[Any, list[Firing], dict[str, int | None]]:
+           opset: int | None) -> tuple[Any, list[Firing], dict[str, int | None], dict[str, str]]:
     """Apply ``chosen`` to a copy of ``model_proto``; the raised ModelProto and the firings."""
     import onnx_ir as ir
     import onnxscript.optimizer
@@ -380,6 +383,7 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
     firings: list[Firing] = []
     fallbacks: dict[str, int | None] = {}
     stash: dict[tuple[str, str, str], Any] = {}
+    errors: dict[str, str] = {}
     for rule in chosen:
         standard = target == "standard" and rule.standard is not None
         if standard and (opset is None or opset < (rule.opset or 0)):
@@ -394,7 +398,7 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
             for form in forms:
                 if root is not None and root not in _ops_present(model):
                     break  # cheap skip: no node could be the pattern's output
-                hooks = _Hooks(rule, form, firings)
+                hooks = _Hooks(rule, form, firings, errors)
                 rr = RewriteRule(graph_pattern, hooks.replace, hooks.check, name=rule.name,
                                  as_function=form == "function")
                 fired_before = len(firings)
@@ -414,7 +418,7 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
     if firings:
         onnxscript.optimizer.remove_unused_nodes(model)  # Constant nodes the rules left unused
     _name_firings(model, firings)
-    return ir.serde.serialize_model(model), firings, fallbacks
+    return ir.serde.serialize_model(model), firings, fallbacks, errors
 
 
 def _to_graph_pattern(pattern: Any) -> Any:
@@ -471,14 +475,24 @@ def _stash_functions(model: Any, stash: dict[tuple[str, str, str], Any]) -> None
 class _Hooks:
     """The check and replacement handed to onnxscript for one rule; they record firings."""
 
-    def __init__(self, rule: Rule, form: str, firings: list[Firing]) -> None:
-        self.rule, self.form, self.firings = rule, form, firings
+    def __init__(self, rule: Rule, form: str, firings: list[Firing],
+                 errors: dict[str, str]) -> None:
+        self.rule, self.form, self.firings, self.errors = rule, form, firings, errors
         self._pending: list[Any] = []
+
+    def _crashed(self, where: str, e: Exception) -> None:
+        # a bug in one rule refuses its match and is reported; the other rules go on
+        self.errors.setdefault(self.rule.name, f"{where} raised {type(e).__name__}: "
+                                               f"{str(e).strip()[:200]}")
 
     def check(self, ctx: Any, **bindings: Any) -> Any:
         from ..rules import fail
 
-        result = self.rule.check(ctx, **bindings)
+        try:
+            result = self.rule.check(ctx, **bindings)
+        except Exception as e:
+            self._crashed("its check", e)
+            return fail(f"the check of {self.rule.name} crashed")
         if not result:
             return result
         if self.form == "function":
@@ -500,7 +514,11 @@ class _Hooks:
             args = [bindings[k] for k in rule.inputs if bindings.get(k) is not None]
             out = getattr(op, rule.name)(*args, _domain=DOMAIN)
         else:
-            out = rule.standard(op, **bindings)  # type: ignore[misc]
+            try:
+                out = rule.standard(op, **bindings)  # type: ignore[misc]
+            except Exception as e:
+                self._crashed("its standard-op builder", e)
+                return None
             if out is None:
                 return None
         first = out[0] if isinstance(out, (list, tuple)) else out
