@@ -17,7 +17,9 @@ Every result is checked against its parent with ONNX Runtime (example inputs + r
 feeds). If the raised model does not run or drifts beyond tolerance, the rules that fired
 are tried again one at a time, each kept only if the model still matches; a rule dropped
 this way gets a ``rule-disabled`` warning, so the artifact returned is always one that
-matches its parent (with an error diagnostic only if even that fails).
+matches its parent (with an error diagnostic only if even that fails, e.g. when the opset
+upgrade itself changes the numbers). A rule whose check or builder raises is reported
+(``rule-crashed``) and its matches are left alone; the other rules still run.
 
 The report: ``RaiseReport.of(artifact)`` (``wb.RaiseReport.of(art)``) reads
 ``raise_report.json`` from the artifact (which rule fired where, node names before -> op
@@ -202,10 +204,11 @@ def raise_ops(
 
         raised, firings, fallbacks, vs_parent, more = attempt(chosen)
         disabled: list[str] = []
-        if _broken(more) and firings:
+        if _broken(more) and firings and not _broken(attempt([])[4]):
             # Retry the rules that fired one at a time; keep each only if the model still
             # matches its parent. Bisecting would save runs, but a failure is rare and
-            # this names the culprit exactly.
+            # this names the culprit exactly. (If even no rule at all breaks the model, the
+            # opset upgrade did: no rule is blamed, the error diagnostic stays.)
             kept: list[Rule] = []
             fired = {f.rule for f in firings}
             for rule in chosen:
