@@ -261,3 +261,23 @@ def test_netron_button_registers_the_result(pipeline, tmp_path, monkeypatch) -> 
     assert f"workbench/netron/{view.key}/" in view.html()
     pnnx = wb.ui.netron(panel.artifact.parent)  # the pnnx graph, with its own weights
     assert set(pnnx.files) == {"model.pnnx.param", "model.pnnx.bin"} and pnnx.key != view.key
+
+
+def test_pipeline_stops_after_a_failed_export_and_says_so(ws) -> None:
+    import torch
+
+    class Asinh(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.asinh(x)
+
+    pipe = wb.ui.Pipeline(Asinh(), (torch.rand(2, 5),), workspace=ws, export={"opset": 9})
+    pipe.run_all_button.click()  # what the button does: nothing escapes it
+    assert set(pipe.errors) == {"export"} and isinstance(pipe.errors["export"], wb.ExportError)
+    assert pipe.artifacts == {} and pipe.report is None
+    assert pipe.panels["simplify"].result is None and pipe.panels["simplify"].error is None
+    assert "failed: export" in pipe.status.value and pipe.progress.bar_style == "danger"
+    assert "wb-row-export" in pipe.table.value and "failed" in pipe.table.value
+    export_html = pipe.panels["export"].result_html.value
+    assert "aten::asinh" in export_html and "wb-hint" in export_html
+    if "custom_ops" in pipe.panels:  # the export error filled the custom-ops tab
+        assert pipe.panels["custom_ops"].op.value == "aten::asinh"
