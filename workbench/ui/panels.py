@@ -253,7 +253,10 @@ class StagePanel:
         self.netron_button.disabled = self.artifact is None
         self._refresh_code()
         for fn in self._listeners:
-            fn(self)
+            try:
+                fn(self)
+            except Exception as e:  # the next stage could not take the result: say so here
+                self.result_html.value += error_html(e)
         return result
 
     def _on_error(self, e: BaseException) -> None:
