@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 import pytest
@@ -88,7 +89,11 @@ def test_shares_hold_every_notebook_once() -> None:
 
 
 def run_notebook(path: Path, kernel: str, tmp_path: Path) -> None:
-    """Execute a copy of ``path`` in ``tmp_path``; fail with the failing cell and its error."""
+    """Execute a copy of ``path`` in ``tmp_path``; fail with the failing cell and its error.
+
+    The Jupyter runtime folder (kernel connection files, ``wb.ui.netron`` registrations) is
+    put in ``tmp_path`` too, so a run leaves nothing behind in the user's folders.
+    """
     before = sorted(p.name for p in NOTEBOOKS.iterdir())
     copy = tmp_path / path.name
     shutil.copy2(path, copy)
@@ -97,7 +102,8 @@ def run_notebook(path: Path, kernel: str, tmp_path: Path) -> None:
                             resources={"metadata": {"path": str(tmp_path)}})
     failure = None
     try:
-        client.execute()
+        with mock.patch.dict(os.environ, {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}):
+            client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
         failure = _failure(nb, path.name, e)
     if failure is not None:  # outside the except: only the failing cell, not nbclient's dump
