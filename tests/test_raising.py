@@ -67,7 +67,7 @@ def test_report_says_what_fired_where_and_lands_in_the_manifest(block, raised17)
         node = raised_nodes[f.node_after]
         assert f.op_after == (f"{node.domain}::{node.op_type}" if node.domain else node.op_type)
     assert {f.op_after for f in rep.firings} == {
-        "pkg.workbench::GroupNorm", "pkg.workbench::GELU", "LpNormalization"}
+        "pkg.workbench::GroupNorm", "pkg.workbench::GELU", "pkg.workbench::normalize"}
     assert rep.rel_vs_parent <= 1e-5 and art.ok
     manifest = json.loads((art.workspace.path / "manifest.json").read_text())
     rec = next(a for a in manifest["artifacts"] if a["id"] == art.id)
@@ -93,8 +93,8 @@ def test_opset_upgrade_on_request_gives_the_standard_ops(block):
     assert (rep.opset_before, rep.opset_after) == (17, 21) and rep.fallbacks == {}
     assert art.graph.opsets[""] == 21 and art.diagnostics_with("opset-upgraded")
     hist = art.graph.op_histogram
-    assert hist["GroupNormalization"] == hist["Gelu"] == hist["LpNormalization"] == 1
-    assert not any(k.startswith("pkg.workbench") for k in hist) and art.ok
+    assert hist["GroupNormalization"] == hist["Gelu"] == hist["pkg.workbench::normalize"] == 1
+    assert art.graph.functions == ["pkg.workbench::normalize"] and art.ok  # no standard op
     assert rep.rel_vs_parent <= 1e-5
 
 

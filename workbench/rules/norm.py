@@ -10,10 +10,10 @@ Forms seen in real exports (torch 2.13, both exporters, before and after onnxsli
 - F.normalize: ``ReduceL2`` (keepdims) -> ``Clip(min=eps)`` [-> ``Expand`` to x's shape]
   -> ``Div``.
 
-The standard forms: GroupNormalization (opset 21 semantics: scale and bias per channel),
-LayerNormalization (17), LpNormalization(p=2). LpNormalization has no eps: it differs
-from F.normalize only where a vector's norm is below eps (1e-12 by default), and returns
-0 for a zero vector as F.normalize does.
+The standard forms: GroupNormalization (opset 21 semantics: scale and bias per channel)
+and LayerNormalization (17). F.normalize has none and is always raised to the function
+``normalize``: LpNormalization has no eps (it differs where a norm is below eps), and pnnx
+cannot convert it to ncnn, while it converts the function (its body is what it knows).
 """
 
 from __future__ import annotations
@@ -296,13 +296,7 @@ def _same_shape(a, b) -> bool:
         [d if isinstance(d, int) else getattr(d, "value", None) for d in sb]
 
 
-def _lp_normalization(op, x, norm, **_):
-    axis = _reduce_axes(norm.producer())[0]
-    return op.LpNormalization(x, axis=int(axis), p=2)
-
-
 register(Rule("normalize", (normalize_expand_shape, normalize_expand, normalize_expand_dynamic,
                             normalize_plain),
-              _check_normalize, standard=_lp_normalization, opset=1,
-              standard_op="LpNormalization", priority=12, inputs=("x", "shape"),
+              _check_normalize, priority=12, inputs=("x", "shape"),
               doc="F.normalize(x, p=2, dim=d): x / max(||x||_2, eps) along d"))
