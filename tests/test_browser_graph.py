@@ -109,3 +109,21 @@ def test_a_2000_node_graph_renders_within_budget(ran):
     nb.page.wait_for_function(
         "n => document.querySelectorAll('.wb-graphview')[1]"
         ".querySelectorAll('.wb-node text').length > n", arg=labelled, timeout=10_000)
+
+
+# -- the harness itself ----------------------------------------------------------------------
+
+
+def test_a_raising_cell_fails_the_run_with_its_traceback(ran):
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)raises\.ipynb: a cell raised.*"
+                                                     r"ValueError.*boom-7"):
+        ran.run_notebook("raises.ipynb", ["x = 1", "raise ValueError('boom-' + str(7))"])
+    ran.close_notebook()
+
+
+def test_missing_chromium_fails_and_says_make_test_installs_it(monkeypatch):
+    import browser_harness
+
+    monkeypatch.setattr(browser_harness, "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(pytest.fail.Exception, match="make test.*installs them"):
+        browser_harness.require_browser()

@@ -253,3 +253,23 @@ def test_compare_view_bad_inputs(compared):
     with pytest.raises(wb.WorkbenchError, match="cannot sort by 'colour'"):
         view.sort("colour")
     assert len(view.rows) == len(rep.records)  # a refused filter changes nothing
+
+
+def test_a_file_that_is_not_a_model_gets_a_clear_error(tmp_path):
+    bad = tmp_path / "notes.onnx"
+    bad.write_text("not a model")
+    with pytest.raises(wb.WorkbenchError, match="notes.onnx"):
+        GraphView(bad)
+    with pytest.raises(wb.WorkbenchError, match="is a folder"):
+        GraphView(tmp_path)
+    with pytest.raises(wb.WorkbenchError, match="cannot draw a int"):
+        GraphView(3)
+
+
+def test_a_rewritten_file_is_read_again(tmp_path):
+    path = tmp_path / "g.onnx"
+    onnx.save(_chain_model(4), str(path))
+    assert len(GraphView(path).nodes) == 4
+    assert len(GraphView(path).nodes) == 4  # from the cache
+    onnx.save(_chain_model(9), str(path))
+    assert len(GraphView(path).nodes) == 9
