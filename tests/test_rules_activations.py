@@ -27,6 +27,8 @@ class Act(nn.Module):
             return F.gelu(x, approximate="tanh")
         if k == "gelu_hand":  # as BERT-era code writes it
             return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+        if k == "gelu_mul":  # 1/√2 multiplies instead of √2 dividing
+            return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
         if k == "silu":
             return F.silu(x)
         if k == "swish":
@@ -44,6 +46,8 @@ class Act(nn.Module):
             return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.05 * x ** 3)))
         if k == "bad_gelu_erf":
             return 0.5 * x * (1.0 + torch.erf(x / 1.5))
+        if k == "bad_gelu_mul":  # √2 multiplies: not GELU
+            return 0.5 * x * (1.0 + torch.erf(x * math.sqrt(2.0)))
         if k == "bad_gelu_half":
             return 0.6 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
         if k == "bad_hardswish":
@@ -63,6 +67,7 @@ CASES = {
     "gelu": ("GELU", ("torchscript", "dynamo"), 17, "Gelu", 20),
     "gelu_tanh": ("GELU", ("torchscript", "dynamo"), 17, "Gelu", 20),
     "gelu_hand": ("GELU", ("torchscript",), 17, "Gelu", 20),
+    "gelu_mul": ("GELU", ("torchscript",), 17, "Gelu", 20),
     "silu": ("SiLU", ("torchscript", "dynamo"), 17, "Swish", 24),
     "swish": ("SiLU", ("torchscript",), 17, "Swish", 24),
     "hardswish": ("Hardswish", ("torchscript",), 13, "HardSwish", 14),  # dynamo: HardSwish
@@ -130,7 +135,7 @@ def test_rule_raises_the_simplified_graph_to_the_standard_op(mws, kind, exporter
     assert raised.graph.node_count == 1
 
 
-@pytest.mark.parametrize("kind", ["bad_gelu_tanh", "bad_gelu_erf", "bad_gelu_half",
+@pytest.mark.parametrize("kind", ["bad_gelu_tanh", "bad_gelu_erf", "bad_gelu_half", "bad_gelu_mul",
                                   "bad_hardswish", "bad_hardsigmoid", "bad_mish", "bad_silu"])
 def test_wrong_constants_are_refused(mws, kind):
     parent = exported(mws, kind, "torchscript")
