@@ -251,15 +251,25 @@ def _torch_level(model: Any, inputs: Any) -> Level:
 
 def _pnnx_level(model: Any, inputs: Any, ws: Workspace) -> tuple[Level, str, str]:
     from ..params import PNNX_IO_OPS, parse_pnnx_param
-    from .ncnn import to_ncnn
+    from .ncnn import ConversionError, to_ncnn
 
-    nc = to_ncnn(model, inputs, workspace=ws)
-    art = nc.parent
+    before = {a.id for a in ws}
+    failed = ""
+    try:
+        art = to_ncnn(model, inputs, workspace=ws).parent
+    except ConversionError as e:
+        # pnnx's own graph is what this level shows; when only its ncnn output has layers
+        # ncnn cannot load, the pnnx artifact was kept: count it and say what failed
+        kept = [a for a in ws if a.stage == "pnnx" and a.id not in before]
+        if not kept:
+            raise
+        art = kept[-1]
+        failed = f"; the ncnn step failed: {_first(e)[:60]}"
     param = parse_pnnx_param(art.path)
     ops = [o.type for o in param.ops if o.type not in PNNX_IO_OPS]
     code_file = art.dir / art.path.name.replace(".pnnx.param", "_pnnx.py")
     code = code_file.read_text() if code_file.exists() else ""
-    level = Level("pnnx", f"pnnx ({Path(art.path).name})", _histogram(ops), ops=ops,
+    level = Level("pnnx", f"pnnx ({Path(art.path).name}{failed})", _histogram(ops), ops=ops,
                   artifact=art)
     return level, art.path.read_text(), code
 
