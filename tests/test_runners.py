@@ -96,20 +96,96 @@ def test_forward_with_star_args_gets_every_input():
     np.testing.assert_allclose(out["output_0"], (a * 2 + b).numpy())
 
 
-def test_capture_buffers_are_reused_only_when_the_caller_let_go():
-    net, runner = Net(), None
-    runner = TorchRunner(net)
+def test_capture_results_the_caller_holds_are_never_overwritten():
+    runner = TorchRunner(Net())
     x1, x2 = torch.randn(1, 3, 8, 8), torch.randn(1, 3, 8, 8)
     first = runner.run((x1,), capture="all")
     kept = {k: v.copy() for k, v in first.items()}
     second = runner.run((x2,), capture="all")
-    # the caller still holds `first`: the second run must not have written into it
     for k in kept:
+        np.testing.assert_array_equal(first[k], kept[k])
+        assert not np.shares_memory(first[k], second[k])
+
+
+class InPlace(nn.Module):
+    """Every way an op writes a tensor the recorder already holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.same = nn.Identity()
+        self.act = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.act(self.same(self.conv(x)))  # conv and same hold the pre-ReLU values
+        z = self.conv2(y)
+        z += y  # Tensor.__iadd__
+        z[:, :2].mul_(-1)  # through a view
+        w = torch.sigmoid(z)
+        torch.mul(w, 3.0, out=w)  # out=
+        w[0, 0] = 0.0  # __setitem__
+        return w
+
+
+def _inplace_reference(net, x):
+    with torch.no_grad():
+        conv = net.conv(x)
+        act = torch.relu(conv)
+        conv2 = net.conv2(act)
+        z = conv2 + act
+        view = z[:, :2].clone()
+        z2 = z.clone()
+        z2[:, :2] *= -1
+        w = torch.sigmoid(z2)
+        w3 = w * 3.0
+        out = w3.clone()
+        out[0, 0] = 0.0
+    return {"conv": conv, "same": conv, "act": act, "conv2": conv2, "Tensor.add__0": z,
+            "Tensor.__getitem___0": view, "Tensor.mul__0": -view, "torch.sigmoid_0": w,
+            "torch.mul_0": w3, "output_0": out}
+
+
+def test_in_place_writes_do_not_change_what_was_recorded():
+    net, x = InPlace(), torch.randn(1, 3, 5, 5)
+    got = TorchRunner(net).run((x,), capture="all")
+    for name, want in _inplace_reference(net, x).items():
+        np.testing.assert_allclose(got[name], want.numpy(), rtol=1e-6, atol=1e-6, err_msg=name)
+    assert (got["conv"] < 0).any() and got["same"] is got["conv"]
+
+
+class Unseen(nn.Module):
+    """Writes its conv output where no TorchFunctionMode sees it (as C++ code could)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        with torch._C.DisableTorchFunction():
+            y.add_(100.0)
+        return y * 2
+
+
+def test_a_write_the_recorder_cannot_see_falls_back_to_copies_that_are_reused():
+    net, runner = Unseen(), None
+    runner = TorchRunner(net)
+    x1, x2 = torch.randn(1, 3, 4, 4), torch.randn(1, 3, 4, 4)
+    first = runner.run((x1,), capture="all")
+    with torch.no_grad():
+        np.testing.assert_allclose(first["conv"], net.conv(x1).numpy(), rtol=1e-6)
+    kept = {k: v.copy() for k, v in first.items()}
+    second = runner.run((x2,), capture="all")
+    for k in kept:  # the caller still holds `first`: the second run did not write into it
         np.testing.assert_array_equal(first[k], kept[k])
         assert first[k] is not second[k]
     ids = {k: id(v) for k, v in second.items() if k != "output_0"}
     del first, second
     third = runner.run((x1,), capture="all")
+    assert runner._pool  # the copying pass ran
     assert all(id(third[k]) in ids.values() for k in ids)  # freed buffers were reused
     for k in kept:
         np.testing.assert_allclose(third[k], kept[k], rtol=1e-6)

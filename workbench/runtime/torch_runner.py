@@ -89,29 +89,87 @@ class TorchRunner(Runner):
         return records
 
     def _forward_recording(self, args: tuple, records: dict[str, Any]) -> Any:
-        rec = _Recorder(self.model, records, self._pool)
+        _keep_freed_memory()
+        rec = self._pass(args, records, copy=False)
+        if not rec.intact:  # a held tensor was changed where the mode could not see it
+            records.clear()
+            rec = self._pass(args, records, copy=True)
+        return rec.result
+
+    def _pass(self, args: tuple, records: dict[str, Any], copy: bool) -> _Recorder:
+        rec = _Recorder(self.model, records, self._pool, copy)
         handles = list(itertools.chain.from_iterable(
             (m.register_forward_pre_hook(rec.pre), m.register_forward_hook(rec.post))
             for m in rec.names))
         try:
             with _recording_mode()(rec):
-                return self.model(*args)
+                rec.result = self.model(*args)
         finally:
             for h in handles:
                 h.remove()
+        rec.finish()
+        return rec
+
+
+@functools.cache
+def _keep_freed_memory() -> None:
+    """Keep freed heap memory in this process rather than handing it back to the OS (glibc).
+
+    capture="all" holds every activation (~190 MB on a ResNet-50) until the caller drops
+    the result. glibc serves blocks that large with mmap at first, and trims the heap top
+    once they are freed, so every capture faulted each page in again (~30k page faults,
+    more than the hooks cost). With fixed thresholds the next capture reuses that memory."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # pragma: no cover
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own dynamic maximum
+    libc.mallopt(m_trim_threshold, 512 << 20)
+
+
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
+                    "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
+                    "__ilshift__", "__irshift__", "__imatmul__"}
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors a call is about to write: ``x.add_()``, ``x[i] = v``, ``x += y``,
+    ``F.relu(x, inplace=True)``, ``out=``. (aten schemas say it exactly, but only below a
+    TorchDispatchMode, which would slow every op; what this misses, the version check after
+    the pass catches.)"""
+    name = getattr(func, "__name__", "")
+    hit = []
+    if args and ((name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
+                 or kwargs.get("inplace") is True):
+        hit.append(args[0])
+    out = kwargs.get("out")
+    if out is not None:
+        hit.extend(out if isinstance(out, (tuple, list)) else [out])
+    return hit
 
 
 class _Recorder:
-    """State of one capture='all' pass. Kept free of reference cycles, so the buffers of a
+    """State of one capture='all' pass. Kept free of reference cycles, so the tensors of a
     result the caller has dropped are free again (refcount) when the next run starts.
 
-    Each tensor is copied when it is produced (in-place ops may follow) into a buffer the
-    runner keeps from run to run: fresh arrays for ~200 activations cost more in page faults
-    than the copy itself. A buffer the caller still holds is never reused.
+    Tensors are held as they were produced, not copied: copying ~200 activations cost
+    ~1.4x the plain run, holding them nothing. A held tensor an in-place op is about to
+    overwrite (``ReLU(inplace=True)``, ``x += y``) is copied just before the op. ``finish``
+    then checks every held tensor's version counter: a change made where the mode cannot
+    see it (inside a C++ op, under DisableTorchFunction) leaves ``intact`` False and the
+    runner records again with ``copy=True``: each tensor copied when it is produced, into
+    buffers kept from run to run; correct whatever the model does.
     """
 
-    def __init__(self, model: Any, records: dict[str, Any], pool: dict[str, Any]) -> None:
-        self.records, self.pool = records, pool
+    def __init__(self, model: Any, records: dict[str, Any], pool: dict[str, Any],
+                 copy: bool = False) -> None:
+        self.records, self.pool, self.copy = records, pool, copy
         self.names = {m: n for n, m in model.named_modules()}
         # the model itself is never a leaf: its output is output_0, and what it calls is
         # recorded even when it has no submodules
@@ -119,10 +177,14 @@ class _Recorder:
                        if n and not any(True for _ in m.children())}
         self.stack: list[Any] = []
         self.counts: Counter[tuple[str, str]] = Counter()
-        self.copying = False  # our own .detach().numpy() calls are not the model's
-        # (tensor id, version) -> buffer: the same unchanged tensor seen again (an Identity
-        # leaf, a block that returns its input) is the same values, not a second copy
+        self.copying = False  # our own .detach() / copies are not the model's calls
+        # (tensor id, version) -> what was kept: the same unchanged tensor seen again (an
+        # Identity leaf, a block that returns its input) is the same values, kept once
         self.seen: dict[tuple[int, int], Any] = {}
+        # storage address -> [(record name, tensor, its version then)]: tensors held
+        self.held: dict[int, list[tuple[str, Any, int]]] = {}
+        self.intact = True
+        self.result: Any = None
 
     def pre(self, module: Any, _args: Any) -> None:
         self.stack.append(module)
@@ -143,29 +205,82 @@ class _Recorder:
         self.keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
 
     def keep(self, name: str, value: Any) -> None:
-        import numpy as np
-
         self.copying = True
         try:
             tensors = flatten_outputs(value)
             named = [(name, tensors[0])] if len(tensors) == 1 else [
                 (f"{name}.{i}", t) for i, t in enumerate(tensors)]
             for n, t in named:
-                key = (id(t), t._version)
-                if key in self.seen and self.seen[key][0]() is t:
-                    self.records[n] = self.seen[key][1]
+                try:
+                    key = (id(t), t._version)
+                except RuntimeError:  # an inference tensor keeps no version: copy it
+                    self.records[n] = self._copy(n, t)
                     continue
-                arr = t.detach().cpu().numpy()
-                buf = self.pool.get(n)
-                # 3 references: the pool, `buf`, getrefcount's argument; more = the caller's
-                if (buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype
-                        or sys.getrefcount(buf) > 3):
-                    buf = self.pool[n] = np.empty_like(arr)
-                np.copyto(buf, arr)
-                self.records[n] = buf
-                self.seen[key] = (weakref.ref(t), buf)  # a weak ref: t's memory stays free
+                if key in self.seen and self.seen[key][0]() is t:
+                    kept = self.records[n] = self.seen[key][1]
+                    if hasattr(kept, "detach"):  # held: copied with the first name
+                        self.held[_storage(kept)].append((n, kept, key[1]))
+                    continue
+                if self.copy or t.device.type != "cpu":
+                    kept = self._copy(n, t)
+                else:
+                    kept = t.detach()  # shares t's memory and version counter
+                    self.held.setdefault(_storage(kept), []).append((n, kept, key[1]))
+                self.records[n] = kept
+                self.seen[key] = (weakref.ref(t), kept)  # weak: t's memory stays free
         finally:
             self.copying = False
+
+    def _copy(self, name: str, t: Any) -> Any:
+        """t's values in a buffer kept from run to run (fresh arrays for ~200 activations
+        cost more in page faults than the copy); one the caller still holds is not reused."""
+        import numpy as np
+
+        arr = t.detach().cpu().numpy()
+        buf = self.pool.get(name)
+        # 3 references: the pool, `buf`, getrefcount's argument; more = the caller's
+        if (buf is None or buf.shape != arr.shape or buf.dtype != arr.dtype
+                or sys.getrefcount(buf) > 3):
+            buf = self.pool[name] = np.empty_like(arr)
+        np.copyto(buf, arr)
+        return buf
+
+    def before_write(self, targets: list[Any]) -> None:
+        """An op is about to write ``targets``: held tensors sharing their memory are
+        copied first (once each, however many records name them)."""
+        import torch
+
+        for target in targets:
+            if not isinstance(target, torch.Tensor) or not self.held:
+                continue
+            clones: dict[int, Any] = {}
+            for n, t, version in self.held.pop(_storage(target), ()):
+                if t._version != version:  # already changed unseen: finish() says so
+                    self.intact = False
+                    continue
+                if id(t) not in clones:
+                    clones[id(t)] = t.clone()
+                self.records[n] = clones[id(t)]
+
+    def finish(self) -> None:
+        """Every held tensor unchanged (else ``intact`` is False); records to numpy."""
+        for entries in self.held.values():
+            for _, t, version in entries:
+                if t._version != version:
+                    self.intact = False
+        self.held.clear()
+        self.seen.clear()
+        arrays: dict[int, Any] = {}  # one array per tensor, however many records name it
+        for n, v in self.records.items():
+            if hasattr(v, "detach"):  # a tensor (a copy is already an array)
+                if id(v) not in arrays:
+                    arrays[id(v)] = v.numpy()
+                self.records[n] = arrays[id(v)]
+
+
+def _storage(t: Any) -> int:
+    """The address of a tensor's memory; views of one tensor share it."""
+    return t.untyped_storage().data_ptr()
 
 
 @functools.cache
@@ -180,8 +295,12 @@ def _recording_mode() -> type:
             self.recorder = recorder
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            result = func(*args, **(kwargs or {}))
             rec = self.recorder
+            if rec.held:
+                written = _written(func, args, kwargs or {})
+                if written:
+                    rec.before_write(written)
+            result = func(*args, **(kwargs or {}))
             if not rec.in_leaf() and (isinstance(result, torch.Tensor) or (
                     isinstance(result, (tuple, list)) and result
                     and all(isinstance(r, torch.Tensor) for r in result))):
