@@ -244,6 +244,7 @@ def test_custom_ops_panel_registers_the_op_export_asked_for(ws) -> None:
         assert custom.error is None, custom.result_html.value
         assert art is export.artifact and art.graph.op_histogram.get("Asinh") == 1
         assert art.ok and "registered" in custom.result_html.value
+        assert "aten::asinh (opset 9)" in custom.registered.value
     finally:
         wb.unregister("aten::asinh")
     custom.op.value = "asinh"

@@ -497,9 +497,28 @@ class CustomOpsPanel(StagePanel):
         self.opset = w.IntText(value=self._init["opset"], description="opset")
         self.reexport = w.Checkbox(value=True, description="export again after registering",
                                    indent=False)
+        self.registered = w.HTML()
+        self._show_registered()
         return [w.HTML("A symbolic <code>lambda g, *args: g.op(ONNX op, *args)</code> for "
                        "the ATen op (TorchScript exporter)."),
-                w.HBox([self.op, self.onnx_op, self.opset]), self.reexport]
+                w.HBox([self.op, self.onnx_op, self.opset]), self.reexport, self.registered]
+
+    def _watched(self) -> list[Any]:
+        return [self.op, self.onnx_op, self.opset]
+
+    def _show_registered(self) -> None:
+        """What is registered in this kernel: symbolics (with opsets) and @wb.custom_op ops."""
+        if not available("workbench.stages.custom_ops"):
+            self.registered.value = ""
+            return
+        from ..stages.custom_ops import registered_ops, registered_symbolics
+
+        syms = ", ".join(f"{n} (opset {', '.join(map(str, o))})"
+                         for n, o in registered_symbolics().items()) or "none"
+        ops = ", ".join(registered_ops()) or "none"
+        self.registered.value = (f"<div class='wb-registered' style='font-size:12px'>"
+                                 f"registered symbolics: {_esc(syms)}<br>"
+                                 f"custom ops (@wb.custom_op): {_esc(ops)}</div>")
 
     def _suggest(self, _panel: StagePanel, e: BaseException) -> None:
         """Fill the ATen op from an export error that names one."""
@@ -542,6 +561,7 @@ class CustomOpsPanel(StagePanel):
         return settings
 
     def _render(self, result: Any) -> None:
+        self._show_registered()
         if isinstance(result, Artifact):
             self.result_html.value = ("<div>registered; export ran again:</div>"
                                       + artifact_html(result))
