@@ -29,6 +29,9 @@ class Act(nn.Module):
             return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
         if k == "gelu_mul":  # 1/√2 multiplies instead of √2 dividing
             return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+        if k == "gelu_swapped":  # operands in the other order, and x*x*x as (x*x)*x
+            return (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (0.044715 * (x * x * x) + x))) \
+                * x * 0.5
         if k == "silu":
             return F.silu(x)
         if k == "swish":
@@ -68,6 +71,7 @@ CASES = {
     "gelu_tanh": ("GELU", ("torchscript", "dynamo"), 17, "Gelu", 20),
     "gelu_hand": ("GELU", ("torchscript",), 17, "Gelu", 20),
     "gelu_mul": ("GELU", ("torchscript",), 17, "Gelu", 20),
+    "gelu_swapped": ("GELU", ("torchscript",), 17, "Gelu", 20),
     "silu": ("SiLU", ("torchscript", "dynamo"), 17, "Swish", 24),
     "swish": ("SiLU", ("torchscript",), 17, "Swish", 24),
     "hardswish": ("Hardswish", ("torchscript",), 13, "HardSwish", 14),  # dynamo: HardSwish

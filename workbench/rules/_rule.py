@@ -36,9 +36,10 @@ class Rule:
       back to the function form and says which opset is needed.
     - ``inputs``: the bindings passed to the function call, in order (missing ones are
       skipped); every other binding must be a constant (it is copied into the body).
-    - ``commute``: also try every operand order of Add/Mul in the patterns (2^n variants:
-      keep it for small patterns). The engine first moves constant operands of Add/Mul to
-      the second place, so patterns write constants second and need no commute for them.
+    - ``commute``: also try both operand orders of every Add/Mul whose operands are both
+      computed. The engine first moves constant operands of Add/Mul to the second place, so
+      patterns write constants second and name their variables ``c_*`` (those nodes are
+      not swapped): 2^k variants for k such nodes.
     - ``priority``: lower runs first (a larger form before a smaller one it contains).
     """
 

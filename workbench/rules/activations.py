@@ -58,14 +58,10 @@ def _cube_mul(op, x, c_three):  # x * (x * x), as the TorchScript exporter write
     return op.Mul(x, op.Mul(x, x))
 
 
-def _cube_mul2(op, x, c_three):  # (x * x) * x
-    return op.Mul(op.Mul(x, x), x)
-
-
 def _gelu_tanh_patterns():
     """0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), cube as Pow or Mul, both associations."""
     out = []
-    for cube in (_cube_pow, _cube_mul, _cube_mul2):
+    for cube in (_cube_pow, _cube_mul):
         out += _gelu_tanh_forms(cube)
     return out
 
@@ -114,7 +110,7 @@ def _gelu(op, x, c_coef=None, **_):
 
 
 register(Rule("GELU", (*_gelu_tanh_patterns(), *_gelu_patterns()), _check_gelu,
-              standard=_gelu, opset=20, standard_op="Gelu", priority=20,
+              standard=_gelu, opset=20, standard_op="Gelu", commute=True, priority=20,
               doc="F.gelu / nn.GELU, approximate='none' (erf) or 'tanh'"))
 
 

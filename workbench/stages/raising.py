@@ -395,8 +395,9 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
         else:
             needs = None  # the op exists; a match its builder cannot express -> function
         forms = ["standard", "function"] if standard else ["function"]
-        for pattern in rule.patterns:
-            graph_pattern = _to_graph_pattern(pattern)
+        variants = [v for p in rule.patterns for v in _variants(_to_graph_pattern(p),
+                                                                rule.commute)]
+        for graph_pattern in variants:
             root = _root_op(graph_pattern)
             for form in forms:
                 if root is not None and root not in _ops_present(model):
@@ -406,7 +407,7 @@ def _apply(model_proto: Any, chosen: list[Rule], target: str,
                                  as_function=form == "function")
                 fired_before = len(firings)
                 try:
-                    RewriteRuleSet([rr], commute=rule.commute).apply_to_model(model)
+                    RewriteRuleSet([rr]).apply_to_model(model)
                 except Exception as e:
                     raise RaiseError(f"rule {rule.name!r} failed while rewriting: "
                                      f"{type(e).__name__}: {str(e).strip()[:300]}",
@@ -429,6 +430,42 @@ def _to_graph_pattern(pattern: Any) -> Any:
     from onnxscript.rewriter import _pattern_ir
 
     return _pattern_ir._to_graph_pattern(pattern)
+
+
+def _variants(graph_pattern: Any, commute: bool) -> list[Any]:
+    """The pattern, and with ``commute`` every operand order of its non-constant Add/Mul.
+
+    onnxscript's own ``commute`` swaps every Add/Mul (2^n variants: 256 for tanh-GELU). The
+    engine moves constant operands second first, so only nodes whose two operands are both
+    computed (no ``c_*`` pattern variable, not the same value twice) need both orders.
+    This reuses onnxscript's pattern cloning (GraphPattern/NodePattern.clone).
+    """
+    if not commute:
+        return [graph_pattern]
+    import itertools
+
+    from onnxscript.rewriter import _pattern_ir as pir
+
+    def swappable(node: Any) -> bool:
+        if node.op_identifier() not in (("", "Add", ""), ("", "Mul", "")):
+            return False
+        a, b = node.inputs
+        consts = [v for v in (a, b) if isinstance(v, pir.Var) and (v.name or "").startswith("c_")]
+        return not consts and a is not b
+
+    nodes = list(graph_pattern)
+    space = [[False, True] if swappable(n) else [False] for n in nodes]
+    out = []
+    for swaps in itertools.product(*space):
+        if not any(swaps):
+            out.append(graph_pattern)
+            continue
+        node_map: dict[Any, Any] = {}
+        inputs = [v.clone(node_map) for v in graph_pattern.inputs]
+        new_nodes = [n.clone(node_map, s) for n, s in zip(nodes, swaps, strict=True)]
+        outputs = [v.clone(node_map) for v in graph_pattern.outputs]
+        out.append(pir.GraphPattern(inputs, outputs, new_nodes))
+    return out
 
 
 def _root_op(graph_pattern: Any) -> tuple[str, str] | None:
