@@ -75,6 +75,8 @@ def test_report_says_what_fired_where_and_lands_in_the_manifest(block, raised17)
     assert rec["metrics"]["nodes_after"] == rep.nodes_after
     assert rec["metrics"]["max_abs_vs_parent"] == rep.max_abs_vs_parent
     assert "GroupNorm x1" in rep.summary() and str(rep).count("\n") >= 3
+    page = rep._repr_html_()  # the notebook view: one row per firing
+    assert page.count("<tr>") == 1 + len(rep.firings) and "needs opset 21" in page
 
 
 def test_an_opset_without_the_op_falls_back_to_functions_and_says_which_opset(raised17):

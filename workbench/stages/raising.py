@@ -120,6 +120,22 @@ class RaiseReport:
                if isinstance(self.max_abs_vs_parent, float) else "")
         return f"raise ({self.target}): {self.nodes_before} -> {self.nodes_after} nodes; {fired}{err}"
 
+    def _repr_html_(self) -> str:
+        import html
+
+        rows = "".join(
+            f"<tr><td>{html.escape(f.rule)}</td><td>{f.form}</td>"
+            f"<td>{html.escape(', '.join(f.nodes_before))}</td>"
+            f"<td>{html.escape('+'.join(f.ops_before))}</td>"
+            f"<td>{html.escape(f.node_after)}</td><td>{html.escape(f.op_after)}</td></tr>"
+            for f in self.firings)
+        head = ("<tr><th>rule</th><th>form</th><th>nodes before</th><th>ops before</th>"
+                "<th>node after</th><th>op after</th></tr>")
+        notes = "".join(f"<br>{html.escape(line.strip())}" for line in str(self).splitlines()
+                        if "function form" in line or "disabled" in line)
+        return (f"<b>{html.escape(self.summary())}</b>{notes}"
+                f"<table>{head}{rows}</table>")
+
     def __str__(self) -> str:
         lines = [self.summary()]
         lines += [f"  {f}" for f in self.firings]
