@@ -1,7 +1,8 @@
 """The graph view in a real browser: JupyterLab on loopback, headless Debian Chromium.
 
 One notebook exports the default model, compares it with ONNX Runtime at a tight tolerance and
-shows a GraphView coloured by the accumulated error; a second cell draws a 2,000-node graph.
+shows a GraphView coloured by the accumulated error and the comparison's table and figures
+(wb.ui.compare_view); a last cell draws a 2,000-node graph.
 Screenshots go to test-artifacts/.
 """
 
@@ -26,6 +27,7 @@ print("COLORS=" + json.dumps({n["id"]: n["color"] for n in gv.nodes}))
 print("FAILING=" + json.dumps([n["id"] for n, s in zip(gv.nodes, gv.canvas.strokes) if s]))
 """,
     "gv",
+    "wb.ui.compare_view(rep)",
     """\
 import onnx
 from onnx import TensorProto, helper
@@ -85,6 +87,28 @@ def test_graph_view_draws_error_colours_and_a_click_shows_the_plot(ran):
     out.locator("img").nth(1).wait_for(timeout=60_000)  # histogram, heatmap, scatter
     assert small.locator(".wb-node.wb-selected").get_attribute("data-id") == conv
     nb.screenshot("graphview-clicked")
+
+
+def test_compare_view_table_filters_and_marks_the_first_divergence(ran):
+    nb = ran
+    view = nb.page.locator(".wb-compare-view").first
+    rows = view.locator(".wb-compare-table tbody tr")
+    total = rows.count()
+    assert total >= 5
+    first = view.locator("tr.wb-first-divergence")
+    assert first.count() == 1
+    bg = first.locator("td").first.evaluate("e => getComputedStyle(e).backgroundColor")
+    assert bg == "rgb(253, 224, 221)", bg  # highlighted
+    assert view.locator(".wb-compare-view-figures img").count() == 2
+    # the op type filter is a real <select>: choose Conv, the table follows
+    view.locator("select").nth(2).select_option("Conv")
+    nb.page.wait_for_function(
+        "n => document.querySelectorAll('.wb-compare-view .wb-compare-table tbody tr').length < n",
+        arg=total, timeout=10_000)
+    ops = view.locator(".wb-compare-table tbody tr td:nth-child(6)").all_inner_texts()
+    assert ops and set(ops) == {"Conv"}
+    assert f"{len(ops)} of {total} rows" in view.inner_text()
+    nb.screenshot("compare-view-conv", selector=".wb-compare-view")
 
 
 def test_a_2000_node_graph_renders_within_budget(ran):

@@ -148,7 +148,14 @@ def test_ncnn_and_pnnx_graphs(compared, tmp_path_factory):
     ops = parse_pnnx_param(nc.parent.path).ops
     assert pn["format"] == "pnnx" and [n["id"] for n in pn["nodes"]] == [o.name for o in ops]
     assert {"pnnx.Input", "nn.Conv2d"} <= {n["op"] for n in pn["nodes"]}
-    assert len(GraphView(nc).nodes) == len(layers)
+    # an ncnn comparison colours layers through their top blobs
+    rep = wb.compare(model, [nc], x, tolerance=TOL, progress=False)
+    gv = GraphView(nc, color_by="accumulated", report=rep)
+    assert len(gv.nodes) == len(layers)
+    recs = {r.name for r in rep.records}
+    valued = [n for n in gv.nodes if n["value"] is not None]
+    assert len(valued) >= 3 and all(set(n["outputs"]) & recs for n in valued)
+    assert all(n["color"] == MISSING for n in gv.nodes if n["op"] in ("Input", "Split"))
 
 
 def _chain_model(n: int) -> onnx.ModelProto:
