@@ -82,4 +82,28 @@ def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: 
     frame.wait_for_selector("#canvas text:text-is('Resize')", timeout=60_000)
     assert frame.locator("#canvas text:text-is('Conv')").count() >= 1
     lab.screenshot("netron-inline", f"{PANEL} .wb-panel-export")
+
+    # Show code, then a bad setting typed in the browser: the error and its hint in the panel
+    export.locator("button", has_text="Show code").click()
+    code = export.locator("pre.wb-code")
+    code.wait_for()
+    assert "wb.export(model, inputs, workspace=ws" in code.inner_text()
+    opset = export.locator(".widget-text", has=page.locator("label", has_text=re.compile(
+        r"^opset$"))).locator("input")
+    assert opset.count() == 1, export.inner_html()[:2000]
+    opset.fill("3")
+    opset.press("Enter")
+    opset.press("Tab")
+    try:
+        page.wait_for_function("el => el.textContent.includes('opset=3')",
+                               arg=code.element_handle(), timeout=10_000)
+    except Exception:
+        lab.screenshot("panel-code-debug", f"{PANEL} .wb-panel-export")
+        raise AssertionError(f"{opset.input_value()!r} / {code.inner_text()}") from None
+    export.locator("button", has_text=re.compile(r"^\s*Run\s*$")).click()
+    error = export.locator(".wb-error")
+    error.wait_for(timeout=30_000)
+    assert "opset=3" in error.inner_text() and "hint:" in error.inner_text()
+    assert export.locator("iframe[data-wb-netron]").count() == 0  # the old result is cleared
+    lab.screenshot("panel-error", f"{PANEL} .wb-panel-export")
     assert not [e for e in lab.cell_errors() if "Traceback" in e]

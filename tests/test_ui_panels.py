@@ -180,6 +180,7 @@ def test_bad_settings_show_the_error_and_hint_in_the_panel(model_inputs, ws) -> 
     assert panel.progress.bar_style == "danger" and "failed" in panel.status.value
     assert not panel.run_button.disabled
     assert panel.run() is None  # run() itself returns None, never raises
+    assert panel.preview.children == () and panel.netron_button.disabled
     # an axis name that is not an identifier
     panel.opset.value = 17
     panel.axes[0][2][0].value = True

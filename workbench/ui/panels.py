@@ -215,6 +215,9 @@ class StagePanel:
         self.progress.value = 0
         self.status.value = f"<span class='wb-running'>running {_esc(self.stage)}&hellip;</span>"
         self.result_html.value = ""
+        self.preview.children = ()  # a new run replaces what the last one showed
+        self.netron_out.clear_output()
+        self.netron_button.disabled = True
         self.log.clear_output()
         t0 = time.perf_counter()
         result = None
