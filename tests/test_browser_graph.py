@@ -100,6 +100,14 @@ def test_compare_view_table_filters_and_marks_the_first_divergence(ran):
     bg = first.locator("td").first.evaluate("e => getComputedStyle(e).backgroundColor")
     assert bg == "rgb(253, 224, 221)", bg  # highlighted
     assert view.locator(".wb-compare-view-figures img").count() == 2
+    # a click on a header sorts by it, worst first
+    view.locator('th[data-col="max_abs"]').click()
+    nb.page.wait_for_function(
+        "() => document.querySelector('.wb-compare-view th[data-col=\"max_abs\"]')"
+        ".textContent.includes('\u25bc')", timeout=10_000)
+    errs = [float(t) for t in view.locator(
+        ".wb-compare-table tbody tr td:nth-child(7)").all_inner_texts()]
+    assert len(errs) == total and errs == sorted(errs, reverse=True)
     # the op type filter is a real <select>: choose Conv, the table follows
     view.locator("select").nth(2).select_option("Conv")
     nb.page.wait_for_function(

@@ -82,6 +82,7 @@ def test_wheel_ships_the_browser_widgets(tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     wheel = next(tmp_path.glob("deploy_workbench-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for rel in ("graphview.js", "graphview.css", "vendor/dagre.esm.js", "vendor/dagre.LICENSE"):
+    for rel in ("graphview.js", "graphview.css", "compare_table.js", "vendor/dagre.esm.js",
+                "vendor/dagre.LICENSE"):
         assert f"workbench/widgets/{rel}" in names, rel
         assert (ROOT / "widgets" / rel).is_file()

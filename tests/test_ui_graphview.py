@@ -227,12 +227,19 @@ def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
     assert [r["order"] for r in view.rows] == sorted(r.order for r in rep.records)
     first = rep.first_divergence
     assert first is not None
-    rows_html = view.table_w.value.split("<tr class=")[1:]
+    rows_html = view.table_w.html.split("<tr class=")[1:]
     marked = [ln for ln in rows_html if "wb-first-divergence" in ln.split(">")[0]]
     assert len(marked) == 1 and f'data-name="{first.name}"' in marked[0]
     rows = view.sort("max_abs", descending=True)
     assert [r["max_abs"] for r in rows] == sorted((r.metrics["max_abs"] for r in rep.records),
                                                   reverse=True)
+    # a header click (what the browser sends): by that column, worst first; again flips it
+    view.table_w.clicked = "mean_abs|1"
+    assert [r["mean_abs"] for r in view.rows] == sorted(
+        (r.metrics["mean_abs"] for r in rep.records), reverse=True)
+    view.table_w.clicked = "mean_abs|2"
+    assert [r["mean_abs"] for r in view.rows] == sorted(r.metrics["mean_abs"]
+                                                       for r in rep.records)
     conv = view.filter(op_type="Conv", mode="isolated")
     assert conv and all(r["op_type"] == "Conv" and r["mode"] == "isolated" for r in conv)
     cut = sorted(r["max_abs"] for r in conv)[len(conv) // 2]

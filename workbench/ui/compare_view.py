@@ -1,8 +1,9 @@
 """CompareView: a comparison's table (sortable, filterable, first divergence highlighted) and
 its figures, inline in the notebook.
 
-Plain ipywidgets and an HTML table: filtering and sorting run in Python on the report's
-records, so the view and ``CompareView.rows`` always agree (and scripts can use the same).
+ipywidgets controls and an HTML table (``widgets/compare_table.js`` only draws it and sends
+header clicks back): filtering and sorting run in Python on the report's records, so the view
+and ``CompareView.rows`` always agree (and scripts can use the same).
 """
 
 from __future__ import annotations
@@ -14,24 +15,40 @@ import sys
 import types
 from typing import Any
 
+import anywidget
 import ipywidgets as widgets
+import traitlets
 
 from ..errors import InputError
+from .graphview import widget_source
 
 SHOWN = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
          "max_rel", "cosine", "snr_db", "frac_over_tol", "tolerance", "passed"]
 SORTABLE = ["order", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "frac_over_tol",
             "op_type", "name", "reference", "candidate", "mode"]
+METRICS = {"max_abs", "mean_abs", "max_rel", "frac_over_tol"}  # worst first on a header click
 ALL = "(all)"
 STYLE = """<style>
 .wb-compare-table { border-collapse: collapse; font-size: 12px; }
 .wb-compare-table th, .wb-compare-table td { padding: 2px 6px; border-bottom: 1px solid #e3e3e3;
   text-align: right; white-space: nowrap; }
 .wb-compare-table th { position: sticky; top: 0; background: var(--jp-layout-color2, #f2f2f2); }
+.wb-compare-table th[data-col] { cursor: pointer; text-decoration: underline dotted; }
 .wb-compare-table td.wb-text { text-align: left; }
 .wb-compare-table tr.wb-failed td { color: #a50f15; }
 .wb-compare-table tr.wb-first-divergence td { background: #fde0dd; font-weight: 600; }
 </style>"""
+
+
+class CompareTable(anywidget.AnyWidget):
+    """The table in the browser: ``html`` from Python; ``clicked`` is the header clicked."""
+
+    _esm = traitlets.Unicode().tag(sync=True)
+    html = traitlets.Unicode("").tag(sync=True)
+    clicked = traitlets.Unicode("").tag(sync=True)  # "column|timestamp": each click differs
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(_esm=widget_source("compare_table.js"), **kwargs)
 
 
 class CompareView(widgets.VBox):
@@ -63,8 +80,9 @@ class CompareView(widgets.VBox):
         self.descending_w = widgets.Checkbox(value=False, description="descending",
                                              indent=False)
         self.count_w = widgets.HTML()
-        self.table_w = widgets.HTML(layout=widgets.Layout(max_height="420px", overflow="auto"))
+        self.table_w = CompareTable(layout=widgets.Layout(max_height="420px", overflow="auto"))
         self.table_w.add_class("wb-compare-view-table")
+        self.table_w.observe(self._on_header, names="clicked")
         self.figures_w = widgets.Output()
         self.figures_w.add_class("wb-compare-view-figures")
         for w in (self.candidate_w, self.mode_w, self.op_w, self.threshold_w, self.failing_w,
@@ -117,6 +135,16 @@ class CompareView(widgets.VBox):
         self.sort_w.value = column
         return self.rows
 
+    def _on_header(self, change: dict) -> None:
+        """A header click: sort by that column; the same column again flips the order."""
+        column = change["new"].split("|")[0]
+        if column not in SORTABLE:
+            return
+        if column == self.sort_w.value:
+            self.descending_w.value = not self.descending_w.value
+        else:
+            self.sort(column, descending=column in METRICS)
+
     # -- drawing ------------------------------------------------------------------------------
     def _selected(self) -> list[dict[str, Any]]:
         out = []
@@ -150,8 +178,9 @@ class CompareView(widgets.VBox):
     def _refresh(self) -> None:
         self.rows = self._selected()
         arrow = "\u25bc" if self.descending_w.value else "\u25b2"
-        head = "".join(f"<th>{c}{' ' + arrow if c == self.sort_w.value else ''}</th>"
-                       for c in SHOWN)
+        head = "".join(
+            (f'<th data-col="{c}" title="sort by {c}">' if c in SORTABLE else "<th>")
+            + f"{c}{' ' + arrow if c == self.sort_w.value else ''}</th>" for c in SHOWN)
         body = []
         for r in self.rows:
             key = (r["candidate"], r["mode"], r["name"])
@@ -162,7 +191,7 @@ class CompareView(widgets.VBox):
                 if c in ("candidate", "mode", "name", "reference", "op_type")
                 else f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in SHOWN)
             body.append(f'<tr class="{cls}" data-name="{html.escape(r["name"])}">{cells}</tr>')
-        self.table_w.value = (f'{STYLE}<table class="wb-compare-table"><thead><tr>{head}</tr>'
+        self.table_w.html = (f'{STYLE}<table class="wb-compare-table"><thead><tr>{head}</tr>'
                               f"</thead><tbody>{''.join(body)}</tbody></table>")
         self.count_w.value = f"{len(self.rows)} of {len(self.all_rows)} rows"
 
