@@ -51,8 +51,25 @@ def test_unknown_name_lists_the_classes(focus_net, mod_ws):
     assert "Conv2d" in str(e.value) and e.value.hint
 
 
+def test_dynamo_route_groups_the_module_from_its_scopes(mod_ws):
+    """The dynamo exporter has no export_modules_as_functions: the nodes it records under the
+    module's scope are folded into one call afterwards, the same local function."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(rm.FocusNet(), rm.Focus(8, 4)).eval()  # two Focus calls
+    onx = wb.export(model, (torch.rand(1, 3, 16, 16),), workspace=mod_ws, exporter="dynamo",
+                    opset=18, moduleop=rm.Focus)
+    hist = onx.graph.op_histogram
+    assert hist == {"raising_models::Focus": 2, "Sigmoid": 1, "Mul": 1}, hist
+    proto = onnx.load(str(onx.path))
+    assert len(proto.functions) == 2
+    for fn in proto.functions:
+        ops = [n.op_type for n in fn.node]
+        assert fn.name == "Focus" and ops.count("Slice") >= 4 and "Conv" in ops
+        assert len(fn.input) == 3  # x and the conv's weight and bias; slice bounds inside
+    assert onx.ok and onx.metrics["max_abs"] < 1e-5 and onx.params["moduleop"] == ["Focus"]
+
+
 @pytest.mark.parametrize("kwargs, match", [
-    ({"exporter": "dynamo", "opset": 18}, "TorchScript exporter"),
     ({"opset": 13}, "opset >= 15"),
     ({"moduleop": [3]}, "class names"),
     ({"moduleop": rm.FocusNet}, "the exported model itself"),

@@ -87,7 +87,7 @@ def export(
         with hooks_restored(model, modules):
             _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
                           diags, ref_cap, modules)
-        diags += moduleop_diagnostics(path, modules)
+        diags += moduleop_diagnostics(path, modules, exporter)
         external = _finalize_external_data(path, external_data_threshold, diags)
         _check_onnx(path, diags)
         save_reference(stage_dir, {n: a.detach().cpu().numpy()
