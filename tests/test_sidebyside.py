@@ -70,6 +70,22 @@ def test_a_failing_level_is_recorded_and_the_rest_run(tmp_path):
     assert got.ratio("raised") is None and "failed" in got.text()
 
 
+class Rank5(torch.nn.Module):
+    """A rank-5 view (a qkv split): pnnx converts it, ncnn cannot load the reshape."""
+
+    def forward(self, x):
+        q, k, v = x.view(1, 4, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        return q * k + v
+
+
+def test_pnnx_graph_counts_when_only_ncnn_fails(tmp_path):
+    got = wb.side_by_side(Rank5(), (torch.rand(1, 4, 24),), workspace=tmp_path / "ws",
+                          progress=False)
+    assert "pnnx" not in got.errors and got.count("pnnx") >= 3
+    assert "the ncnn step failed" in got.levels["pnnx"].what
+    assert got.levels["pnnx"].artifact.stage == "pnnx" and "class Model" in got.pnnx_code
+
+
 def test_an_existing_export_is_reused(lowered, sbs):
     model, args = lowered
     onx = sbs.levels["onnx"].artifact

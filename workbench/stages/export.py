@@ -48,7 +48,7 @@ def export(
     ``dynamic_shapes`` for the dynamo exporter. ``inputs2`` is a second set of example inputs:
     torch and ONNX Runtime are compared on it to find branches or loops the trace froze.
     ``moduleop`` (module classes or class names) keeps each such submodule as one op: an
-    ONNX local function named after the class (TorchScript exporter).
+    ONNX local function named after the class (either exporter; see stages/moduleop.py).
     Returns an ``onnx`` Artifact whose ``diagnostics`` hold every trap found.
     """
     import torch
