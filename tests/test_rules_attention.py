@@ -109,3 +109,20 @@ def test_hf_vit_attention_with_its_head_split(aws, exporter):
     assert "Softmax" not in ops and ops.get("Transpose", 0) == 1  # the patch embedding's
     assert art.graph.node_count - hi.graph.node_count >= 2 * 12
     assert hi.metrics["rel_vs_parent"] <= 1e-5
+
+
+def test_hf_vit_standard_attention_with_heads_at_opset_23(aws):
+    """The head-split form raised to the standard op: ONNX Attention on 3D q, k, v with
+    q_num_heads (the split and merge Reshapes rebuilt around it)."""
+    from workbench import zoo
+
+    model, args = zoo.get("vit")
+    hi, rep = _raise(_export(aws, model, args=args), opset=23)
+    assert rep.counts == {"scaled_dot_product_attention": 2}
+    assert {f.form for f in rep.firings} == {"standard"}
+    proto = onnx.load(str(hi.path))
+    attn = [n for n in proto.graph.node if n.op_type == "Attention"]
+    assert len(attn) == 2 and not proto.functions
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in attn[0].attribute}[
+        "q_num_heads"] == 4
+    assert hi.metrics["rel_vs_parent"] <= 1e-5
