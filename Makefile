@@ -12,10 +12,6 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: the local CPU wheel, not the registry's CUDA build
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[lab,dev]'
-	# editable installs skip data files (setuptools): put the inline-Netron extension's config
-	# where a wheel install would (jupyter server extension enable cannot add a new one)
-	install -D -m 644 jupyter-config/jupyter_server_config.d/workbench.json \
-		$(VENV)/etc/jupyter/jupyter_server_config.d/workbench.json
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -106,9 +106,28 @@ def test_the_environment_enables_the_server_extension() -> None:
 
     enabled = ExtensionConfigManager(read_config_path=jupyter_config_path()).enabled(
         "workbench.ui.netron_server")
-    assert enabled, ("workbench.ui.netron_server is not enabled in this environment: install "
-                     "the package as a wheel or run `make` (it copies jupyter-config/ to "
-                     "<venv>/etc/jupyter)")
+    assert enabled, ("workbench.ui.netron_server is not enabled in this environment: "
+                     "reinstall the package (pip install -e '.[lab,dev]' installs "
+                     "jupyter-config/ into <venv>/etc/jupyter) or run "
+                     "`python -m workbench.ui.netron_server enable`")
+
+
+def test_an_editable_install_ships_the_extension_config(tmp_path: Path) -> None:
+    """``pip install -e .`` installs what enables the extension (setuptools alone skips it)."""
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    probe = ("import sys\nfrom setuptools import build_meta\n"
+             "print(build_meta.build_editable(sys.argv[1]))")
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    wheel = tmp_path / out.strip().splitlines()[-1]
+    names = zipfile.ZipFile(wheel).namelist()
+    config = [n for n in names if n.endswith(
+        ".data/data/etc/jupyter/jupyter_server_config.d/workbench.json")]
+    assert config, names
+    shipped = root / "jupyter-config" / "jupyter_server_config.d" / "workbench.json"
+    assert zipfile.ZipFile(wheel).read(config[0]) == shipped.read_bytes()
 
 
 def test_enable_writes_the_config_a_wheel_install_would(tmp_path: Path, monkeypatch) -> None:
