@@ -208,3 +208,13 @@ def test_bad_inputs_raise_clear_errors(tmp_path: Path) -> None:
     not_a_model.write_text("hello")
     with pytest.raises(wb.WorkbenchError):
         wb.ui.netron(not_a_model)
+
+
+def test_an_unwritable_runtime_folder_is_a_clear_error(onnx_art, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tmp_path / "runtime-is-a-file"
+    runtime.write_text("")
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(runtime))
+    with pytest.raises(wb.WorkbenchError, match="cannot register the model") as e:
+        wb.ui.netron(onnx_art)
+    assert "JUPYTER_RUNTIME_DIR" in e.value.hint

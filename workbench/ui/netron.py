@@ -165,5 +165,13 @@ def netron(source: Any, *, height: int = 600) -> NetronView:
     """Show ``source`` (an Artifact or a .onnx/.ncnn.param/.pnnx.param path) with Netron inline."""
     if not isinstance(height, int) or isinstance(height, bool) or height < 100:
         raise InputError(f"height={height!r} is not a pixel count >= 100", "e.g. height=600")
-    key, main, files = register(source)
+    try:
+        key, main, files = register(source)
+    except OSError as e:
+        from ..errors import WorkbenchError
+
+        raise WorkbenchError(f"cannot register the model for the Jupyter server in "
+                             f"{registry_dir()}: {e.strerror or e}",
+                             "make the Jupyter runtime folder writable, or set "
+                             "JUPYTER_RUNTIME_DIR to the folder the server uses") from e
     return NetronView(key, main, files, height=height, base_url=server_base_url())
