@@ -118,6 +118,7 @@ class StagePanel:
     stage = "stage"
     title = "Stage"
     var = "art"
+    tab: str | None = None  # the pipeline's tab title (the title without its number if None)
 
     def __init__(self, *, workspace: Workspace | str | None = None) -> None:
         w = _widgets()
@@ -624,6 +625,7 @@ class RaisePanel(StagePanel):
     """Fold lowered subgraphs back into high-level ops: rules, target."""
 
     stage, title, var = "raise", "4. Raise to high-level ops", "hi"
+    tab = "Raise ops"
 
     def __init__(self, source: Any = None, *, workspace: Workspace | str | None = None,
                  rules: list[str] | None = None, target: str = "standard") -> None:

@@ -63,7 +63,7 @@ class Pipeline:
         self.code_toggle.observe(self._toggle_code, names="value")
         self.tabs = w.Tab(children=[p.widget for p in panels.values()])
         for i, p in enumerate(panels.values()):
-            self.tabs.set_title(i, p.title.split(". ", 1)[-1])
+            self.tabs.set_title(i, p.tab or p.title.split(". ", 1)[-1])
         head = w.HBox([self.run_all_button, self.code_toggle, self.progress, self.status],
                       layout=w.Layout(align_items="center"))
         self.widget = w.VBox([head, self.table, self.code_html, self.tabs])
