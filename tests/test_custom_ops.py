@@ -64,6 +64,8 @@ def test_asinh_opset9_fails_without_registration_and_matches_torch_with_it(tmp_p
     finally:
         wb.unregister("aten::asinh")
     assert cops.symbolic_opsets("aten::asinh") == []
+    with pytest.raises(wb.ExportError, match="unsupported operator aten::asinh"):  # gone
+        wb.export(Asinh(), (x,), workspace=tmp_path / "again", opset=9)
 
 
 def test_symbolic_registered_for_a_higher_opset_is_named_in_the_error(tmp_path):
@@ -261,6 +263,15 @@ def test_deformable_conv_exports_to_a_custom_domain_and_runs_in_ort(tmp_path):
         ref = model(x).detach().numpy()
         assert got.shape == ref.shape == (1, 6, 5, 5)
         np.testing.assert_allclose(got, ref, atol=ATOL)
+        # ncnn too: a layer whose output shape is none of its inputs', list attributes
+        nc = wb.to_ncnn(onx)
+        assert nc.graph.op_histogram.get("wbtest::deform_conv") == 1
+        got = _first(wb.runtime.NcnnRunner(nc).run((x,)))
+        np.testing.assert_allclose(got.reshape(ref.shape), ref, atol=ATOL)
+        # pnnx cannot load the Python op from TorchScript: the error says which route works
+        with pytest.raises(wb.ConversionError) as err:
+            wb.to_ncnn(model, (x,), workspace=tmp_path / "module")
+        assert "wb.to_ncnn(wb.export(model, inputs))" in err.value.hint
     finally:
         wb.unregister("wbtest::deform_conv")
 
@@ -359,6 +370,17 @@ def test_ncnn_layer_without_registration_names_the_fix(my_add_case, tmp_path):
     assert '@wb.custom_op("wbtest::gone", mutates_args=())' in err.value.hint
 
 
+def test_custom_op_refuses_a_name_torch_library_already_defined():
+    @torch.library.custom_op("wbtest::library_op", mutates_args=())
+    def library_op(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    with pytest.raises(cops.CustomOpError, match="torch already has an op") as err:
+        wb.custom_op("wbtest::library_op", _my_add)
+    assert "wb.register_symbolic('wbtest::library_op'" in err.value.hint
+    assert torch.equal(library_op(torch.zeros(1)), torch.ones(1))  # left intact
+
+
 def test_custom_op_rejects_bad_declarations():
     with pytest.raises(wb.InputError, match="namespace::op"):
         wb.custom_op("my_add", _my_add)
@@ -383,17 +405,19 @@ def test_custom_op_rejects_bad_declarations():
     assert "wbtest::bad" not in cops.registered_ops()
 
 
-def test_declaring_twice_fails_and_unregister_frees_the_name():
-    wb.custom_op("wbtest::twice", _my_add)
+def test_declaring_another_function_twice_fails_and_unregister_frees_the_name():
+    wb.custom_op("wbtest::declared_twice", _my_add)
     try:
+        # the same function again (a notebook cell run twice) replaces the declaration
+        wb.custom_op("wbtest::declared_twice", _my_add)
         with pytest.raises(cops.CustomOpError, match="already declared") as err:
-            wb.custom_op("wbtest::twice", _my_add)
-        assert "wb.unregister('wbtest::twice')" in err.value.hint
+            wb.custom_op("wbtest::declared_twice", _deform_conv)
+        assert "wb.unregister('wbtest::declared_twice')" in err.value.hint
     finally:
-        wb.unregister("wbtest::twice")
-    op = wb.custom_op("wbtest::twice", lambda a, b: a - b,
+        wb.unregister("wbtest::declared_twice")
+    op = wb.custom_op("wbtest::declared_twice", lambda a, b: a - b,
                       schema="(Tensor a, Tensor b) -> Tensor")
     try:
         assert torch.equal(op(torch.ones(2), torch.ones(2)), torch.zeros(2))
     finally:
-        wb.unregister("wbtest::twice")
+        wb.unregister("wbtest::declared_twice")

@@ -159,8 +159,8 @@ def test_unsupported_operator_names_op_schema_and_registration(ws):
     e = info.value
     assert "unsupported operator aten::asinh at opset 9" in e.message
     assert "schema: aten::asinh(Tensor self) -> Tensor" in e.message
-    assert 'register_custom_op_symbolic("aten::asinh", asinh_symbolic, 9)' in e.hint
-    assert "def asinh_symbolic(g, self):" in e.hint
+    assert ('wb.register_symbolic("aten::asinh", lambda g, self: g.op("Asinh", self), '
+            'opset=9)') in e.hint
     assert len(ws) == 0  # nothing half-written
 
 
@@ -176,8 +176,10 @@ def test_opset_below_what_an_op_needs_names_the_opsets_that_work(ws):
 
 
 @pytest.mark.parametrize("exporter, opset, registration", [
-    ("torchscript", 17, 'register_custom_op_symbolic("wbtest::twice", twice_symbolic, 17)'),
-    ("dynamo", 18, "custom_translation_table={torch.ops.wbtest.twice.default: twice_onnx}"),
+    ("torchscript", 17, 'wb.register_symbolic("wbtest::twice", lambda g, x: '
+                        'g.op("wbtest::twice", x), opset=17)'),
+    ("dynamo", 18, 'wb.register_symbolic("wbtest::twice", lambda g, x: '
+                   'g.op("wbtest::twice", x), opset=18)'),
 ])
 def test_custom_namespace_op_gets_the_registration_for_its_exporter(ws, exporter, opset,
                                                                    registration):

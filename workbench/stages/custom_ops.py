@@ -192,7 +192,11 @@ def register_symbolic(name: str, fn: Callable, opset: int = 17,
                          "own ops with @wb.custom_op")
     with _LOCK:
         if exporter != "dynamo":
-            torch.onnx.register_custom_op_symbolic(f"{ns}::{op}", fn, opset)
+            # a custom namespace goes in at opset 1 too: the TorchScript exporter mistakes a
+            # node whose kind is the op's own name ('mylib::op') for an onnxscript function
+            # and looks it up at the domain's version (1), failing when only `opset` has it
+            torch_opset = opset if ns in ("aten", "prim", "quantized") else 1
+            torch.onnx.register_custom_op_symbolic(f"{ns}::{op}", fn, torch_opset)
         _SYMBOLICS.setdefault(name, {})[opset] = Symbolic(name, fn, opset, exporter)
     return fn
 
@@ -214,12 +218,18 @@ def unregister(name: str) -> None:
     _check_name(name, "unregister")
     with _LOCK:
         for opset, sym in _SYMBOLICS.pop(name, {}).items():
-            if sym.exporter != "dynamo":
-                try:
-                    torch.onnx.unregister_custom_op_symbolic(name, opset)
-                except Exception:  # already gone
-                    pass
+            if sym.exporter != "dynamo":  # at the opset register_symbolic gave torch
+                custom_ns = name.split("::", 1)[0] not in ("aten", "prim", "quantized")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    torch.onnx.unregister_custom_op_symbolic(name, 1 if custom_ns else opset)
+                _drop_empty_group(name)
         spec = _OPS.pop(name, None)
+        if spec is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.onnx.unregister_custom_op_symbolic(name, 1)
+            _drop_empty_group(name)
         if spec is not None and spec.torch_op is not None:
             lib = getattr(spec.torch_op, "_lib", None)
             if lib is not None:
@@ -227,6 +237,17 @@ def unregister(name: str) -> None:
             from torch._library import custom_ops as tco
 
             tco.OPDEFS.pop(name, None)
+
+
+def _drop_empty_group(name: str) -> None:
+    """torch keeps an op's symbolic group after its last symbolic is unregistered, and the
+    exporter then fails on it with "min() arg is an empty sequence" instead of naming the
+    unsupported op: drop a group left empty."""
+    from torch.onnx._internal.torchscript_exporter import registration
+
+    group = registration.registry.get_function_group(name)
+    if group is not None and not len(group._functions):
+        registration.registry._registry.pop(name, None)
 
 
 def symbolic_opsets(name: str) -> list[int]:
@@ -401,7 +422,16 @@ def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
                          f"'g', got ({', '.join(_positional(onnx))})",
                          "e.g. onnx=lambda g, a, b: g.op('Add', g.op('Mul', a, two), b)")
     with _LOCK:
-        if name in _OPS:
+        old = _OPS.get(name)
+        if old is not None and _same_definition(old.fn, fn):
+            unregister(name)  # a notebook cell run again: the new code replaces the old
+        elif old is None and _torch_has(name):
+            raise CustomOpError(
+                f"torch already has an op {name!r}, defined outside wb.custom_op (e.g. by "
+                "torch.library elsewhere)", "pick another name, or keep that op and give it an "
+                f"ONNX conversion: wb.register_symbolic({name!r}, lambda g, x: g.op({name!r}, "
+                "x), opset=17)")
+        elif old is not None:
             raise CustomOpError(f"custom op {name!r} is already declared in this process",
                                 f"wb.unregister({name!r}) first, or pick another name")
         try:
@@ -434,6 +464,23 @@ def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
         torch.onnx.register_custom_op_symbolic(name, _torchscript_symbolic(spec), 1)
         _OPS[name] = spec
     return op
+
+
+def _torch_has(name: str) -> bool:
+    import torch
+
+    ns, op = name.split("::", 1)
+    try:
+        return bool(getattr(getattr(torch.ops, ns), op).overloads())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _same_definition(old: Callable, new: Callable) -> bool:
+    """The same function defined again (a re-run cell or a reloaded module), by its name."""
+    key = ("__module__", "__qualname__")
+    return (all(getattr(old, k, None) == getattr(new, k, None) for k in key)
+            and "<lambda>" not in getattr(new, "__qualname__", "<lambda>"))
 
 
 def _torchscript_symbolic(spec: CustomOp) -> Callable:
@@ -478,21 +525,26 @@ def _fake_types(spec: CustomOp, tensors: list, values: dict[str, Any]) -> list:
     """Output types for the TorchScript graph: the op run on meta tensors of the traced
     input shapes (ONNX shape inference cannot see inside a custom-domain node)."""
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.onnx import symbolic_helper as sh
 
     try:
         kwargs = {}
+        # fake tensors, not meta ones: torch code that makes tensors of its own
+        # (torch.arange(n) without device=) stays on one device
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
         for a in _arg_order(spec):
             v = values.get(a)
             if a in spec.tensor_args:
                 ty = v.type()
-                kwargs[a] = torch.empty(ty.sizes(), dtype=ty.dtype(), device="meta")
+                kwargs[a] = mode.from_tensor(torch.empty(ty.sizes(), dtype=ty.dtype()))
             else:
                 kind = dict(spec.attr_args)[a]
                 desc = {"int": "i", "bool": "b", "float": "f", "str": "s", "ints": "is",
                         "floats": "fs"}[kind]
                 kwargs[a] = sh._maybe_get_const(v, desc)
-        out = spec.fn(**kwargs)
+        with mode:
+            out = spec.fn(**kwargs)
         outs = out if isinstance(out, (tuple, list)) else [out]
         ref = tensors[0].type()
         return [ref.with_sizes(list(o.shape)).with_dtype(o.dtype) for o in outs]
@@ -964,7 +1016,16 @@ def registration_hint(op: str, exporter: str, opset: int, arg_names: list[str],
         lines.append(f"# a symbolic for {op} is registered at opset {min(have)}, but this export "
                      f"runs at opset {opset}: register it with opset={opset} (if its ONNX ops "
                      f"exist there) or export with opset={min(have)}")
-    if custom:
+    import torch
+
+    exists = hasattr(getattr(torch.ops, ns), short)
+    if custom and exists and op not in _OPS:  # a torch.library op defined elsewhere
+        lines.append(
+            f"wb.register_symbolic(\"{op}\", lambda g, {params}: g.op(\"{op}\", {params}), "
+            f"opset={opset})  # a node {short} of domain {ns}, for both exporters\n"
+            f"# declaring the op with @wb.custom_op instead of torch.library.custom_op also "
+            f"gives it ONNX Runtime and ncnn kernels (its torch code)")
+    elif custom:
         lines.append(
             f"@wb.custom_op(\"{op}\", mutates_args=())  # exports as node {short} of domain "
             f"{ns}; onnx=lambda g, {params}: ... lowers it to standard ops\n"

@@ -300,6 +300,10 @@ def _log_diagnostics(log: str) -> list[Diagnostic]:
 
 
 def _hint_for(log: str, bad: list[tuple[str, str]] | None = None) -> str:
+    if m := re.search(r"Unknown builtin op: (\w+::\w+)", log):  # a Python-defined op
+        return (f"pnnx cannot load {m.group(1)} from TorchScript (its code is Python in this "
+                "process); convert the ONNX export instead, which keeps it as a named custom "
+                "layer: wb.to_ncnn(wb.export(model, inputs))")
     if m := re.search(r"(\S+) is not a registered function/op|unexpected op_type (\S+)", log):
         return (f"the model holds an op pnnx does not know ({m.group(1) or m.group(2)}); lower it "
                 "to standard ops before conversion, or register it as a custom op")
