@@ -266,8 +266,13 @@ def test_deformable_conv_exports_to_a_custom_domain_and_runs_in_ort(tmp_path):
         # ncnn too: a layer whose output shape is none of its inputs', list attributes
         nc = wb.to_ncnn(onx)
         assert nc.graph.op_histogram.get("wbtest::deform_conv") == 1
-        got = _first(wb.runtime.NcnnRunner(nc).run((x,)))
+        runner = wb.runtime.NcnnRunner(nc)
+        got = _first(runner.run((x,)))
         np.testing.assert_allclose(got.reshape(ref.shape), ref, atol=ATOL)
+        x2 = torch.randn(1, 4, 13, 13)  # the layer is not tied to the conversion's shape
+        ref2 = model(x2).detach().numpy()
+        np.testing.assert_allclose(_first(runner.run((x2,))).reshape(ref2.shape), ref2,
+                                   atol=ATOL)
         # pnnx cannot load the Python op from TorchScript: the error says which route works
         with pytest.raises(wb.ConversionError) as err:
             wb.to_ncnn(model, (x,), workspace=tmp_path / "module")

@@ -879,10 +879,12 @@ def install(payload: bytes) -> list[str]:
 PNNX_PREFIX = "wbcustom_"
 
 
-def pnnx_prepare(onnx_path: Path) -> list[dict[str, Any]]:
+def pnnx_prepare(onnx_path: Path, inputs: tuple | None = None) -> list[dict[str, Any]]:
     """Rewrite ``onnx_path`` in place so pnnx keeps each registered custom node as one op:
     a call of a local function ``aten_wbcustom_<k>`` (see the module docstring). Returns one
-    record per node (op name, attributes, torch ranks) for ``ncnn_finish``."""
+    record per node (op name, attributes, torch ranks) for ``ncnn_finish``. ``inputs`` (the
+    example inputs pnnx gets) give the custom outputs' shapes where the graph leaves them
+    symbolic (dynamic axes): ONNX Runtime runs the model, our kernels included."""
     if not _OPS:
         return []
     import onnx
@@ -907,6 +909,11 @@ def pnnx_prepare(onnx_path: Path) -> list[dict[str, Any]]:
         shapes[v.name] = (tt.elem_type, dims)
     for t in inferred.graph.initializer:
         shapes[t.name] = (t.data_type, list(t.dims))
+    custom_values = [v for n in model.graph.node if f"{n.domain}::{n.op_type}" in _OPS
+                     for v in list(n.input) + list(n.output)]
+    if inputs is not None and any(
+            shapes.get(v, (0, None))[1] is None or None in shapes[v][1] for v in custom_values):
+        shapes.update(_run_shapes(model, custom_values, inputs))
     records = []
     std_version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
                        17)
@@ -947,6 +954,31 @@ def pnnx_prepare(onnx_path: Path) -> list[dict[str, Any]]:
     model.opset_import.append(helper.make_opsetid("wb.pnnx", 1))
     onnx.save(model, str(onnx_path))
     return records
+
+
+def _run_shapes(model: Any, names: list[str], inputs: tuple) -> dict[str, tuple[int, list]]:
+    """(element type, concrete shape) of ``names``, from one ONNX Runtime run on ``inputs``."""
+    import numpy as np
+    from onnx import helper
+
+    from ..onnx_io import session
+
+    probe = type(model).FromString(model.SerializeToString())
+    have = {o.name for o in probe.graph.output}
+    for n in dict.fromkeys(names):
+        if n not in have:
+            probe.graph.output.append(helper.make_empty_tensor_value_info(n))
+    try:
+        sess = session(probe)
+        feed = {i.name: np.asarray(getattr(x, "numpy", lambda x=x: x)())
+                for i, x in zip(sess.get_inputs(), inputs, strict=False)}
+        wanted = [o.name for o in sess.get_outputs() if o.name in set(names)]
+        values = sess.run(wanted, feed)
+    except Exception:  # the stand-ins fall back to what the graph declares
+        return {}
+    codes = {np.dtype(k): v for v, k in _NP_TYPES.items()}
+    return {n: (codes.get(a.dtype, 1), list(a.shape)) for n, a in zip(wanted, values,
+                                                                       strict=True)}
 
 
 def _param_value(value: Any, kind: str) -> str | None:

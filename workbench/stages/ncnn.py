@@ -123,7 +123,7 @@ def to_ncnn(
         from .custom_ops import ncnn_finish, pnnx_prepare
 
         # @wb.custom_op nodes -> stand-ins pnnx keeps as one layer each (see custom_ops.py)
-        custom = pnnx_prepare(model_file) if kind == "onnx" else []
+        custom = pnnx_prepare(model_file, args) if kind == "onnx" else []
         cmd = [str(pnnx_binary()), model_file.name, f"inputshape={_shape_arg(args)}",
                "device=cpu", f"optlevel={optlevel}", f"fp16={int(fp16)}"]
         if args2 is not None:
