@@ -4,7 +4,8 @@ For each model of the zoo — the default super-resolution model, three small mo
 one lowered family each (GroupNorm, GELU, F.normalize), MobileNetV2, ResNet-50, ConvNeXt,
 ViT, Swin and BERT (``workbench.zoo``: transformers classes, small configs, seeded weights,
 nothing downloaded) — and for each exporter that can export it (TorchScript at opset 17,
-dynamo at opset 18): export, simplify (onnxslim), raise (``wb.raise_ops``, target
+dynamo at opset 18; TorchScript at opset 14 too for the models with LayerNorm, which that
+opset lowers): export, simplify (onnxslim), raise (``wb.raise_ops``, target
 "standard"), and count nodes at each level against pnnx's op count for the same module
 (``wb.to_ncnn``; its ``.pnnx.param`` is PNNX's own raising, the "as written" floor).
 
@@ -23,6 +24,7 @@ Run:  cd /work/main && .venv/bin/python bench/raising.py [--only vit,bert] [--ex
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -36,7 +38,9 @@ from _common import print_figures  # bench/ is on sys.path
 
 CNN, TRANSFORMER = 1.10, 1.5
 REL_TARGET = 1e-5
-EXPORTERS = {"torchscript": 17, "dynamo": 18}
+# name -> (exporter, opset); torchscript@14 lowers LayerNorm too (LayerNormalization is 17)
+EXPORTERS = {"torchscript": ("torchscript", 17), "dynamo": ("dynamo", 18),
+             "torchscript@14": ("torchscript", 14)}
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Case:
     build: Callable[[], tuple[Any, tuple]]
     ratio_target: float
     lowered: bool  # holds a family export lowers (GELU, GroupNorm, attention...)
+    layer_norm: bool = False  # holds nn.LayerNorm: also exported at opset 14, where it lowers
 
 
 def _small(kind: str) -> Callable[[], tuple[Any, tuple]]:
@@ -97,10 +102,10 @@ CASES = [
     Case("normalize net", _small("normalize"), CNN, True),
     Case("MobileNetV2", _zoo("mobilenet_v2"), CNN, False),
     Case("ResNet-50", _zoo("resnet50"), CNN, False),
-    Case("ConvNeXt", _zoo("convnext"), CNN, True),
-    Case("ViT", _zoo("vit"), TRANSFORMER, True),
-    Case("Swin", _zoo("swin"), TRANSFORMER, True),
-    Case("BERT", _zoo("bert"), TRANSFORMER, True),
+    Case("ConvNeXt", _zoo("convnext"), CNN, True, True),
+    Case("ViT", _zoo("vit"), TRANSFORMER, True, True),
+    Case("Swin", _zoo("swin"), TRANSFORMER, True, True),
+    Case("BERT", _zoo("bert"), TRANSFORMER, True, True),
 ]
 
 
@@ -127,14 +132,15 @@ def run_case(case: Case, exporters: list[str], root: Path) -> tuple[list[dict], 
     pnnx, pnnx_note = pnnx_count(model, inputs, ws)
     notes = [f"{case.name}: pnnx {pnnx_note}"] if pnnx_note else []
     rows = []
-    for exporter in exporters:
+    for exporter in _exporters_for(case, exporters):
+        kind, opset = EXPORTERS[exporter]
         try:
-            onx = wb.export(model, inputs, workspace=ws, exporter=exporter,
-                            opset=EXPORTERS[exporter])
+            onx = wb.export(model, inputs, workspace=ws, exporter=kind, opset=opset)
             sim = wb.simplify(onx, backend="onnxslim")
             hi = wb.raise_ops(sim, target="standard")
         except wb.WorkbenchError as e:
-            notes.append(f"{case.name} / {exporter}: {e.message.splitlines()[0][:110]}")
+            first = re.sub(r"\x1b\[[0-9;]*m", "", e.message.splitlines()[0])  # no colours
+            notes.append(f"{case.name} / {exporter}: {first[:110]}")
             continue
         m = hi.metrics
         rows.append({"case": case, "exporter": exporter, "pnnx": pnnx,
@@ -144,6 +150,10 @@ def run_case(case: Case, exporters: list[str], root: Path) -> tuple[list[dict], 
                      "ops": hi.graph.op_histogram, "disabled": m.get("disabled", []),
                      "seconds": time.perf_counter() - t0})
     return rows, notes
+
+
+def _exporters_for(case: Case, exporters: list[str]) -> list[str]:
+    return [e for e in exporters if e != "torchscript@14" or case.layer_norm]
 
 
 def judge(row: dict) -> tuple[list[str], list[str]]:
@@ -198,7 +208,8 @@ def report(rows: list[dict], notes: list[str], missing: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated case names (substrings)")
-    parser.add_argument("--exporters", default="torchscript,dynamo")
+    parser.add_argument("--exporters", default="torchscript,dynamo,torchscript@14",
+                        help="torchscript@14 runs on the models with LayerNorm only")
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
 
@@ -206,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in CASES if not wanted or any(w in c.name.lower() for w in wanted)]
     exporters = [e for e in args.exporters.split(",") if e in EXPORTERS]
     print("raise_ops target='standard' on onnxslim's output; exporters: "
-          + ", ".join(f"{e} (opset {EXPORTERS[e]})" for e in exporters))
+          + ", ".join(f"{e} (opset {EXPORTERS[e][1]})" for e in exporters))
     rows: list[dict] = []
     notes: list[str] = []
     missing: list[str] = []
@@ -222,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows += got
                 notes += more
-                missing += [f"{case.name}/{e}" for e in exporters
+                missing += [f"{case.name}/{e}" for e in _exporters_for(case, exporters)
                             if e not in {r["exporter"] for r in got}]
             report(rows, notes, missing)
     except Exception:  # a report, not a test: say what broke and exit 0
