@@ -68,6 +68,25 @@ def test_asinh_opset9_fails_without_registration_and_matches_torch_with_it(tmp_p
         wb.export(Asinh(), (x,), workspace=tmp_path / "again", opset=9)
 
 
+def test_an_onnxscript_function_serves_the_dynamo_exporter_alone(tmp_path):
+    from onnxscript import opset18 as op
+
+    def asinh_onnx(self):
+        return op.Log(op.Add(self, op.Sqrt(op.Add(op.Mul(self, self), op.CastLike(1.0, self)))))
+
+    x = torch.randn(4)
+    try:
+        wb.register_symbolic("aten::asinh", asinh_onnx, opset=18, exporter="dynamo")
+        onx = wb.export(Asinh(), (x,), workspace=tmp_path, exporter="dynamo", opset=18)
+        assert "Asinh" not in onx.graph.op_histogram and onx.graph.op_histogram.get("Log") == 1
+        assert onx.metrics["max_abs"] < ATOL
+        # the TorchScript exporter was not given it
+        with pytest.raises(wb.ExportError, match="unsupported operator aten::asinh"):
+            wb.export(Asinh(), (x,), workspace=tmp_path / "ts", opset=9)
+    finally:
+        wb.unregister("aten::asinh")
+
+
 def test_symbolic_registered_for_a_higher_opset_is_named_in_the_error(tmp_path):
     try:
         wb.register_symbolic("aten::asinh", lambda g, x: g.op("Asinh", x), opset=11)
