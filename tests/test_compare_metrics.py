@@ -32,6 +32,8 @@ def test_tolerance_defaults_and_bound_uses_finite_max_abs_of_ref():
     assert tol.bound(np.array([np.nan])) == 0.5
     assert tol.bound(np.zeros((0, 3))) == 0.5
     assert tol.bound(np.array([-8], dtype=np.int8)) == 0.5 + 0.25 * 8
+    assert tol.bound(np.array([[1.5, -6.0]], dtype=np.float32)) == 0.5 + 0.25 * 6.0
+    assert tol.bound(np.array([np.inf, -2.0], dtype=np.float16)) == 0.5 + 0.25 * 2.0
 
 
 def test_tolerance_rejects_negative_or_nan():

@@ -172,3 +172,24 @@ def test_a_twin_dropped_in_the_worker_is_built_again(sr, fresh_worker):
     first = r.run((x,))["output"]
     fresh_worker.call({"op": "drop", "key": r._remote.key}, "test")
     np.testing.assert_array_equal(r.run((x,))["output"], first)
+
+
+@pytest.mark.parametrize("arr", [
+    np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+    np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)),
+    np.zeros((0, 5), dtype=np.float16),
+    np.array(3.5),
+    np.array([True, False]),
+])
+def test_npy_files_are_mapped_not_read_and_stay_valid_after_unlink(tmp_path, arr):
+    from workbench.runtime.worker import load_npy
+
+    path = tmp_path / "t.npy"
+    np.save(path, arr)
+    got = load_npy(str(path))
+    path.unlink()  # the worker's files go at once; the mapped pages stay with the array
+    assert type(got) is np.ndarray and got.dtype == arr.dtype and got.shape == arr.shape
+    np.testing.assert_array_equal(got, arr)
+    if got.size:
+        got[...] = 0  # writable, and private: no one else sees it
+        assert not got.any()

@@ -94,13 +94,19 @@ def _sample_idx(size: int) -> Any:
     return np.random.default_rng(0).choice(size, SAMPLE, replace=False)
 
 
-def _score(ref: Any, cand: Any) -> float:
+def _sample(arr: Any) -> Any:
+    """The fixed sample of an array's elements, as float64, that _score compares."""
     import numpy as np
 
-    a = np.asarray(ref).reshape(-1)
-    b = np.asarray(cand).reshape(-1)
-    idx = _sample_idx(a.size)
-    a, b = a[idx].astype(np.float64), b[idx].astype(np.float64)
+    a = np.asarray(arr).reshape(-1)
+    return a[_sample_idx(a.size)].astype(np.float64)
+
+
+def _score(ref: Any, cand: Any) -> float:
+    """max |a-b| / max |a| over the samples (from _sample) of two arrays of one size."""
+    import numpy as np
+
+    a, b = ref, cand
     fa, fb = np.isfinite(a), np.isfinite(b)
     # NaN/Inf must sit at the same places with the same values; the rest is scored
     if not np.array_equal(fa, fb) or not np.array_equal(a[~fa], b[~fb], equal_nan=True):
@@ -125,6 +131,13 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     # by layer1; 'F.interpolate_0' by the model itself ("")
     ref_module = [n if n in modules else (n.split("/")[0] if "/" in n else "")
                   for n in ref_names]
+    samples: dict[int, Any] = {}  # a reference tensor is scored against many candidates
+
+    def ref_sample(j: int) -> Any:
+        if j not in samples:
+            samples[j] = _sample(reference[ref_names[j]])
+        return samples[j]
+
     out = Alignment()
     low = 0  # monotone lower bound in the reference order
     # torch's output_k is some earlier record returned as it was: name that record instead
@@ -163,7 +176,11 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 # (those need a value match) or the name fits several calls equally
                 if not t.internal and (len(hinted) == 1 or ref_names[hinted[0]] == t.hint):
                     structural = hinted[0]
-        scores = [(_score(reference[ref_names[j]], arr), j) for j in choices]
+        if choices:
+            got = _sample(arr)
+            scores = [(_score(ref_sample(j), got), j) for j in choices]
+        else:
+            scores = []
         best, j = min(scores) if scores else (float("inf"), -1)
         if best > ACCEPT and t.internal:
             # a step of an op the exporter lowered (attention, GELU...): torch ran it as one

@@ -83,8 +83,24 @@ def _label(thing: Any, path: Path) -> str:
     return path.parent.name if (path.parent / "artifact.json").exists() else path.name
 
 
+_TENSORS: OrderedDict[tuple, list[CandidateTensor]] = OrderedDict()
+
+
 def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
-    """The tensors a candidate produces, in topological order, with module hints."""
+    """The tensors a candidate produces, in topological order, with module hints. Kept for
+    an unchanged file (parsing a ResNet-50's ONNX took longer than aligning it)."""
+    st = cand.path.stat()
+    key = (cand.kind, str(cand.path.resolve()), st.st_mtime_ns, st.st_size,
+           frozenset(modules))
+    if key not in _TENSORS:
+        _TENSORS[key] = _candidate_tensors(cand, modules)
+        while len(_TENSORS) > _RUNNER_CACHE_SIZE:
+            _TENSORS.popitem(last=False)
+    _TENSORS.move_to_end(key)
+    return _TENSORS[key]
+
+
+def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
     if cand.kind == "onnx":
         from ..onnx_io import load_onnx
         from .align import module_from_metadata, module_from_scope

@@ -54,6 +54,32 @@ def _shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+def load_npy(path: str) -> Any:
+    """An .npy file as an array mapped from the file, not read into fresh memory.
+
+    The files live in /dev/shm: a private (copy-on-write) mapping shares their pages, so
+    the array costs neither a copy nor newly zeroed pages, and stays writable. The file may
+    be unlinked at once; the pages go when the array does. (np.load(mmap_mode="c") does the
+    same but returns np.memmap, a subclass that follows the array into every result.)"""
+    import mmap
+
+    import numpy as np
+
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                       else np.lib.format.read_array_header_2_0)
+        shape, fortran, dtype = read_header(f)
+        offset = f.tell()
+        count = int(np.prod(shape, dtype=np.int64))
+        if dtype.hasobject or count == 0 or f.seek(0, 2) < offset + count * dtype.itemsize:
+            f.seek(0)
+            return np.load(f)  # nothing to map (or not a plain file): read it
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    arr = np.frombuffer(buf, dtype=dtype, count=count, offset=offset)
+    return arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
+
+
 # -- the worker process -------------------------------------------------------------------------
 def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
     """Worker main loop: build runners, run them, answer on the socket ``fd``."""
@@ -81,7 +107,7 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 if runner is None:  # dropped here, still alive in the parent
                     conn.send({"ok": False, "type": "TwinMissing", "message": "", "hint": ""})
                     continue
-                feed = {name: np.load(path) for name, path in msg["inputs"].items()}
+                feed = {name: load_npy(path) for name, path in msg["inputs"].items()}
                 out = runner._execute(feed, msg["capture"])
                 files = {}
                 for i, (name, arr) in enumerate(out.items()):
@@ -265,7 +291,7 @@ class RemoteHandle:
                 reply = w.call(msg, self.backend)
             out = {}
             for name, path in reply["outputs"].items():
-                out[name] = np.load(path)
+                out[name] = load_npy(path)
                 os.unlink(path)
             return out
         finally:
