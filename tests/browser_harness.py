@@ -206,6 +206,7 @@ class Lab:
         self.artifacts = artifacts
         self.page = context.pages[0] if context.pages else context.new_page()
         self.console: list[str] = []
+        self._opened = 0
         self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
 
@@ -215,7 +216,11 @@ class Lab:
 
     def open_notebook(self, name: str, timeout: float = 60.0) -> None:
         """Open ``name`` in JupyterLab and wait until its kernel is idle."""
-        self.page.goto(f"{self.server.url}lab/tree/{name}?token={self.server.token}")
+        # a workspace of its own: only this notebook is open, so "the current notebook" (what
+        # Run All acts on) cannot be one opened before
+        self._opened += 1
+        self.page.goto(f"{self.server.url}lab/workspaces/wb-{self._opened}/tree/{name}"
+                       f"?token={self.server.token}")
         self.page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell",
                                     timeout=timeout * 1000)
         dialog = self.page.locator(".jp-Dialog .jp-mod-accept", has_text="Select")
@@ -232,10 +237,27 @@ class Lab:
             ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook-ExecutionIndicator"
             "[data-status='idle']", state="attached", timeout=timeout * 1000)
 
-    def run_all(self) -> None:
-        """Run every cell through the menu: Run → Run All Cells."""
-        self.page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        self.page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    def run_all(self, attempts: int = 2) -> None:
+        """Run every cell through the menu: Run → Run All Cells; checks that it started."""
+        panel = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+        for attempt in range(attempts):
+            # focus the notebook first: the menu acts on the notebook that has focus
+            self.page.locator(f"{panel} .jp-Cell .jp-InputPrompt").first.click()
+            self.page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            self.page.locator(".lm-Menu-itemLabel",
+                              has_text=re.compile(r"^Run All Cells$")).click()
+            try:
+                self.page.wait_for_function(
+                    rf"""() => [...document.querySelectorAll(
+                          '{panel} .jp-CodeCell .jp-InputArea-prompt')]
+                          .some(p => /\[(\*|\d+)\]/.test(p.textContent))""",
+                    timeout=15_000, polling=100)
+                return
+            except Exception:
+                if attempt == attempts - 1:
+                    self.screenshot("run-all-did-not-start")
+                    raise
+                self.page.keyboard.press("Escape")
 
     def wait_cells_done(self, timeout: float = 120.0) -> None:
         """Wait until every code cell has an execution count (none is queued or running)."""

@@ -88,6 +88,26 @@ def test_graph_view_draws_error_colours_and_a_click_shows_the_plot(ran):
     assert small.locator(".wb-node.wb-selected").get_attribute("data-id") == conv
     nb.screenshot("graphview-clicked")
 
+    # find: type a name, Enter selects it and shows its numbers
+    find = small.locator("input.wb-find")
+    find.fill("relu2")
+    find.press("Enter")
+    out.locator('.wb-graphview-node[data-node="/relu2/Relu"]').wait_for(timeout=60_000)
+    assert small.locator(".wb-node.wb-selected").get_attribute("data-id") == "/relu2/Relu"
+
+    # colour by op type with the toggle: repainted in place, one colour per op type
+    box = nb.page.locator(".wb-graphview-box").first
+    box.locator(".wb-graphview-color-by button", has_text="op type").click()
+    nb.page.wait_for_function(
+        "() => document.querySelector('.wb-graphview .wb-legend-title').textContent"
+        " === 'op type'", timeout=10_000)
+    by_op: dict[str, set] = {}
+    for op, fill in small.locator(".wb-node").evaluate_all(
+            "els => els.map(e => [e.dataset.op, e.querySelector('rect').getAttribute('fill')])"):
+        by_op.setdefault(op, set()).add(fill)
+    assert all(len(f) == 1 for f in by_op.values()) and len(by_op) >= 4
+    assert small.locator(".wb-node.wb-selected").count() == 1  # same drawing, not a new one
+
 
 def test_compare_view_table_filters_and_marks_the_first_divergence(ran):
     nb = ran

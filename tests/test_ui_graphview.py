@@ -90,6 +90,28 @@ def test_accumulated_and_isolated_differ_somewhere(compared):
     assert any(a["value"] != i["value"] for a, i in zip(acc, iso, strict=True))
 
 
+def test_recolor_switches_the_value_without_a_new_layout(compared):
+    _, _, onx, rep = compared
+    gv = GraphView(onx, color_by="accumulated", report=rep)
+    assert [v for _label, v in gv.color_w.options] == ["op_type", "accumulated", "isolated"]
+    graph = gv.canvas.graph
+    gv.color_w.value = "isolated"  # the toggle above the graph
+    assert gv.canvas.colors == GraphView(onx, color_by="isolated", report=rep).canvas.colors
+    gv.recolor("op_type")
+    assert gv.color_w.value == "op_type" and gv.canvas.legend["title"] == "op type"
+    assert gv.canvas.colors == GraphView(onx).canvas.colors
+    assert gv.canvas.graph is graph  # same nodes and edges: the browser keeps its layout
+    with pytest.raises(wb.WorkbenchError, match="color_by='heat'"):
+        gv.recolor("heat")
+    assert gv.color_by == "op_type"
+    plain = GraphView(onx)
+    assert len(plain.color_w.options) == 1  # nothing to switch to: no toggle shown
+    assert plain.color_w not in plain.children[0].children
+    with pytest.raises(wb.WorkbenchError, match="needs a comparison"):
+        plain.recolor("accumulated")
+    assert plain.color_by == "op_type"
+
+
 def test_colour_scales_are_ordered():
     # tolerance scale: fixed ends, yellow at the tolerance
     assert tolerance_colors([1e-6, 1.0, 1e4, None, float("inf")]) == [

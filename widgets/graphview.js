@@ -153,8 +153,10 @@ async function render({ model, el }) {
   root.innerHTML =
     `<div class="wb-graphview-bar"><span class="wb-graphview-title"></span>` +
     `<button class="wb-zoom-in" title="Zoom in">+</button><button class="wb-zoom-out" title="Zoom out">\u2212</button>` +
-    `<button class="wb-zoom-fit" title="Fit">fit</button><span class="wb-graphview-status"></span></div>` +
-    `<div class="wb-graphview-body"><svg class="wb-graph" xmlns="${SVGNS}"><g class="wb-viewport"></g></svg>` +
+    `<button class="wb-zoom-fit" title="Fit">fit</button>` +
+    `<input class="wb-find" type="search" data-lm-suppress-shortcuts="true" placeholder="find node" title="a node name or op type; Enter selects the next match">` +
+    `</div>` +
+    `<div class="wb-graphview-body"><span class="wb-graphview-status"></span><svg class="wb-graph" xmlns="${SVGNS}"><g class="wb-viewport"></g></svg>` +
     `<div class="wb-legend"></div></div>`;
   el.appendChild(root);
   const svg = root.querySelector("svg.wb-graph");
@@ -165,6 +167,7 @@ async function render({ model, el }) {
   // Large graphs get their labels lazily, for the nodes in view: laying out 2,000 SVG texts
   // is most of the first paint. `lazy` holds what is needed to add them as the view moves.
   let lazy = null;
+  let positions = null; // node centres of the last layout (find centres on them)
   let labelPending = false;
   const labelVisible = () => {
     labelPending = false;
@@ -279,6 +282,7 @@ async function render({ model, el }) {
     });
     parts.push("</g>");
     viewport.innerHTML = parts.join("");
+    positions = { x: layout.x, y: layout.y };
     lazy = eager ? null : { xs: layout.x, ys: layout.y, widths, labels, done: new Uint8Array(nodes.length),
       els: viewport.querySelectorAll(".wb-node") };
     size = { width: layout.width, height: layout.height };
@@ -301,8 +305,48 @@ async function render({ model, el }) {
     model.set("render_ms", ms);
     model.save_changes();
   };
+  // new colours (another color_by): repaint the nodes and the legend, keep layout and view
+  const recolor = () => {
+    const colors = model.get("colors") || [];
+    const strokes = model.get("strokes") || [];
+    const titles = model.get("tooltips") || [];
+    viewport.querySelectorAll(".wb-node").forEach((g) => {
+      const i = Number(g.dataset.index);
+      g.querySelector("rect").setAttribute("fill", colors[i] || "#dddddd");
+      g.classList.toggle("wb-flagged", !!strokes[i]);
+      g.querySelector("title").textContent = titles[i] || g.dataset.id;
+    });
+    root.querySelector(".wb-legend").innerHTML = legendHTML(model.get("legend"));
+  };
+  // find: the next node whose name or op type contains the text; centre on it and select it
+  const find = root.querySelector(".wb-find");
+  let lastFind = -1;
+  find.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || !positions) return;
+    e.stopPropagation();
+    const q = find.value.trim().toLowerCase();
+    const nodes = (model.get("graph") || { nodes: [] }).nodes;
+    if (!q) return;
+    for (let k = 1; k <= nodes.length; k++) {
+      const i = (lastFind + k) % nodes.length;
+      if (nodes[i].id.toLowerCase().includes(q) || nodes[i].op.toLowerCase().includes(q)) {
+        lastFind = i;
+        const b = svg.getBoundingClientRect();
+        view.k = Math.max(view.k, 0.8);
+        view.x = (b.width || 600) / 2 - positions.x[i] * view.k;
+        view.y = (b.height || 500) / 2 - positions.y[i] * view.k;
+        apply();
+        model.set("selected", nodes[i].id);
+        model.save_changes();
+        find.classList.remove("wb-not-found");
+        return;
+      }
+    }
+    find.classList.add("wb-not-found");
+  });
+  find.addEventListener("keyup", (e) => e.stopPropagation()); // keep JupyterLab shortcuts out
   model.on("change:graph", draw);
-  model.on("change:colors", draw);
+  model.on("change:colors", recolor);
   model.on("change:selected", highlight);
   await draw();
 }

@@ -253,6 +253,7 @@ class GraphView(widgets.HBox):
         self.candidate = (self._match_candidate(artifact_or_summary, candidate)
                           if report is not None else None)
         self.records = self._records_by_node() if self.candidate is not None else {}
+        self._given_values = values
         self.values = self._node_values(values)
         colors, strokes, legend = self._colors()
         self.output = widgets.Output(layout=widgets.Layout(width="42%", min_width="320px",
@@ -264,8 +265,17 @@ class GraphView(widgets.HBox):
                    "edges": self.payload["edges"]},
             colors=colors, strokes=strokes, legend=legend, tooltips=self._tooltips(),
             title=f"{self.payload['title']} ({self.payload['format']}, {len(nodes)} nodes)")
-        self.canvas.layout = widgets.Layout(flex="1 1 58%", min_width="400px")
-        super().__init__([self.canvas, self.output], layout=widgets.Layout(width="100%"))
+        modes = ["op_type"] + [m for m in ("accumulated", "isolated")
+                               if (values is not None and m == color_by) or any(
+                                   m in rs for rs in self.records.values())]
+        self.color_w = widgets.ToggleButtons(
+            options=[(m.replace("_", " "), m) for m in modes], value=color_by,
+            description="colour by", style={"button_width": "108px"})
+        self.color_w.observe(lambda c: self.recolor(c["new"]), names="value")
+        self.color_w.add_class("wb-graphview-color-by")
+        left = widgets.VBox([self.color_w, self.canvas] if len(modes) > 1 else [self.canvas],
+                            layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
+        super().__init__([left, self.output], layout=widgets.Layout(width="100%"))
         self.add_class("wb-graphview-box")
         self.last_figures, self.last_error = [], None
         traitlets.link((self.canvas, "selected"), (self, "selected"))
@@ -288,6 +298,27 @@ class GraphView(widgets.HBox):
     def select(self, node: str) -> None:
         """Select a node as a click would (by node name or produced tensor)."""
         self.selected = self.payload["nodes"][self._node_index(node, "node")]["id"]
+
+    def recolor(self, color_by: str) -> None:
+        """Colour by another value (op type, accumulated or isolated error); the layout and
+        the view stay as they are."""
+        if color_by not in COLOR_BY:
+            raise InputError(f"color_by={color_by!r} is not one of {', '.join(COLOR_BY)}",
+                             "gv.recolor('isolated')")
+        before = self.color_by
+        self.color_by = color_by
+        try:
+            self.values = self._node_values(None if color_by == "op_type"
+                                            else self._given_values)
+        except InputError:
+            self.color_by = before
+            raise
+        colors, strokes, legend = self._colors()
+        with self.canvas.hold_sync():
+            self.canvas.colors, self.canvas.strokes = colors, strokes
+            self.canvas.legend, self.canvas.tooltips = legend, self._tooltips()
+        if self.color_w.value != color_by and color_by in [v for _l, v in self.color_w.options]:
+            self.color_w.value = color_by
 
     # -- report -> per-node values ----------------------------------------------------------
     def _match_candidate(self, source: Any, name: str | None) -> Any:
