@@ -195,10 +195,10 @@ def report(rows: list[dict], notes: list[str], missing: list[str]) -> None:
         if f:
             leftovers.append(f"{case.name} / {r['exporter']} left in the raised graph: "
                              + ", ".join(f"{k} {v}" for k, v in r["ops"].items()))
-    lines = ["", "fired: " + "; ".join(
-        f"{r['case'].name}/{r['exporter'][:5]} "
+    lines = ["", "rules fired:"] + [
+        f"  {r['case'].name} / {r['exporter']}: "
         + (", ".join(f"{k} x{v}" for k, v in r["fired"].items()) or "nothing")
-        for r in rows)]
+        for r in rows]
     lines += [f"disabled by the numeric check: {r['case'].name}/{r['exporter']}: {r['disabled']}"
               for r in rows if r["disabled"]]
     lines += leftovers + [f"note: {n}" for n in notes]
