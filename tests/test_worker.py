@@ -174,22 +174,46 @@ def test_a_twin_dropped_in_the_worker_is_built_again(sr, fresh_worker):
     np.testing.assert_array_equal(r.run((x,))["output"], first)
 
 
-@pytest.mark.parametrize("arr", [
-    np.arange(24, dtype=np.float32).reshape(2, 3, 4),
-    np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)),
-    np.zeros((0, 5), dtype=np.float16),
-    np.array(3.5),
-    np.array([True, False]),
-])
-def test_npy_files_are_mapped_not_read_and_stay_valid_after_unlink(tmp_path, arr):
-    from workbench.runtime.worker import load_npy
+ARRAYS = {"f32": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+          "fortran": np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)),
+          "empty": np.zeros((0, 5), dtype=np.float16), "scalar": np.array(3.5),
+          "bool": np.array([True, False]), "strided": np.arange(10.0)[::3]}
 
-    path = tmp_path / "t.npy"
-    np.save(path, arr)
-    got = load_npy(str(path))
-    path.unlink()  # the worker's files go at once; the mapped pages stay with the array
-    assert type(got) is np.ndarray and got.dtype == arr.dtype and got.shape == arr.shape
-    np.testing.assert_array_equal(got, arr)
-    if got.size:
-        got[...] = 0  # writable, and private: no one else sees it
-        assert not got.any()
+
+def test_arrays_travel_packed_in_one_file_and_come_back_as_mapped_views(tmp_path):
+    from workbench.runtime.worker import pack, unpack
+
+    path = str(tmp_path / "arena")
+    index = pack(path, ARRAYS)
+    got, view = unpack(path, index)
+    for name, arr in ARRAYS.items():
+        assert type(got[name]) is np.ndarray and got[name].dtype == arr.dtype, name
+        np.testing.assert_array_equal(got[name], arr, err_msg=name)
+    os.unlink(path)  # the pages stay with the arrays that map them
+    np.testing.assert_array_equal(got["f32"], ARRAYS["f32"])
+    got["f32"][...] = 0  # a private mapping is writable
+    with pytest.raises(TypeError, match="'o' holds Python objects"):
+        pack(path, {"o": np.array([None])})
+
+
+def test_result_files_are_written_over_only_once_the_caller_let_go(sr):
+    _, (x,), onx, _ = sr
+    r = OrtRunner(onx)
+    arenas = r._remote._arenas
+    first = r.run((x,), capture="all")
+    first_file = arenas.files[-1][0]
+    kept = {k: v.copy() for k, v in first.items()}
+    second = r.run((x * 2,), capture="all")  # `first` is held: a second file
+    assert len(arenas.files) == 2 and arenas.files[-1][0] != first_file
+    third = r.run((x * 3,), capture="all")  # both held: the oldest file is let go
+    assert len(arenas.files) == 2 and not os.path.exists(first_file)
+    for k in kept:  # unlinked, still mapped by its arrays, not written over
+        np.testing.assert_array_equal(first[k], kept[k])
+    files = [p for p, _ in arenas.files]
+    del first, second, third
+    for _ in range(3):  # nothing held between runs: the kept files serve every run
+        r.run((x,), capture="all")
+    assert [p for p, _ in arenas.files] == files[::-1] or [p for p, _ in arenas.files] == files
+    again = r.run((x,), capture="all")
+    for k in kept:
+        np.testing.assert_allclose(again[k], kept[k], rtol=1e-6)
