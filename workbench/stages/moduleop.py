@@ -106,11 +106,14 @@ def moduleop_diagnostics(path: Any, classes: set[type],
         diags += group_module_calls(path, classes)
     model = onnx.load(str(path), load_external_data=False)
     called = {n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")}
-    return diags + [Diagnostic("warning", "moduleop-unmatched",
-                       f"moduleop {c.__qualname__}: the exported graph holds no "
-                       f"{c.__name__} node", "the trace did not call the module's forward(); "
-                       "check that forward() uses it on the example inputs")
-            for c in sorted(classes, key=lambda c: c.__qualname__) if c.__name__ not in called]
+    for c in sorted(classes, key=lambda c: c.__qualname__):
+        if c.__name__ not in called:
+            diags.append(Diagnostic(
+                "warning", "moduleop-unmatched",
+                f"moduleop {c.__qualname__}: the exported graph holds no {c.__name__} node",
+                "the trace did not call the module's forward(); check that forward() uses it "
+                "on the example inputs"))
+    return diags
 
 
 def _show(items: list[Any]) -> str:
@@ -160,7 +163,9 @@ def group_module_calls(path: Any, classes: set[type]) -> list[Diagnostic]:
             diags.append(Diagnostic("warning", "moduleop-unmatched",
                                     f"moduleop {cls.__qualname__}: the call at "
                                     f"{'.'.join(k for k in key if k)} could not be cut out "
-                                    "as one op (values flow out and back in)", ""))
+                                    "as one op (values flow out and back in)",
+                                    "export with exporter='torchscript', whose "
+                                    "export_modules_as_functions cuts at the module call"))
     onnx.save(ir.serde.serialize_model(model), str(path))
     return diags
 
