@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,35 +235,44 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                 raise InputError(f"{cand.name} takes {n_in} input(s) "
                                  f"{cand.runner.input_names}, the reference was given {len(args)}",
                                  "compare a candidate exported from the same model and inputs")
-            bar.set_postfix_str(cand.name)
-            values = cand.runner.run(args, capture="all")
-            if cand.name not in tensors_of:  # list and align on the first input set
-                tensors_of[cand.name] = candidate_tensors(cand, modules)
-            tensors = tensors_of[cand.name]
-            if cand.name not in alignments:
-                alignments[cand.name] = align(ref_values, values, tensors, modules)
-            al = alignments[cand.name]
-            order = {t.name: t for t in tensors}
-            runs = [("accumulated", values)]
-            if mode in ("isolated", "both"):
-                iso = _isolated(cand, al, ref_values, values, args)
-                isolated_available[cand.name] = iso is not None
-                if iso is not None:
-                    runs = runs + [("isolated", iso)] if mode == "both" else [("isolated", iso)]
-            for run_mode, vals in runs:
-                for cname, rname in al.pairs.items():
-                    if cname not in vals:
-                        continue
-                    t = order[cname]
-                    tol = resolve_tolerance(base_tol, per_op_tolerance, per_tensor_tolerance,
-                                            t.op_type, cname)
-                    m = tensor_metrics(ref_values[rname], vals[cname], tol)
-                    m["tolerance"] = tol.bound(ref_values[rname])
-                    rec = Record(cand.name, run_mode, t.order, cname, rname, t.op_type, m)
-                    key = (cand.name, run_mode, cname)
-                    if key not in worst or _worse(m, worst[key].metrics):
-                        worst[key] = rec
-                bar.update()
+        # the candidates capture one after another in a thread (in the worker, mostly)
+        # while this thread aligns and measures the one before: the two overlap
+        pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare")
+        pending = [pool.submit(cand.runner.run, args, "all") for cand in cands]
+        try:
+            for k, cand in enumerate(cands):
+                bar.set_postfix_str(cand.name)
+                values = pending[k].result()
+                pending[k] = None  # its values go when this candidate is done
+                if cand.name not in tensors_of:  # list and align on the first input set
+                    tensors_of[cand.name] = candidate_tensors(cand, modules)
+                tensors = tensors_of[cand.name]
+                if cand.name not in alignments:
+                    alignments[cand.name] = align(ref_values, values, tensors, modules)
+                al = alignments[cand.name]
+                order = {t.name: t for t in tensors}
+                runs = [("accumulated", values)]
+                if mode in ("isolated", "both"):
+                    iso = _isolated(cand, al, ref_values, values, args)
+                    isolated_available[cand.name] = iso is not None
+                    if iso is not None:
+                        runs = runs + [("isolated", iso)] if mode == "both" else [("isolated", iso)]
+                for run_mode, vals in runs:
+                    for cname, rname in al.pairs.items():
+                        if cname not in vals:
+                            continue
+                        t = order[cname]
+                        tol = resolve_tolerance(base_tol, per_op_tolerance, per_tensor_tolerance,
+                                                t.op_type, cname)
+                        m = tensor_metrics(ref_values[rname], vals[cname], tol)
+                        m["tolerance"] = tol.bound(ref_values[rname])
+                        rec = Record(cand.name, run_mode, t.order, cname, rname, t.op_type, m)
+                        key = (cand.name, run_mode, cname)
+                        if key not in worst or _worse(m, worst[key].metrics):
+                            worst[key] = rec
+                    bar.update()
+        finally:
+            pool.shutdown(cancel_futures=True)
     bar.close()
     records = sorted(worst.values(), key=lambda r: (r.candidate, r.mode, r.order))
     return CompareReport(records=records, alignments=alignments, candidates=cands,

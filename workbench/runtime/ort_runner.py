@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .base import Runner, split_inputs, to_numpy
+from .base import Runner, keep_freed_memory, split_inputs, to_numpy
 
 # onnxruntime's type strings -> numpy dtype names
 _ORT_TYPES = {
@@ -88,6 +88,8 @@ class OrtRunner(Runner):
         return feed
 
     def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
+        if capture != "outputs":
+            keep_freed_memory()  # ~one fresh array per node each run: reuse their memory
         sess = self.session if capture == "outputs" else self._session_all()
         names = [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, feed), strict=True))

@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from ..inputs import as_tensor_tuple, flatten_outputs
-from .base import Runner
+from .base import Runner, keep_freed_memory
 
 _PREFIXES = (("torch.nn.functional.", "F."), ("torch.Tensor.", "Tensor."), ("torch._C._nn.", "F."),
              ("torch._C._VariableFunctions.", "torch."))
@@ -89,7 +89,7 @@ class TorchRunner(Runner):
         return records
 
     def _forward_recording(self, args: tuple, records: dict[str, Any]) -> Any:
-        _keep_freed_memory()
+        keep_freed_memory()
         rec = self._pass(args, records, copy=False)
         if not rec.intact:  # a held tensor was changed where the mode could not see it
             records.clear()
@@ -109,28 +109,6 @@ class TorchRunner(Runner):
                 h.remove()
         rec.finish()
         return rec
-
-
-@functools.cache
-def _keep_freed_memory() -> None:
-    """Keep freed heap memory in this process rather than handing it back to the OS (glibc).
-
-    capture="all" holds every activation (~190 MB on a ResNet-50) until the caller drops
-    the result. glibc serves blocks that large with mmap at first, and trims the heap top
-    once they are freed, so every capture faulted each page in again (~30k page faults,
-    more than the hooks cost). With fixed thresholds the next capture reuses that memory."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # pragma: no cover
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own dynamic maximum
-    libc.mallopt(m_trim_threshold, 512 << 20)
 
 
 _INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",

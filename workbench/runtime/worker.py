@@ -112,6 +112,9 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
     from multiprocessing.connection import Connection
 
     conn = Connection(fd)
+    from .base import keep_freed_memory
+
+    keep_freed_memory()  # results are fresh arrays each run: reuse their memory
     runners: dict[int, Any] = {}
     while True:
         try:
