@@ -113,6 +113,8 @@ def test_panel_shows_summary_node_counts_diagnostics_and_preview(pipeline) -> No
     assert "pnnx graph" in ncnn.result_html.value
     cmp_panel = pipeline.panels["compare"]
     assert pipeline.report.summary().splitlines()[0] in cmp_panel.result_html.value
+    if available("workbench.ui.compare_view"):  # the sortable, filterable table
+        assert type(cmp_panel.preview.children[0]).__name__ == "CompareView"
     if available("workbench.ui.graphview"):  # the graph coloured by accumulated error
         *_, picker, box = cmp_panel.preview.children
         assert list(picker.options) == [c.name for c in pipeline.report.candidates]
