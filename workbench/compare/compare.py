@@ -319,13 +319,14 @@ def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict
         arr = np.asarray(values[name])
         ref = _fit(ref_values[al.pairs[name]], arr.shape).astype(arr.dtype, copy=False)
         feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
-    return _ISOLATED[key][1].run(feeds, capture="all")
+    return _ISOLATED[key][1].run(feeds)
 
 
 def isolated_model(path: Path, cut: list[str], types: dict[str, Any]) -> Any:
     """The ONNX model with the values in ``cut`` cut: their consumers read a new graph input
     ``<value>__ref`` (fed from the reference); chains of values not cut (the nodes a module
-    was lowered into) stay connected, so they run from the nearest reference inputs."""
+    was lowered into) stay connected, so they run from the nearest reference inputs. Its
+    outputs are the cut values, as their nodes compute them: only what is measured."""
     from onnx import helper
 
     from ..onnx_io import load_onnx
@@ -340,6 +341,9 @@ def isolated_model(path: Path, cut: list[str], types: dict[str, Any]) -> Any:
     for name in cut:  # no shape: the same model serves every input size
         graph.input.append(helper.make_tensor_value_info(
             f"{name}__ref", helper.np_dtype_to_tensor_dtype(types[name]), None))
+    del graph.output[:]
+    graph.output.extend(helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(types[name]), None) for name in cut)
     return model
 
 
