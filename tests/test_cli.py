@@ -23,15 +23,16 @@ def test_demo_prints_the_stage_table(tmp_path, capsys):
     table = out.split("\n\n")[0]  # the op-by-op summary follows a blank line
     rows = {" ".join(line.split()[:2]) if line.startswith("ncnn") else line.split()[0]:
             line.split() for line in table.splitlines()
-            if line.startswith(("export ", "simplify ", "ncnn "))}
-    assert set(rows) == {"export", "simplify", "ncnn fp32", "ncnn fp16"}
+            if line.startswith(("export ", "simplify ", "raise ", "ncnn "))}
+    assert set(rows) == {"export", "simplify", "raise", "ncnn fp32", "ncnn fp16"}
     assert rows["export"][2] == "onnx" and int(rows["simplify"][3]) <= int(rows["export"][3])
     assert float(rows["export"][4]) < 1e-4
     assert rows["ncnn fp32"][3] == "ncnn" and float(rows["ncnn fp32"][5]) < 1e-4
     assert float(rows["ncnn fp16"][5]) < 1e-2
     assert "op by op:" in out and "6/6 aligned" in out
     manifest = json.loads((tmp_path / "ws" / "manifest.json").read_text())
-    assert [a["stage"] for a in manifest["artifacts"]] == ["export", "simplify", "pnnx", "ncnn"]
+    assert [a["stage"] for a in manifest["artifacts"]] == ["export", "simplify", "raise", "pnnx",
+                                                             "ncnn"]
 
 
 def test_inspect_text_and_json(tmp_path, capsys):

@@ -9,7 +9,7 @@ from typing import Any
 from .artifact import Artifact, Workspace, as_workspace
 from .errors import WorkbenchError
 
-STAGES = ("export", "simplify", "ncnn", "compare")
+STAGES = ("export", "simplify", "raise", "ncnn", "compare")
 
 
 @dataclass
@@ -66,22 +66,25 @@ def _fmt(v: Any, spec: str = "{}") -> str:
 
 
 class Pipeline:
-    """Run export, simplify, ncnn conversion and the op-by-op comparison on one model.
+    """Run export, simplify, raising, ncnn conversion and the op-by-op comparison on one model.
 
-    ``export``, ``simplify``, ``ncnn`` and ``compare`` are dicts of keyword arguments for
-    those stages.
+    ``export``, ``simplify``, ``raise_ops``, ``ncnn`` and ``compare`` are dicts of keyword
+    arguments for those stages; ``raise_ops=False`` skips raising.
     """
 
     def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
                  export: dict[str, Any] | None = None,
                  simplify: dict[str, Any] | None = None,
+                 raise_ops: dict[str, Any] | bool | None = None,
                  ncnn: dict[str, Any] | None = None,
                  compare: dict[str, Any] | None = None) -> None:
         self.model = model
         self.inputs = inputs
         self.workspace = workspace
         self.options = {"export": dict(export or {}), "simplify": dict(simplify or {}),
-                        "ncnn": dict(ncnn or {}), "compare": dict(compare or {})}
+                        "raise": dict(raise_ops) if isinstance(raise_ops, dict) else {}, "ncnn": dict(ncnn or {}),
+                        "compare": dict(compare or {})}
+        self.stages = tuple(s for s in STAGES if s != "raise" or raise_ops is not False)
 
     def run(self, progress: bool = True) -> PipelineResult:
         from tqdm.auto import tqdm
@@ -89,12 +92,13 @@ class Pipeline:
         from .compare.compare import compare
         from .stages.export import export
         from .stages.ncnn import to_ncnn
+        from .stages.raising import raise_ops
         from .stages.simplify import simplify
 
         ws = as_workspace(self.workspace)
         result = PipelineResult()
         t0 = time.perf_counter()
-        bar = tqdm(STAGES, desc="pipeline", disable=not progress, leave=False)
+        bar = tqdm(self.stages, desc="pipeline", disable=not progress, leave=False)
         for stage in bar:
             bar.set_postfix_str(stage)
             try:
@@ -103,11 +107,16 @@ class Pipeline:
                 elif stage == "simplify":
                     art = simplify(result.artifacts["export"], workspace=ws,
                                    **self.options[stage])
+                elif stage == "raise":  # on the simplified graph, else on the export
+                    parent = result.artifacts.get("simplify", result.artifacts["export"])
+                    art = raise_ops(parent, workspace=ws, **self.options[stage])
                 elif stage == "ncnn":  # pnnx from the module: its TorchScript route raises
                     art = to_ncnn(self.model, self.inputs, workspace=ws, **self.options[stage])
                 else:
-                    cands = [result.artifacts[s] for s in ("simplify", "ncnn")
-                             if s in result.artifacts] or [result.artifacts["export"]]
+                    onnx = next(result.artifacts[s] for s in ("raise", "simplify", "export")
+                                if s in result.artifacts)  # the last ONNX model
+                    cands = [onnx] + ([result.artifacts["ncnn"]] if "ncnn" in result.artifacts
+                                      else [])
                     result.report = compare(self.model, cands, self.inputs, progress=False,
                                             **self.options[stage])
                     continue
