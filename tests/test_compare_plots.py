@@ -368,3 +368,22 @@ def test_import_does_not_pull_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0] == "False"
+
+
+def test_figures_render_as_png_in_a_fresh_ipython_shell():
+    # no pyplot and no %matplotlib inline: the figure must still display as an image
+    code = """
+import numpy as np
+from IPython.core.interactiveshell import InteractiveShell
+from matplotlib.figure import Figure
+shell = InteractiveShell.instance()
+before = shell.display_formatter.format(Figure())[0]
+from workbench.compare import plots
+fig = plots.error_histogram(np.zeros(10, np.float32), np.ones(10, np.float32))
+after = shell.display_formatter.format(fig)[0]
+print("image/png" in before, "image/png" in after)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]

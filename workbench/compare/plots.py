@@ -216,9 +216,40 @@ def _short(text: str, width: int = 40) -> str:
     return f"{text[:keep]}…{text[-(width - 1 - keep):]}"
 
 
+def _show_in_ipython() -> None:
+    """Let IPython render a bare Figure as a PNG. Without pyplot no backend registers that
+    formatter, so in a fresh kernel a figure showed as ``<Figure size ...>`` text."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    png = shell.display_formatter.formatters["image/png"]
+    from matplotlib.figure import Figure
+
+    if _has_type(png, Figure):  # a backend (or %matplotlib inline) already did it
+        return
+    from IPython.core.pylabtools import select_figure_formats
+
+    select_figure_formats(shell, {"png"})
+
+
+def _has_type(formatter: Any, cls: type) -> bool:
+    try:
+        formatter.lookup_by_type(cls)
+    except KeyError:
+        return False
+    return True
+
+
 def _new_figure(width: float, height: float) -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
 
+    _show_in_ipython()
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
 
