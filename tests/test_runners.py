@@ -155,6 +155,27 @@ def test_in_place_writes_do_not_change_what_was_recorded():
     assert (got["conv"] < 0).any() and got["same"] is got["conv"]
 
 
+def test_an_in_place_call_that_writes_nothing_keeps_one_copy():
+    class Drop(nn.Module):  # in eval mode, Dropout(inplace=True) returns its input unwritten
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.drop = nn.Conv2d(3, 3, 1), nn.Dropout(0.5, inplace=True)
+            self.same, self.act = nn.Identity(), nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.act(self.same(self.drop(self.conv(x))))
+
+    net, x = Drop(), torch.randn(1, 3, 4, 4)
+    got = TorchRunner(net).run((x,), capture="all")
+    with torch.no_grad():
+        conv = net.conv(x).numpy()
+    for name in ("conv", "drop", "same"):
+        np.testing.assert_array_equal(got[name], conv, err_msg=name)
+    assert got["same"] is got["drop"] and (got["conv"] < 0).any()
+    np.testing.assert_array_equal(got["act"], np.maximum(conv, 0))
+
+
 class Unseen(nn.Module):
     """Writes its conv output where no TorchFunctionMode sees it (as C++ code could)."""
 

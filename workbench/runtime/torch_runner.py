@@ -161,6 +161,7 @@ class _Recorder:
         self.seen: dict[tuple[int, int], Any] = {}
         # storage address -> [(record name, tensor, its version then)]: tensors held
         self.held: dict[int, list[tuple[str, Any, int]]] = {}
+        self.held_ids: set[int] = set()  # ids of the held tensors (alive while held)
         self.intact = True
         self.result: Any = None
 
@@ -196,14 +197,15 @@ class _Recorder:
                     continue
                 if key in self.seen and self.seen[key][0]() is t:
                     kept = self.records[n] = self.seen[key][1]
-                    if hasattr(kept, "detach"):  # held: copied with the first name
-                        self.held[_storage(kept)].append((n, kept, key[1]))
+                    if id(kept) in self.held_ids:  # copied with the first name, if written
+                        self.held.setdefault(_storage(kept), []).append((n, kept, key[1]))
                     continue
                 if self.copy or t.device.type != "cpu":
                     kept = self._copy(n, t)
                 else:
                     kept = t.detach()  # shares t's memory and version counter
                     self.held.setdefault(_storage(kept), []).append((n, kept, key[1]))
+                    self.held_ids.add(id(kept))
                 self.records[n] = kept
                 self.seen[key] = (weakref.ref(t), kept)  # weak: t's memory stays free
         finally:
@@ -238,6 +240,11 @@ class _Recorder:
                     continue
                 if id(t) not in clones:
                     clones[id(t)] = t.clone()
+                    # seen again unchanged (the op did not write after all, e.g. dropout
+                    # in eval mode): the copy is what it is
+                    for key, (ref, kept) in list(self.seen.items()):
+                        if kept is t:
+                            self.seen[key] = (ref, clones[id(t)])
                 self.records[n] = clones[id(t)]
 
     def finish(self) -> None:
@@ -247,6 +254,7 @@ class _Recorder:
                 if t._version != version:
                     self.intact = False
         self.held.clear()
+        self.held_ids.clear()
         self.seen.clear()
         arrays: dict[int, Any] = {}  # one array per tensor, however many records name it
         for n, v in self.records.items():
