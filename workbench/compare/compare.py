@@ -257,6 +257,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     isolated_available[cand.name] = iso is not None
                     if iso is not None:
                         runs = runs + [("isolated", iso)] if mode == "both" else [("isolated", iso)]
+                    values = iso = None  # what is measured is in runs; the rest goes now
                 for run_mode, vals in runs:
                     for cname, rname in al.pairs.items():
                         if cname not in vals:

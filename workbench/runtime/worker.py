@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import itertools
+import mmap
 import os
 import shutil
 import signal
@@ -82,21 +83,17 @@ def pack(path: str, arrays: dict[str, Any]) -> dict[str, Any]:
     return {"arrays": index, "size": end}
 
 
-def unpack(path: str, index: dict[str, Any], view: Any = None,
-           shared: bool = False) -> tuple[dict[str, Any], Any]:
-    """The arrays ``pack`` wrote, as views of the file mapped in memory (no copy): through
-    ``view`` (a mapping of the file made before) when it is large enough, else a new one,
-    shared (sees the file's next contents) or private (copy-on-write: writes stay here).
-    -> (arrays, the mapping they view)."""
+def unpack(path: str, index: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The arrays ``pack`` wrote, as views of the file mapped in memory (no copy, and the
+    pages of the file, no new ones); private (copy-on-write), so writes stay here.
+    -> (arrays, the mapping they view: gone when they all are)."""
     import mmap
 
     import numpy as np
 
-    if view is None or len(view) < index["size"]:
-        with open(path, "r+b" if shared else "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE if shared
-                             else mmap.ACCESS_COPY) if size else b""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
     out = {}
     for name, (offset, dtype, shape) in index["arrays"].items():
         dt = np.dtype(dtype)
@@ -297,7 +294,7 @@ class RemoteHandle:
         w = worker()
         with self._arenas.lock:
             inputs = self._arenas.inputs(w)
-            out_path, view = self._arenas.free_output(w)
+            out_path = self._arenas.free_output(w)
             msg = {"op": "run", "key": self.key, "inputs": inputs,
                    "index": pack(inputs, feed), "capture": capture, "outputs": out_path}
             try:
@@ -306,7 +303,7 @@ class RemoteHandle:
                 self._generation = -1
                 self._ensure()
                 reply = w.call(msg, self.backend)
-            out, view = unpack(out_path, reply["outputs"], view, shared=True)
+            out, view = unpack(out_path, reply["outputs"])
             self._arenas.mapped(out_path, view)
             return out
 
@@ -315,20 +312,20 @@ class Arenas:
     """The /dev/shm files one handle's runs travel through, kept from run to run.
 
     Results are returned as views of their file mapped in memory, so the next run may
-    write into that file only once the caller has let go of every array of it (the
-    mapping's reference count says so). Writing over pages that exist, mapped already,
-    costs a copy and nothing more: fresh files per run cost a page fault and a zeroed
-    page for each 4 kB (on a ResNet-50, ~190 MB per capture="all", as much as the run).
-    A file still in use is left to its arrays (unlinked, its pages go with them) and a
-    new one is made."""
+    write into that file only once the caller has let go of every array of it (then the
+    mapping is gone too: it is held weakly here). Writing over pages that exist costs a
+    copy and nothing more; a fresh file per run cost a zeroed page for each 4 kB (on a
+    ResNet-50, ~190 MB per capture="all"). A file still in use when a run needs one is
+    left to its arrays (unlinked: its pages go with them) and a new one is made; one file
+    stays kept per handle, so what stays allocated between runs is one run's results."""
 
-    KEEP = 2  # output files kept per handle
+    KEEP = 1  # output files kept per handle
 
     def __init__(self, key: int) -> None:
         self.key = key
         self.lock = threading.Lock()
         self.count = itertools.count()
-        self.files: list[list[Any]] = []  # [path, mapping or None], most recent last
+        self.files: list[list[Any]] = []  # [path, weak ref to its mapping or None]
         self.input_files: list[str] = []
         weakref.finalize(self, Arenas._remove, self.files, self.input_files)
 
@@ -338,28 +335,22 @@ class Arenas:
             self.input_files.append(path)
         return path
 
-    def free_output(self, w: Worker) -> tuple[str, Any]:
-        """A kept output file whose arrays are all gone (and its mapping), or a new one."""
-        import sys
-
+    def free_output(self, w: Worker) -> str:
+        """A kept output file none of whose arrays is alive, or a new one."""
         for entry in reversed(self.files):
-            path, view = entry
-            # references: the entry, `view`, getrefcount's argument; more are arrays
-            if path.startswith(str(w.dir)) and (view is None or sys.getrefcount(view) <= 3):
-                self.files.remove(entry)
-                self.files.append(entry)
-                return path, view
+            path, ref = entry
+            if path.startswith(str(w.dir)) and (ref is None or ref() is None):
+                return path
         path = str(w.dir / f"h{self.key}-out{next(self.count)}")
         self.files.append([path, None])
         while len(self.files) > self.KEEP:  # its arrays keep the pages they map
-            old, _ = self.files.pop(0)
-            _unlink(old)
-        return path, None
+            _unlink(self.files.pop(0)[0])
+        return path
 
     def mapped(self, path: str, view: Any) -> None:
         for entry in self.files:
             if entry[0] == path:
-                entry[1] = view
+                entry[1] = weakref.ref(view) if isinstance(view, mmap.mmap) else None
 
     @staticmethod
     def _remove(files: list[list[Any]], inputs: list[str]) -> None:
