@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -326,11 +327,14 @@ def profile_phases(model: Any, x: tuple, onx: Any, nc: Any) -> None:
     import workbench as wb
 
     spent: Counter[str] = Counter()
-    stack: list[float] = []  # per active phase: seconds its nested phases took
+    # per thread (compare captures candidates in a thread while it measures the previous
+    # one), per active phase: seconds its nested phases took
+    local = threading.local()
 
     def timed(label: str, fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            stack = local.__dict__.setdefault("stack", [])
             stack.append(0.0)
             t0 = time.perf_counter()
             try:
@@ -358,7 +362,8 @@ def profile_phases(model: Any, x: tuple, onx: Any, nc: Any) -> None:
             t0 = time.perf_counter()
             wb.compare(model, [onx, nc], x, mode=mode, progress=False)
             total = time.perf_counter() - t0
-            print(f"profile, one compare {mode}: {total:.2f} s")
+            print(f"profile, one compare {mode}: {total:.2f} s (phases in the capture thread "
+                  "overlap the others: the sum may exceed the total)")
             for label, s in spent.most_common():
                 print(f"  {label:<34} {s:6.2f} s  {100 * s / total:4.0f}%")
             other = total - sum(spent.values())

@@ -235,15 +235,24 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                 raise InputError(f"{cand.name} takes {n_in} input(s) "
                                  f"{cand.runner.input_names}, the reference was given {len(args)}",
                                  "compare a candidate exported from the same model and inputs")
-        # the candidates capture one after another in a thread (in the worker, mostly)
-        # while this thread aligns and measures the one before: the two overlap
+        # the next candidate captures in a thread (in the worker, mostly) while this one
+        # aligns and measures the one before: the two overlap. In isolated mode only once
+        # the isolated run is done, so that its values and the next capture's do not pile
+        # up (peak memory)
         pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare")
-        pending = [pool.submit(cand.runner.run, args, "all") for cand in cands]
+        pending = {0: pool.submit(cands[0].runner.run, args, "all")}
+
+        def prefetch(k: int, pending: dict = pending, pool: Any = pool,
+                     args: tuple = args) -> None:
+            if k < len(cands) and k not in pending:
+                pending[k] = pool.submit(cands[k].runner.run, args, "all")
+
         try:
             for k, cand in enumerate(cands):
                 bar.set_postfix_str(cand.name)
-                values = pending[k].result()
-                pending[k] = None  # its values go when this candidate is done
+                values = pending.pop(k).result()
+                if mode == "accumulated":
+                    prefetch(k + 1)
                 if cand.name not in tensors_of:  # list and align on the first input set
                     tensors_of[cand.name] = candidate_tensors(cand, modules)
                 tensors = tensors_of[cand.name]
@@ -258,6 +267,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     if iso is not None:
                         runs = runs + [("isolated", iso)] if mode == "both" else [("isolated", iso)]
                     values = iso = None  # what is measured is in runs; the rest goes now
+                prefetch(k + 1)
                 for run_mode, vals in runs:
                     for cname, rname in al.pairs.items():
                         if cname not in vals:

@@ -207,7 +207,7 @@ class NcnnRunner(Runner):
                 ret, mat = ex.extract(name)
                 if ret != 0:
                     raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
-                out[name] = np.array(mat)
+                out[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
             return out
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
