@@ -791,10 +791,10 @@ def _layer_class(name: str) -> type:
             try:
                 if self.one_blob_only:
                     out = self._run([bottom])
-                    top.clone_from(out[0], opt.blob_allocator)
+                    top.clone_from(out[0])
                 else:
                     for t, o in zip(top, self._run(list(bottom)), strict=False):
-                        t.clone_from(o, opt.blob_allocator)
+                        t.clone_from(o)
             except Exception as e:  # ncnn only sees a status; the log keeps the reason
                 import sys
                 print(f"custom layer {name} failed: {type(e).__name__}: {e}", file=sys.stderr)
