@@ -187,8 +187,13 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
             lower_ir_version(model)
         if path is not None and external_data_files(path):
             _load_external(model, path)
-        return ort.InferenceSession(model.SerializeToString(), so,
+        sess = ort.InferenceSession(model.SerializeToString(), so,
                                     providers=["CPUExecutionProvider"])
+        if rewritten is not None:  # runs Python kernels: see custom_ops.track_session
+            from .stages.custom_ops import track_session
+
+            track_session(sess)
+        return sess
     except Exception as e:
         m = re.search(r"([\w.]*):(\w+)\((-?\d+)\) is not a registered function/op", str(e))
         if m is None:

@@ -644,10 +644,42 @@ def _ort_op_type(name: str, in_types: tuple, out_types: tuple, attrs: tuple) -> 
 
     attr_types = {k: {"int": PyCustomOpDef.dt_int64, "float": PyCustomOpDef.dt_float}.get(
         v, PyCustomOpDef.dt_string) for k, v in attrs}
+    _pin_sessions()  # the registration below would make freeing them crash
     onnx_op(op_type=op_type, inputs=[_ort_dtype(t) for t in in_types],
             outputs=[_ort_dtype(t) for t in out_types], attrs=attr_types)(kernel)
     _ORT_TYPES[key] = op_type
     return op_type
+
+
+_SESSIONS: Any = None  # weak set of the sessions that run Python kernels
+_PINNED: list[Any] = []  # sessions that must never be freed (see track_session)
+
+
+def track_session(sess: Any) -> None:
+    """Note a session that runs onnxruntime-extensions Python ops.
+
+    onnxruntime-extensions keeps its Python op definitions in one process-wide list that
+    grows as ops are registered; a session made before a later registration crashes the
+    process (SIGSEGV) when it is freed. So when a new Python op is registered, the sessions
+    alive at that moment are pinned for the life of the process (a bounded leak: only
+    sessions of models with custom ops, alive at a registration) instead of being freed."""
+    global _SESSIONS
+    import weakref
+
+    if _SESSIONS is None:
+        _SESSIONS = weakref.WeakSet()
+    _SESSIONS.add(sess)
+
+
+def _pin_sessions() -> None:
+    """Pin every tracked session: an extra reference that nothing releases, not even the
+    interpreter's shutdown (which would free them, and crash, at exit)."""
+    import ctypes
+
+    for sess in list(_SESSIONS or ()):
+        if not any(sess is p for p in _PINNED):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(sess))
+            _PINNED.append(sess)
 
 
 _NP_TYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64",
