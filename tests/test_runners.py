@@ -53,6 +53,9 @@ def test_capture_all_leaves_no_hooks_and_restores_training_mode():
     TorchRunner(net).run((torch.randn(1, 3, 8, 8),), capture="all")
     assert net.training
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    from torch.nn.modules import module
+
+    assert not module._global_forward_hooks and not module._global_forward_pre_hooks
 
 
 def test_outputs_only_matches_the_model():
@@ -237,3 +240,19 @@ def test_in_process_runner_describes_its_model_once(tmp_path, monkeypatch):
     for _ in range(3):
         r.run(x)
     assert len(calls) == 1  # feed() checks every run against one description
+
+
+def test_a_model_that_raises_while_capturing_leaves_no_global_hooks():
+    from torch.nn.modules import module
+
+    class Bad(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 1)
+
+        def forward(self, x):
+            return self.conv(x)[:, :, :, :, 0]  # one index too many
+
+    with pytest.raises(IndexError):
+        TorchRunner(Bad()).run((torch.randn(1, 3, 4, 4),), capture="all")
+    assert not module._global_forward_hooks and not module._global_forward_pre_hooks
