@@ -24,7 +24,9 @@ How the pieces reach the backends:
   domain ``ai.onnx.contrib`` and only with int, float and string attributes. So
   ``ort_model`` (called by ``onnx_io.session``) rewrites, in memory, each node of a
   registered op into that domain, its list attributes into JSON strings; the file on disk
-  keeps the ``mylib::my_add`` node other runtimes expect.
+  keeps the ``mylib::my_add`` node other runtimes expect. (onnxruntime-extensions crashes
+  freeing a session made before a later Python-op registration, so such sessions are pinned:
+  ``track_session``.)
 - ncnn: a Python ``ncnn.Layer`` registered with ``Net.register_custom_layer`` under the op's
   name (``mylib::my_add``), by ``register_ncnn_layers`` (called by NcnnRunner before
   ``load_param``). Attributes travel as ncnn param ids 0..n-1 in sorted name order, the torch
