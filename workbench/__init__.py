@@ -6,8 +6,7 @@ onnx and onnxruntime are imported by the stage that needs them.
 
 from __future__ import annotations
 
-from typing import Any
-
+from ._lazy import lazy_attributes
 from .artifact import Artifact, Diagnostic, Workspace
 from .errors import (
     ExportError,
@@ -50,17 +49,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        mod = importlib.import_module(module)
-        value = mod if attr is None else getattr(mod, attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

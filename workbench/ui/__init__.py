@@ -6,7 +6,7 @@ no Jupyter package; ipywidgets is imported when a panel is built.
 
 from __future__ import annotations
 
-from typing import Any
+from .._lazy import lazy_attributes
 
 # Eager on purpose (stdlib only): the function must win over the submodule of the same name,
 # which importing workbench.ui.netron would otherwise bind here as wb.ui.netron.
@@ -29,18 +29,4 @@ _LAZY = {
 
 __all__ = ["netron", "NetronView", *_LAZY]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        mod = importlib.import_module(module)
-        value = mod if attr is None else getattr(mod, attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'workbench.ui' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)
