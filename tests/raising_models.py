@@ -108,3 +108,37 @@ class Linear2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x @ self.w + self.b)
+
+
+def export_once(cache: dict, ws, module: nn.Module, kind: str, shape: tuple, exporter: str,
+                opset: int = 17):
+    """``wb.export`` of ``module`` on a seeded input, once per (kind, exporter, opset)."""
+    import workbench as wb
+
+    key = (kind, exporter, opset)
+    if key not in cache:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+        cache[key] = wb.export(module.eval(), (x,), workspace=ws, exporter=exporter,
+                               opset=opset if exporter == "torchscript" else 18)
+    return cache[key]
+
+
+def load_onnx(art):
+    import onnx
+
+    return onnx.load(str(art.path))
+
+
+def assert_raised(raised, parent, rule: str, op_after: str, max_abs_vs_parent: float = 1e-4):
+    """One firing of ``rule``, fewer nodes, ``op_after`` present, the numbers unchanged."""
+    import workbench as wb
+
+    rep = wb.RaiseReport.of(raised)
+    assert rep.counts == {rule: 1}, str(rep)
+    assert raised.graph.node_count < parent.graph.node_count
+    assert raised.graph.op_histogram.get(op_after) == 1, raised.graph.op_histogram
+    assert raised.ok, [str(d) for d in raised.diagnostics]
+    m = raised.metrics
+    assert m["rel_vs_parent"] <= 1e-5 and m["max_abs_vs_parent"] <= max_abs_vs_parent
+    assert m["max_abs"] is not None and m["max_abs"] < 1e-4  # vs torch, through the lineage
+    return rep

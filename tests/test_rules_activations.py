@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from raising_models import assert_raised, export_once
+from raising_models import load_onnx as _onnx
 from torch import nn
 
 import workbench as wb
@@ -91,33 +93,15 @@ _CACHE: dict = {}
 
 
 def exported(mws, kind: str, exporter: str, opset: int = 17):
-    key = (kind, exporter, opset)
-    if key not in _CACHE:
-        x = torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(0))
-        _CACHE[key] = wb.export(Act(kind).eval(), (x,), workspace=mws, exporter=exporter,
-                                opset=opset if exporter == "torchscript" else 18)
-    return _CACHE[key]
+    return export_once(_CACHE, mws, Act(kind), kind, (2, 3, 5, 4), exporter, opset)
 
 
 def _assert_raised(raised, parent, rule: str, op_after: str) -> None:
-    rep = wb.RaiseReport.of(raised)
-    assert rep.counts == {rule: 1}, str(rep)
-    assert raised.graph.node_count < parent.graph.node_count
-    assert raised.graph.op_histogram.get(op_after) == 1, raised.graph.op_histogram
-    assert raised.ok, [str(d) for d in raised.diagnostics]
-    m = raised.metrics
-    assert m["max_abs_vs_parent"] <= 1e-5 and m["feeds_checked"] >= 2
-    assert m["rel_vs_parent"] <= 1e-5
-    assert m["max_abs"] is not None and m["max_abs"] < 1e-4  # vs torch, through the lineage
+    rep = assert_raised(raised, parent, rule, op_after, max_abs_vs_parent=1e-5)
+    assert raised.metrics["feeds_checked"] >= 2
     (firing,) = rep.firings
     before = {n.name for n in _onnx(parent).graph.node}
     assert set(firing.nodes_before) <= before and len(firing.nodes_before) >= 2
-
-
-def _onnx(art):
-    import onnx
-
-    return onnx.load(str(art.path))
 
 
 @pytest.mark.parametrize(("kind", "exporter"), PARAMS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from raising_models import assert_raised, export_once, load_onnx
 from torch import nn
 
 import workbench as wb
@@ -75,29 +76,7 @@ def mws(tmp_path_factory):
 
 
 def exported(mws, kind: str, exporter: str, opset: int = 17):
-    key = (kind, exporter, opset)
-    if key not in _CACHE:
-        x = torch.randn(2, 4, 5, 4, generator=torch.Generator().manual_seed(0))
-        _CACHE[key] = wb.export(Norm(kind).eval(), (x,), workspace=mws, exporter=exporter,
-                                opset=opset if exporter == "torchscript" else 18)
-    return _CACHE[key]
-
-
-def _onnx(art):
-    import onnx
-
-    return onnx.load(str(art.path))
-
-
-def _assert_raised(raised, parent, rule: str, op_after: str) -> None:
-    rep = wb.RaiseReport.of(raised)
-    assert rep.counts == {rule: 1}, str(rep)
-    assert raised.graph.node_count < parent.graph.node_count
-    assert raised.graph.op_histogram.get(op_after) == 1, raised.graph.op_histogram
-    assert raised.ok, [str(d) for d in raised.diagnostics]
-    m = raised.metrics
-    assert m["rel_vs_parent"] <= 1e-5 and m["max_abs_vs_parent"] <= 1e-4
-    assert m["max_abs"] is not None and m["max_abs"] < 1e-4
+    return export_once(_CACHE, mws, Norm(kind), kind, (2, 4, 5, 4), exporter, opset)
 
 
 @pytest.mark.parametrize(("kind", "exporter"), PARAMS)
@@ -105,7 +84,7 @@ def test_rule_raises_the_export_to_a_function(mws, kind, exporter):
     rule, _, opset, _, _ = CASES[kind]
     parent = exported(mws, kind, exporter, opset)
     raised = wb.raise_ops(parent, target="functions")
-    _assert_raised(raised, parent, rule, f"pkg.workbench::{rule}")
+    assert_raised(raised, parent, rule, f"pkg.workbench::{rule}")
     hist = raised.graph.op_histogram  # raw TorchScript exports keep weights as Constant nodes
     assert raised.graph.node_count - hist.get("Constant", 0) == 1
 
@@ -115,7 +94,7 @@ def test_rule_raises_the_simplified_graph_to_the_standard_op(mws, kind, exporter
     rule, _, opset, std_op, std_opset = CASES[kind]
     sim = wb.simplify(exported(mws, kind, exporter, opset))
     raised = wb.raise_ops(sim, opset=max(std_opset, sim.graph.opsets[""]))
-    _assert_raised(raised, sim, rule, std_op)
+    assert_raised(raised, sim, rule, std_op)
     assert raised.graph.node_count == 1
 
 
@@ -123,7 +102,7 @@ def test_groupnorm_standard_op_has_opset21_per_channel_scale(mws):
     import onnx
 
     raised = wb.raise_ops(exported(mws, "groupnorm", "dynamo"), opset=21)
-    m = _onnx(raised)
+    m = load_onnx(raised)
     (node,) = m.graph.node
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs["num_groups"] == 2 and abs(attrs["epsilon"] - 1e-5) < 1e-9
