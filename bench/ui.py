@@ -33,7 +33,7 @@ from pathlib import Path
 from _common import print_figures  # bench/ is on sys.path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from browser_harness import lab_session, new_tempdir  # noqa: E402
+from browser_harness import CHAIN_2000, lab_session, new_tempdir  # noqa: E402
 
 RENDER_TARGET_S = 1.0
 
@@ -45,17 +45,7 @@ SETUP = {
 }
 EXPORT = "onx = wb.export(model, inputs, workspace=ws)\nGraphView(onx)"
 VIEW = "GraphView(onx)"
-BIG_SETUP = """\
-import onnx
-from onnx import TensorProto, helper
-nodes, prev = [], "x"
-for i in range(2000):
-    ins = [prev, f"t{i - 3}"] if i % 3 == 2 and i >= 3 else [prev]
-    nodes.append(helper.make_node("Add" if len(ins) == 2 else "Relu", ins, [f"t{i}"], name=f"n{i}"))
-    prev = f"t{i}"
-vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", prev)]
-onnx.save(helper.make_model(helper.make_graph(nodes, "chain", vi[:1], vi[1:])), "chain.onnx")
-values = {f"t{i}": 10.0 ** -(i % 7) for i in range(2000)}"""
+BIG_SETUP = CHAIN_2000 + 'values = {f"t{i}": 10.0 ** -(i % 7) for i in range(2000)}'
 BIG = "GraphView('chain.onnx', values=values, color_by='isolated')"
 
 

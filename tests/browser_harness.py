@@ -354,3 +354,18 @@ def lab(lab_server: LabServer, browser: Any) -> Lab:
 def new_tempdir(prefix: str = "wb-browser-") -> Path:
     """A fresh temp folder (for callers outside pytest, such as bench/ui.py)."""
     return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+# Notebook source that writes chain.onnx: a 2,000-node graph (Relu chain, an Add every third
+# node reaching back three), for the graph view's render budget (test and bench/ui.py).
+CHAIN_2000 = """\
+import onnx
+from onnx import TensorProto, helper
+nodes, prev = [], "x"
+for i in range(2000):
+    ins = [prev, f"t{i - 3}"] if i % 3 == 2 and i >= 3 else [prev]
+    nodes.append(helper.make_node("Add" if len(ins) == 2 else "Relu", ins, [f"t{i}"], name=f"n{i}"))
+    prev = f"t{i}"
+vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", prev)]
+onnx.save(helper.make_model(helper.make_graph(nodes, "chain", vi[:1], vi[1:])), "chain.onnx")
+"""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser_harness import browser, lab, lab_server  # noqa: F401  (module-scoped fixtures)
+from browser_harness import CHAIN_2000, browser, lab, lab_server  # noqa: F401  (module-scoped fixtures)
 
 NOTEBOOK = "graphview.ipynb"
 CELLS = [
@@ -28,16 +28,7 @@ print("FAILING=" + json.dumps([n["id"] for n, s in zip(gv.nodes, gv.canvas.strok
 """,
     "gv",
     "wb.ui.compare_view(rep)",
-    """\
-import onnx
-from onnx import TensorProto, helper
-nodes, prev = [], "x"
-for i in range(2000):
-    ins = [prev, f"t{i - 3}"] if i % 3 == 2 and i >= 3 else [prev]
-    nodes.append(helper.make_node("Add" if len(ins) == 2 else "Relu", ins, [f"t{i}"], name=f"n{i}"))
-    prev = f"t{i}"
-vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", prev)]
-onnx.save(helper.make_model(helper.make_graph(nodes, "chain", vi[:1], vi[1:])), "chain.onnx")
+    CHAIN_2000 + """\
 big = GraphView("chain.onnx", values={f"t{i}": 10.0 ** -(i % 7) for i in range(2000)},
                 color_by="isolated")
 big
