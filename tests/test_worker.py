@@ -215,3 +215,23 @@ def test_result_files_are_written_over_only_once_the_caller_let_go(sr):
     again = r.run((x,), capture="all")
     for k in kept:
         np.testing.assert_allclose(again[k], kept[k], rtol=1e-6)
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_blobs_fed_to_ncnn_are_read_not_written(sr, isolated):
+    from workbench.params import parse_ncnn_param
+
+    _, (x,), _, nc = sr
+    r = NcnnRunner(nc, isolated=isolated)
+    full = r.run((x,), capture="all")
+    layers = [ly for ly in parse_ncnn_param(nc.path).layers
+              if ly.type not in ("Input", "Split", "MemoryData")]
+    mid, last = layers[1], layers[-1]  # feed the second layer's input, read the end
+    fed = {b: full[b].copy() for b in mid.bottoms}
+    before = {b: v.copy() for b, v in fed.items()}
+    got = r.run_blobs({**r.feed((x,)), **fed}, [last.tops[0], mid.bottoms[0]])
+    want = full[last.tops[0]]  # capture="all" puts the batch axis back on outputs
+    np.testing.assert_allclose(got[last.tops[0]].reshape(want.shape), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[mid.bottoms[0]], before[mid.bottoms[0]])  # a fed blob
+    for b in fed:
+        np.testing.assert_array_equal(fed[b], before[b])

@@ -200,14 +200,17 @@ class NcnnRunner(Runner):
             for name, arr in feed.items():
                 spec = self.in_specs.get(name)
                 batch = spec.batch_axis if spec is not None else None
-                ex.input(name, (ncnn.Mat(arr, batch_index=batch) if batch is not None
-                                else ncnn.Mat(arr)).clone())
+                # no clone: out of light mode ncnn runs no layer in place, so a fed Mat
+                # (a view of `arr`, alive until we return) is only read
+                ex.input(name, ncnn.Mat(arr, batch_index=batch) if batch is not None
+                         else ncnn.Mat(arr))
             out = {}
             for name in capture[1]:
                 ret, mat = ex.extract(name)
                 if ret != 0:
                     raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
-                out[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
+                # a view that keeps the Mat alive, no copy; a fed blob views `arr`: copied
+                out[name] = np.array(mat) if name in feed else np.asarray(mat)
             return out
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
