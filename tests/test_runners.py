@@ -179,6 +179,29 @@ def test_an_in_place_call_that_writes_nothing_keeps_one_copy():
     np.testing.assert_array_equal(got["act"], np.maximum(conv, 0))
 
 
+def test_a_leaf_that_writes_its_input_without_saying_so_is_still_right():
+    class Doubler(nn.Module):  # a leaf: the recorder does not look inside it
+        def forward(self, x):
+            return x.mul_(2.0)
+
+    class Net2(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.twice = nn.Conv2d(3, 3, 1), Doubler()
+
+        def forward(self, x):
+            return self.twice(self.conv(x)) + 1
+
+    net, x = Net2(), torch.randn(1, 3, 4, 4)
+    got = TorchRunner(net).run((x,), capture="all")
+    with torch.no_grad():
+        conv = net.conv(x).numpy()
+    np.testing.assert_allclose(got["conv"], conv, rtol=1e-6)
+    np.testing.assert_allclose(got["twice"], conv * 2, rtol=1e-6)
+    np.testing.assert_allclose(got["output_0"], conv * 2 + 1, rtol=1e-6)
+
+
 class Unseen(nn.Module):
     """Writes its conv output where no TorchFunctionMode sees it (as C++ code could)."""
 

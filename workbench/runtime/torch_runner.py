@@ -112,6 +112,7 @@ class TorchRunner(Runner):
         finally:
             for h in handles:
                 h.remove()
+            rec.resume_mode()  # a leaf that raised left it off
         rec.finish()
         return rec
 
@@ -169,16 +170,35 @@ class _Recorder:
         self.held_ids: set[int] = set()  # ids of the held tensors (alive while held)
         self.intact = True
         self.result: Any = None
+        self.off: list[Any] = []  # DisableTorchFunction contexts entered by leaves
 
-    def pre(self, module: Any, _args: Any) -> None:
+    def pre(self, module: Any, args: Any) -> None:
         if module in self.names:  # the hooks are global: other models' modules pass too
             self.stack.append(module)
+            if module in self.leaves:
+                # inside a leaf the mode has nothing to record: turn it off there (most of
+                # the calls a model makes are inside leaves). A leaf that writes its input
+                # says so (ReLU(inplace=True)); any other write is caught by the version
+                # check after the pass.
+                if self.held and getattr(module, "inplace", False) is True:
+                    self.before_write(list(args))
+                import torch
+
+                off = torch._C.DisableTorchFunction()
+                off.__enter__()
+                self.off.append(off)
 
     def post(self, module: Any, _args: Any, output: Any) -> None:
         if module in self.names:
+            if module in self.leaves and self.off:
+                self.off.pop().__exit__(None, None, None)
             self.stack.pop()
             if module in self.leaves and self.names[module]:
                 self.keep(self.names[module], output)
+
+    def resume_mode(self) -> None:
+        while self.off:
+            self.off.pop().__exit__(None, None, None)
 
     def in_leaf(self) -> bool:
         return self.copying or (bool(self.stack) and self.stack[-1] in self.leaves)
