@@ -271,6 +271,10 @@ def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
     view.filter(op_type="(all)", mode="(all)", threshold=0.0, failing=True)
     assert view.rows and all(not r["passed"] for r in view.rows)
     assert len(view.rows) == sum(not r.metrics["passed"] for r in rep.records)
+    # the per-element figure that decides pass/fail is shown and sortable, worst first
+    assert "min_tol" in view.table_w.html
+    rows = view.sort("min_tol", descending=True)
+    assert [r["min_tol"] for r in rows] == sorted((r["min_tol"] for r in rows), reverse=True)
 
 
 def test_compare_view_bad_inputs(compared):

@@ -23,10 +23,12 @@ from ..errors import InputError
 from .graphview import widget_source
 
 SHOWN = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
-         "max_rel", "cosine", "snr_db", "frac_over_tol", "tolerance", "passed"]
-SORTABLE = ["order", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "frac_over_tol",
+         "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed"]
+# min_tol: the smallest atol that passes (pass/fail is per element: atol + rtol*|ref|);
+# tolerance: that bound at the tensor's largest |ref|, so a failing row may show max_abs below it
+SORTABLE = ["order", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol",
             "op_type", "name", "reference", "candidate", "mode"]
-METRICS = {"max_abs", "mean_abs", "max_rel", "frac_over_tol"}  # worst first on a header click
+METRICS = {"max_abs", "mean_abs", "max_rel", "frac_over_tol", "min_tol"}  # worst first on a header click
 ALL = "(all)"
 STYLE = """<style>
 .wb-compare-table { border-collapse: collapse; font-size: 12px; }
