@@ -17,7 +17,10 @@ import os
 import re
 import shutil
 import sys
+import time
 from pathlib import Path
+from queue import Empty
+from typing import Any
 from unittest import mock
 
 import nbformat
@@ -31,11 +34,7 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 SHARES = (PATHS[0::2], PATHS[1::2])  # executed by this file and by test_notebooks_more.py
 KERNEL = "python3"
-# Every cell here takes well under 60 s. In full CI runs (-n 2, next to the browser tests)
-# 00-quickstart has stalled for exactly one cell timeout and then gone on and passed, with
-# the kernel idle meanwhile (seen with ipykernel 7.4 and 6.31; never when run alone): a
-# short timeout bounds what such a stall costs. Cause not found yet.
-CELL_TIMEOUT = 120
+CELL_TIMEOUT = 300  # every cell here takes well under a minute
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -92,6 +91,33 @@ def test_shares_hold_every_notebook_once() -> None:
     assert sorted(SHARES[0] + SHARES[1]) == PATHS
 
 
+class _Client(NotebookClient):
+    """nbclient whose wait for a cell's execute_reply polls the shell socket in 1 s slices.
+
+    In full runs, 00-quickstart (a cell sending ~200 widget messages on iopub) sometimes sat
+    for exactly one cell timeout after the kernel had replied and gone idle, then went on
+    and passed: the shell socket's readiness was missed by the asyncio poll and only seen
+    when the poll timed out (pyzmq re-checks then). Short polls see it within a second.
+    """
+
+    async def async_start_new_kernel_client(self) -> Any:
+        kc = await super().async_start_new_kernel_client()
+        channel, get_msg = kc.shell_channel, kc.shell_channel.get_msg
+
+        async def sliced(timeout: float | None = None) -> dict:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = 1.0 if deadline is None else deadline - time.monotonic()
+                try:
+                    return await get_msg(timeout=max(0.0, min(1.0, left)))
+                except Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+
+        channel.get_msg = sliced
+        return kc
+
+
 def run_notebook(path: Path, kernel: str, tmp_path: Path) -> None:
     """Execute a copy of ``path`` in ``tmp_path``; fail with the failing cell and its error.
 
@@ -102,8 +128,8 @@ def run_notebook(path: Path, kernel: str, tmp_path: Path) -> None:
     copy = tmp_path / path.name
     shutil.copy2(path, copy)
     nb = nbformat.read(copy, as_version=4)
-    client = NotebookClient(nb, kernel_name=kernel, timeout=CELL_TIMEOUT,
-                            resources={"metadata": {"path": str(tmp_path)}})
+    client = _Client(nb, kernel_name=kernel, timeout=CELL_TIMEOUT,
+                     resources={"metadata": {"path": str(tmp_path)}})
     failure = None
     try:
         with mock.patch.dict(os.environ, {"JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}):
