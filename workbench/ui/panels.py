@@ -38,6 +38,17 @@ def _esc(x: Any) -> str:
     return html.escape(str(x))
 
 
+def code_block_html(code: Any) -> str:
+    """The engine calls ``code()`` writes, as a selectable block; an error there becomes a
+    comment in the block (showing code never breaks a panel)."""
+    try:
+        text = code()
+    except Exception as e:  # noqa: BLE001
+        text = f"# cannot write the code: {e}"
+    return (f"<pre class='wb-code' style='background:#f6f8fa;padding:6px;user-select:text'>"
+            f"{_esc(text)}</pre>")
+
+
 def diagnostics_html(diags: list[Any]) -> str:
     """Diagnostics as a list: level, code, message and hint, coloured by level."""
     if not diags:
@@ -343,12 +354,7 @@ class StagePanel:
     def _refresh_code(self, _change: Any = None) -> None:
         if not self.code_toggle.value:
             return
-        try:
-            text = self.code()
-        except Exception as e:  # code display never breaks the panel
-            text = f"# cannot write the code: {e}"
-        self.code_html.value = (f"<pre class='wb-code' style='background:#f6f8fa;padding:6px;"
-                                f"user-select:text'>{_esc(text)}</pre>")
+        self.code_html.value = code_block_html(self.code)
 
     # -- display --------------------------------------------------------------------------
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

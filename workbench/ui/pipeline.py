@@ -22,6 +22,7 @@ from .panels import (
     SimplifyPanel,
     StagePanel,
     available,
+    code_block_html,
 )
 
 
@@ -207,12 +208,7 @@ class Pipeline:
         self._show_code()
 
     def _show_code(self) -> None:
-        try:
-            text = self.code()
-        except Exception as e:
-            text = f"# cannot write the code: {e}"
-        self.code_html.value = (f"<pre class='wb-code' style='background:#f6f8fa;padding:6px'>"
-                                f"{html.escape(text)}</pre>")
+        self.code_html.value = code_block_html(self.code)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
