@@ -77,7 +77,10 @@ def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: 
     assert src.startswith(f"{lab.server.base_url}workbench/netron/"), src
     assert "localhost" not in src and "127.0.0.1" not in src and "://" not in src
     frame = frame_el.content_frame()
-    assert frame.url.startswith(f"{lab.server.url}workbench/netron/"), frame.url
+    # a just-inserted iframe has no URL yet: wait for it to load from the Jupyter server
+    netron_url = f"{lab.server.url}workbench/netron/"
+    frame.wait_for_url(lambda url: url.startswith(netron_url), timeout=30_000)
+    assert frame.url.startswith(netron_url), frame.url
     # Netron draws the graph: the model's Resize (the bicubic x3) and its convolutions
     frame.wait_for_selector("#canvas text:text-is('Resize')", timeout=60_000)
     assert frame.locator("#canvas text:text-is('Conv')").count() >= 1
