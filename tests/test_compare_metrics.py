@@ -19,7 +19,7 @@ from workbench.errors import InputError
 
 TOL = Tolerance(atol=1e-4, rtol=1e-3)
 KEYS = {"max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "nan_ref", "inf_ref", "nan_cand",
-        "inf_cand", "frac_over_tol", "min_tol", "passed", "size", "shape"}
+        "inf_cand", "frac_over_tol", "min_tol", "passed", "size", "shape", "ref_absmax"}
 
 
 # --- Tolerance and resolve_tolerance -------------------------------------------------------
@@ -204,7 +204,7 @@ def test_empty_arrays():
 
 
 def _plain(ref, cand, tol, eps=1e-6):
-    """The metrics written the obvious way (whole arrays), to check the blockwise pass."""
+    """The metrics written the obvious way (whole arrays), to check the compiled pass."""
     a = np.asarray(ref, dtype=np.float64).ravel()
     b = np.asarray(cand, dtype=np.float64).ravel()
     d = np.abs(a - b)
@@ -215,7 +215,7 @@ def _plain(ref, cand, tol, eps=1e-6):
             "min_tol": max((d - tol.rtol * np.abs(a)).max(), 0.0)}
 
 
-@pytest.mark.parametrize("n", [16384 * 3 + 77, 16384 * 2])  # several blocks, ragged or not
+@pytest.mark.parametrize("n", [16384 * 3 + 77, 16384 * 2])  # vector lanes, ragged or not
 def test_large_arrays_match_plain_whole_array_formulas(n):
     rng = np.random.default_rng(n)
     ref = rng.standard_normal(n).astype(np.float32) * 3
@@ -240,7 +240,7 @@ def test_large_non_contiguous_and_batch_squeezed_input():
         assert m[key] == pytest.approx(want, rel=1e-6), key
 
 
-def test_large_array_with_nan_in_the_last_block():
+def test_large_array_with_nan_at_the_end():
     rng = np.random.default_rng(4)
     ref = rng.standard_normal(16384 * 3)
     cand = ref + 1e-6
@@ -251,7 +251,7 @@ def test_large_array_with_nan_in_the_last_block():
     for key in ("max_abs", "max_rel", "cosine", "min_tol"):
         assert m[key] == pytest.approx(want[key], rel=1e-9), key
     cand[-1] = np.nan
-    cand[5] = np.inf  # first block
+    cand[5] = np.inf  # near the start
     m = tensor_metrics(ref, cand, TOL)
     assert (m["nan_cand"], m["inf_cand"], m["passed"], m["max_abs"]) == (1, 1, False, math.inf)
 
@@ -338,6 +338,159 @@ def test_non_numeric_dtype_is_an_input_error():
         tensor_metrics(np.ones(2), np.ones(2, dtype=np.complex64), TOL)
     with pytest.raises(InputError, match="reference array"):
         tensor_metrics(np.array(["a", "b"]), np.ones(2), TOL)
+
+
+# --- the compiled all-finite pass (numba) ---------------------------------------------------
+
+def _oracle(ref, cand, tol, eps):
+    """Every figure of the finite path, whole-array in float64 numpy (incl. eps=0 cases)."""
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(cand, dtype=np.float64).ravel()
+    d = np.abs(a - b)
+    excess = d - np.abs(a) * tol.rtol
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.fmax.reduce(d / (np.abs(a) + eps))  # fmax: 0/0 (both zero, eps=0) skipped
+    return {"max_abs": d.max(), "mean_abs": d.mean(), "max_rel": 0.0 if np.isnan(rel) else rel,
+            "cosine": a @ b / np.sqrt((a @ a) * (b @ b)),
+            "snr_db": 10 * np.log10((a @ a) / (d @ d)),
+            "frac_over_tol": np.count_nonzero(excess > tol.atol) / a.size,
+            "min_tol": max(excess.max(), 0.0), "ref_absmax": np.abs(a).max()}
+
+
+@pytest.mark.parametrize("n", [1, 7, 8193, 100_000])
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64),
+                                    (np.float32, np.float64), (np.float64, np.float32)])
+@pytest.mark.parametrize("eps", [1e-6, 0.0])
+def test_compiled_pass_matches_float64_oracle(n, dtypes, eps):
+    rng = np.random.default_rng(n)
+    ref = (rng.standard_normal(n) * 3).astype(dtypes[0])
+    cand = (ref + rng.standard_normal(n) * 2e-3).astype(dtypes[1])
+    ref[1::5], cand[1::10] = 0.0, 0.0  # exact zeros: 0/0 (eps=0) must not give NaN
+    cand[n // 2] = ref[n // 2] + 1  # one element far out
+    tol = Tolerance(2e-3, 1e-3)
+    m, want = tensor_metrics(ref, cand, tol, eps=eps), _oracle(ref, cand, tol, eps)
+    # maxima and the count are elementwise, rounded as numpy rounds them: equal exactly
+    for key in ("max_abs", "max_rel", "frac_over_tol", "min_tol", "ref_absmax"):
+        assert m[key] == want[key], key
+    for key in ("mean_abs", "cosine", "snr_db"):  # sums: the summation order differs
+        assert m[key] == pytest.approx(want[key], rel=1e-12, abs=1e-300), key
+    assert m["passed"] is False and m["max_abs"] > 0.9
+    assert (m["nan_ref"], m["inf_ref"], m["nan_cand"], m["inf_cand"]) == (0, 0, 0, 0)
+    if eps == 0.0 and n > 1:
+        assert m["max_rel"] == math.inf  # cand != 0 where ref == 0
+
+
+def test_compiled_pass_min_tol_passes_exactly_on_large_float32():
+    rng = np.random.default_rng(7)
+    ref = rng.standard_normal(100_003).astype(np.float32)
+    cand = ref + rng.standard_normal(ref.size).astype(np.float32) * 1e-3
+    min_tol = tensor_metrics(ref, cand, Tolerance(0.0, 1e-3))["min_tol"]
+    assert tensor_metrics(ref, cand, Tolerance(min_tol, 1e-3))["passed"] is True
+    below = tensor_metrics(ref, cand, Tolerance(float(np.nextafter(min_tol, 0.0)), 1e-3))
+    assert below["passed"] is False
+
+
+@pytest.mark.parametrize("n", [5, 100_003])  # all in the scalar loop / vector body + remainder
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("side", ["ref", "cand"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_any_nan_or_inf_takes_the_nonfinite_path(n, where, side, value, dtype):
+    rng = np.random.default_rng(n)
+    ref = rng.standard_normal(n).astype(dtype)
+    cand = ref + dtype(1e-6)
+    i = {"first": 0, "middle": n // 2, "last": n - 1}[where]
+    (ref if side == "ref" else cand)[i] = value
+    m = tensor_metrics(ref, cand, TOL)
+    nan, inf = int(np.isnan(value)), int(np.isinf(value))
+    counts = (m["nan_ref"], m["inf_ref"], m["nan_cand"], m["inf_cand"])
+    assert counts == ((nan, inf, 0, 0) if side == "ref" else (0, 0, nan, inf))
+    if side == "ref" and np.isnan(value):  # undefined there: the rest is measured as usual
+        assert m["passed"] is True and math.isfinite(m["max_abs"])
+    else:  # any other lone NaN/Inf is an inf error
+        assert m["passed"] is False and m["max_abs"] == math.inf
+    assert m["frac_over_tol"] == (0.0 if m["passed"] else 1 / n)
+    assert math.isfinite(m["ref_absmax"]) and m["ref_absmax"] > 0
+
+
+def test_squares_overflowing_in_the_compiled_pass_are_rescaled():
+    ref = np.full(1000, 1e160)
+    m = tensor_metrics(ref, ref * (1 + 1e-12), TOL)
+    assert m["cosine"] == pytest.approx(1.0) and m["passed"] is True
+    assert m["snr_db"] == pytest.approx(10 * math.log10(1 / 1e-24), rel=1e-3)
+
+
+def test_compiled_pass_releases_the_gil():
+    import workbench.compare.metrics as metrics
+
+    tensor_metrics(np.ones(3, np.float32), np.ones(3, np.float32), TOL)
+    assert metrics._KERNEL.targetoptions["nogil"] is True  # compare overlaps capture with it
+    assert not {"nnan", "ninf", "fast"} & set(metrics._KERNEL.targetoptions["fastmath"])
+
+
+def test_other_dtypes_and_non_contiguous_go_through_the_compiled_pass():
+    import workbench.compare.metrics as metrics
+
+    tensor_metrics(np.array([1, 2], np.int16), np.array([True, False]), TOL)
+    x = np.arange(12.0).reshape(3, 4)
+    tensor_metrics(x.T, x.T + 1, TOL)
+    kinds = {tuple((t.dtype.name, t.layout) for t in sig[:2])
+             for sig in metrics._KERNEL.signatures}
+    assert kinds <= {(("float32", "C"),) * 2, (("float64", "C"),) * 2,
+                     (("float32", "C"), ("float64", "C")), (("float64", "C"), ("float32", "C"))}
+
+
+def test_ref_absmax_is_max_abs_over_finite_ref_and_gives_the_bound():
+    tol = Tolerance(0.5, 0.25)
+    assert tensor_metrics([1.0, -4.0, 2.0], [1.0, 1.0, 1.0], tol)["ref_absmax"] == 4.0
+    assert tensor_metrics([np.nan, -np.inf, 2.0, -3.0], [0.0, 0.0, 0.0, 0.0],
+                          tol)["ref_absmax"] == 3.0
+    assert tensor_metrics([np.nan], [np.nan], tol)["ref_absmax"] == 0.0
+    assert tensor_metrics(np.zeros((0, 3)), np.zeros((0, 3)), tol)["ref_absmax"] == 0.0
+    m = tensor_metrics(np.array([-8, 3], np.int8), np.array([0, 0], np.int8), tol)
+    assert m["ref_absmax"] == 8.0 and type(m["ref_absmax"]) is float
+    ref = np.random.default_rng(2).standard_normal((2, 8, 9)).astype(np.float32)
+    m = tensor_metrics(ref, ref + 1, tol)
+    assert tol.atol + tol.rtol * m["ref_absmax"] == tol.bound(ref)
+
+
+def test_without_numba_the_whole_array_path_gives_the_same_figures(monkeypatch):
+    import workbench.compare.metrics as metrics
+
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal(5000).astype(np.float32)
+    cand = ref + rng.standard_normal(5000).astype(np.float32) * 1e-3
+    fast = tensor_metrics(ref, cand, TOL)
+    monkeypatch.setattr(metrics, "_KERNEL", False)  # what a failed `import numba` leaves
+    slow = tensor_metrics(ref, cand, TOL)
+    for key, want in fast.items():
+        assert slow[key] == pytest.approx(want, rel=1e-12), key
+
+
+def test_no_writable_numba_cache_dir_still_computes(monkeypatch):
+    from numba.core import caching
+
+    import workbench.compare.metrics as metrics
+
+    # what numba meets when neither the package dir nor the user cache dir is writable: no
+    # cache locator takes the file (a private class: CacheImpl, _CacheImpl in older numba)
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+    monkeypatch.setattr(impl, "_locator_classes", [])
+    monkeypatch.setattr(metrics, "_KERNEL", None)
+    m = tensor_metrics(np.array([1.0, 2.0]), np.array([1.0, 2.5]), TOL)
+    assert m["max_abs"] == 0.5 and m["passed"] is False
+    assert isinstance(metrics._KERNEL._cache, caching.NullCache)  # compiled in memory
+
+
+def test_numba_is_not_imported_with_the_metrics_module():
+    import subprocess
+    import sys
+
+    probe = ("import sys, workbench, workbench.compare.metrics\n"
+             "print('numba' in sys.modules, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
 
 
 # --- batch-squeeze rule ---------------------------------------------------------------------
