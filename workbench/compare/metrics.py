@@ -231,11 +231,12 @@ def tensor_metrics(ref: Any, cand: Any, tol: Tolerance, eps: float = EPS) -> dic
 #   the values do, and a negative float is a negative int64, below the initial 0 (0.0): the
 #   max of the excess comes out as max(0, max excess), which is what min_tol needs anyway.
 # - |a-b| / (|a| + eps) gets 1 added to its denominator where |a-b| == 0, so 0/0 (eps=0,
-#   a == b == 0) is 0, not NaN, without a branch; |a-b| > 0 over a zero denominator stays inf.
+#   a == b == 0) is 0, not NaN, without a branch (a NaN's bits would win the max wherever the
+#   CPU's default NaN is positive, as on ARM); |a-b| > 0 over a zero denominator stays inf.
 # - error_model="numpy": Python's model would test every division for zero (a branch that
 #   stops vectorisation); nogil: the comparison thread and the next capture overlap.
-# A ResNet-50 (~25M float32 pairs) takes ~15 ms here, against ~130 ms for the former numpy
-# block loop.
+# A ResNet-50's PyTorch vs ONNX Runtime pairs (122 pairs, 26.4M float32 elements) took 20 ms
+# here, against 125-130 ms for the former numpy loop over 8192-element blocks (one thread).
 _KERNEL: Any = None  # the numba dispatcher once built; False if numba cannot be imported
 
 
