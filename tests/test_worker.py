@@ -184,16 +184,57 @@ def test_arrays_travel_packed_in_one_file_and_come_back_as_mapped_views(tmp_path
     from workbench.runtime.worker import pack, unpack
 
     path = str(tmp_path / "arena")
-    index = pack(path, ARRAYS)
-    got, view = unpack(path, index)
+    index = pack(path, {**ARRAYS, "again": ARRAYS["f32"]})
+    assert index["arrays"]["again"] == index["arrays"]["f32"]  # one array, written once
+    got = unpack(path, index)
     for name, arr in ARRAYS.items():
         assert type(got[name]) is np.ndarray and got[name].dtype == arr.dtype, name
         np.testing.assert_array_equal(got[name], arr, err_msg=name)
     os.unlink(path)  # the pages stay with the arrays that map them
     np.testing.assert_array_equal(got["f32"], ARRAYS["f32"])
-    got["f32"][...] = 0  # a private mapping is writable
+    got["f32"][...] = 0  # writable (the file is written over only once they are gone)
     with pytest.raises(TypeError, match="'o' holds Python objects"):
         pack(path, {"o": np.array([None])})
+
+
+def test_a_shared_file_is_in_use_while_any_view_of_it_lives(tmp_path):
+    import torch
+
+    from workbench.runtime.worker import Packer, SharedFile, unpack
+
+    f = SharedFile(str(tmp_path / "f"))
+    assert not f.in_use()
+    index = Packer(f).index({"a": np.arange(6.0).reshape(2, 3)})
+    assert not f.in_use()  # the packer let go of what it wrote
+    got = unpack(f, index)
+    assert f.in_use()
+    row = got["a"][1]
+    t = torch.from_numpy(row)
+    del got
+    assert f.in_use()  # a view of a view, held by a tensor
+    del row
+    assert f.in_use()
+    del t
+    assert not f.in_use()
+
+
+def test_a_packer_grows_its_file_and_keeps_what_it_wrote(tmp_path):
+    from workbench.runtime.worker import Packer, SharedFile, unpack
+
+    f = SharedFile(str(tmp_path / "g"))
+    packer = Packer(f, size_hint=128)  # far too small: the file grows while it writes
+    arrays = {}
+    for k in range(20):
+        arrays[f"x{k}"] = a = packer.alloc((k + 1, 1000), np.float32)
+        a[...] = k
+    arrays["copied"] = np.full(3, 7, np.int64)  # made elsewhere: copied in
+    index = packer.index(arrays)
+    del arrays, a, packer
+    assert index["size"] <= os.path.getsize(f.path)
+    got = unpack(SharedFile(f.path), index)  # as the other process maps it
+    for k in range(20):
+        assert got[f"x{k}"].shape == (k + 1, 1000) and (got[f"x{k}"] == k).all()
+    assert got["copied"].tolist() == [7, 7, 7]
 
 
 def test_result_files_are_written_over_only_once_the_caller_let_go(sr):
@@ -201,17 +242,17 @@ def test_result_files_are_written_over_only_once_the_caller_let_go(sr):
     r = OrtRunner(onx)
     arenas = r._remote._arenas
     first = r.run((x,), capture="all")
-    first_file = arenas.files[-1][0]
+    first_file = arenas.files[-1].path
     kept = {k: v.copy() for k, v in first.items()}
     second = r.run((x * 2,), capture="all")  # `first` is held: a new file, the old let go
-    assert [p for p, _ in arenas.files] != [first_file] and not os.path.exists(first_file)
+    assert [f.path for f in arenas.files] != [first_file] and not os.path.exists(first_file)
     for k in kept:  # unlinked, still mapped by its arrays, not written over
         np.testing.assert_array_equal(first[k], kept[k])
-    files = [p for p, _ in arenas.files]
+    files = [f.path for f in arenas.files]
     del first, second
     for _ in range(3):  # nothing held between runs: the kept file serves every run
         r.run((x,), capture="all")
-    assert [p for p, _ in arenas.files] == files
+    assert [f.path for f in arenas.files] == files
     again = r.run((x,), capture="all")
     for k in kept:
         np.testing.assert_allclose(again[k], kept[k], rtol=1e-6)
@@ -235,3 +276,40 @@ def test_blobs_fed_to_ncnn_are_read_not_written(sr, isolated):
     np.testing.assert_array_equal(got[mid.bottoms[0]], before[mid.bottoms[0]])  # a fed blob
     for b in fed:
         np.testing.assert_array_equal(fed[b], before[b])
+
+
+def test_onnx_results_written_in_place_fall_back_when_shapes_follow_the_values(tmp_path,
+                                                                              fresh_worker):
+    import onnx
+    from onnx import TensorProto, helper
+
+    # NonZero: the output shape depends on the input values, so results bound to the
+    # shapes of the run before do not fit
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["idx"])],
+        "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("idx", TensorProto.INT64, [1, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "nz.onnx"
+    onnx.save(model, path)
+    r = OrtRunner(path)
+    for capture in ("outputs", "all", "all", "outputs"):
+        for x in ([1, -1, 0, 2], [3, 1, -2, 5], [0, 0, 0, 1]):
+            got = r.run((np.array(x, np.float32),), capture=capture)
+            want = np.nonzero(np.maximum(x, 0))[0][None]
+            np.testing.assert_array_equal(got["idx"], want)
+            if capture == "all":
+                np.testing.assert_array_equal(got["r"], np.maximum(x, 0))
+
+
+def test_onnx_results_written_in_place_equal_a_plain_run(sr):
+    _, (x,), onx, _ = sr
+    here = OrtRunner(onx, isolated=False).run((x,), capture="all")
+    r = OrtRunner(onx)
+    for _ in range(3):  # the first run learns the shapes, the next ones bind them
+        got = r.run((x,), capture="all")
+        assert got.keys() == here.keys()
+        for k in here:
+            np.testing.assert_array_equal(got[k], here[k], err_msg=k)
+    assert r._remote._arenas.sizes["all"] >= sum(v.nbytes for v in here.values())

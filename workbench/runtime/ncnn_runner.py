@@ -190,9 +190,19 @@ class NcnnRunner(Runner):
             return self._remote.execute(feed, capture)
         return self._execute(feed, capture)
 
-    def _execute(self, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
+    def _execute(self, feed: dict[str, Any], capture: Any,
+                 arena: Any = None) -> dict[str, Any]:
+        """Run one extractor; in the worker (``arena`` given) each extracted blob is copied
+        once, straight into the reply file."""
         import ncnn
         import numpy as np
+
+        def keep(view: Any) -> Any:
+            if arena is None:
+                return view
+            dst = arena.alloc(view.shape, view.dtype)
+            np.copyto(dst, view)
+            return dst
 
         if isinstance(capture, tuple):  # ("blobs", names): run_blobs
             ex = self.net.create_extractor()
@@ -209,8 +219,10 @@ class NcnnRunner(Runner):
                 ret, mat = ex.extract(name)
                 if ret != 0:
                     raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
-                # a view that keeps the Mat alive, no copy; a fed blob views `arr`: copied
-                out[name] = np.array(mat) if name in feed else np.asarray(mat)
+                # here a view that keeps the Mat alive, no copy; a fed blob views `arr`:
+                # copied
+                view = np.asarray(mat)
+                out[name] = np.array(view) if arena is None and name in feed else keep(view)
             return out
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
@@ -231,9 +243,10 @@ class NcnnRunner(Runner):
                 raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
             spec = self.out_specs.get(name)
             if spec is not None and spec.batch_axis is not None:
-                result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
+                view = mat.numpy(batch_index=spec.batch_axis)
+                result[name] = keep(view) if arena is not None else np.array(view)
             else:
-                result[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
+                result[name] = keep(np.asarray(mat))  # here: a view that keeps the Mat alive
         for top, bottom in aliases.items():
             if bottom in result:
                 result[top] = result[bottom]

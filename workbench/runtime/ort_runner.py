@@ -87,12 +87,48 @@ class OrtRunner(Runner):
             feed[name] = arr
         return feed
 
-    def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
+    def _execute(self, feed: dict[str, Any], capture: str,
+                 arena: Any = None) -> dict[str, Any]:
+        """Run the session; in the worker (``arena`` given) ONNX Runtime writes the results
+        straight into the reply file, once a first run has shown their shapes."""
         if capture != "outputs":
             keep_freed_memory()  # ~one fresh array per node each run: reuse their memory
         sess = self.session if capture == "outputs" else self._session_all()
         names = [o.name for o in sess.get_outputs()]
-        return dict(zip(names, sess.run(names, feed), strict=True))
+        key = (capture, tuple((n, a.shape, a.dtype.str) for n, a in feed.items()))
+        layouts = self.__dict__.setdefault("_layouts", {})  # key -> layout, or None: unbound
+        if arena is not None and layouts.get(key):
+            out = self._run_bound(sess, feed, layouts[key], arena)
+            if out is not None:
+                return out
+            layouts[key] = None  # shapes that depend on the values: run it unbound from now
+        out = dict(zip(names, sess.run(names, feed), strict=True))
+        if arena is not None and key not in layouts:
+            layouts[key] = [(n, out[n].shape, out[n].dtype) for n in names]
+        return out
+
+    @staticmethod
+    def _run_bound(sess: Any, feed: dict[str, Any], layout: list[tuple],
+                   arena: Any) -> dict[str, Any] | None:
+        """Run with every output bound to an array of ``arena`` (an IO binding): no copy
+        out of ONNX Runtime's buffers, and no allocation of them. None when ONNX Runtime
+        refuses the shapes (an output whose shape depends on the input values)."""
+        binding = sess.io_binding()
+        for name, arr in feed.items():
+            binding.bind_cpu_input(name, arr)
+        out = {}
+        for name, shape, dtype in layout:
+            if dtype.hasobject or 0 in shape:
+                return None  # strings, empty tensors: the plain run handles them
+            arr = out[name] = arena.alloc(shape, dtype)
+            binding.bind_output(name, "cpu", 0, dtype, list(shape), arr.ctypes.data)
+        try:
+            sess.run_with_iobinding(binding)
+        except Exception:  # noqa: BLE001 - a shape mismatch; any real error recurs unbound
+            return None
+        finally:
+            binding.clear_binding_outputs()  # the arena's mappings go after this run
+        return out
 
     def _session_all(self):
         """A second session whose outputs are every intermediate value (one pass)."""

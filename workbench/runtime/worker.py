@@ -58,49 +58,136 @@ def _shm_dir() -> str | None:
 _ALIGN = 64  # each array starts on a cache line (and any dtype's alignment)
 
 
-def pack(path: str, arrays: dict[str, Any]) -> dict[str, Any]:
-    """Write arrays back to back into the file ``path`` (grown, never shrunk, so a file
-    used again keeps its pages) -> the index ``unpack`` reads them back with."""
-    import numpy as np
+class SharedFile:
+    """A file in /dev/shm mapped whole and shared, its pages mapped at once
+    (MAP_POPULATE), and kept mapped from run to run: faulting 100+ MB in 4 kB at a time on
+    every run cost about as much as the run itself on a ResNet-50 capture. Arrays are
+    views of ``root``; while any is alive, ``in_use`` says so (numpy points every view at
+    the array that holds the memory, so its reference count counts them)."""
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        index, end = {}, 0
-        for name, value in arrays.items():
-            arr = np.asarray(value)
-            if arr.dtype.hasobject:
-                raise TypeError(f"{name!r} holds Python objects ({arr.dtype}), not numbers")
-            raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            index[name] = (end, arr.dtype.str, arr.shape)
-            done = 0
-            while done < raw.nbytes:
-                done += os.pwrite(fd, raw[done:], end + done)
-            end += -(-raw.nbytes // _ALIGN) * _ALIGN
-        if os.fstat(fd).st_size < end:
-            os.ftruncate(fd, end)
-    finally:
-        os.close(fd)
-    return {"arrays": index, "size": end}
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.root: Any = None  # uint8 array over the whole mapping
 
+    def ensure(self, size: int) -> Any:
+        """``root``, covering at least ``size`` bytes (the file grown if shorter; never
+        shrunk, so a file used again keeps its pages)."""
+        import numpy as np
 
-def unpack(path: str, index: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """The arrays ``pack`` wrote, as views of the file mapped in memory (no copy, and the
-    pages of the file, no new ones); private (copy-on-write), so writes stay here.
-    -> (arrays, the mapping they view: gone when they all are)."""
-    import mmap
+        if self.root is not None and len(self.root) >= size:
+            return self.root
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            have = os.fstat(fd).st_size
+            if have < size:
+                os.ftruncate(fd, size)
+                have = size
+            if not have:
+                self.root = np.empty(0, np.uint8)
+                return self.root
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            # views of the previous mapping keep it alive; the new one serves from now on
+            self.root = np.frombuffer(mmap.mmap(fd, have, flags=flags), np.uint8)
+        finally:
+            os.close(fd)
+        return self.root
 
-    import numpy as np
+    def view(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+        import numpy as np
 
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        view = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) if size else b""
-    out = {}
-    for name, (offset, dtype, shape) in index["arrays"].items():
         dt = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
-        out[name] = (np.frombuffer(view, dtype=dt, count=count, offset=offset).reshape(shape)
-                     if count else np.empty(shape, dt))
-    return out, view
+        if not count:
+            return np.empty(shape, dt)
+        return self.ensure(offset + count * dt.itemsize)[
+            offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+
+    def in_use(self) -> bool:
+        """Whether an array of this file is still alive somewhere."""
+        import sys
+
+        return self.root is not None and sys.getrefcount(self.root) > 2  # ours + the arg
+
+
+class Packer:
+    """Writes a run's arrays back to back into a SharedFile, each aligned to 64 bytes.
+
+    A runner asks ``alloc`` for each result array and has the backend write there (ONNX
+    Runtime through an IO binding, ncnn by one copy out of its Mat), so the file is the
+    reply with no second copy. ``index`` lists the results, copying in any the runner made
+    elsewhere; an array given under several names (ncnn's Split tops are their bottom) is
+    written once. ``size_hint`` (the last run's size) sizes the file once up front."""
+
+    def __init__(self, file: SharedFile, size_hint: int = 0) -> None:
+        self.file = file
+        self.hint = size_hint
+        self.end = 0
+        self.owned: dict[int, tuple[int, str, tuple]] = {}  # id(view) -> its index entry
+        self.views: list[Any] = []  # kept so that their ids stay unique until index()
+
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A writable array in the file, for the backend to fill."""
+        import numpy as np
+
+        dt = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        offset = self.end
+        self.end += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // _ALIGN) * _ALIGN
+        root = self.file.root
+        if root is None or len(root) < self.end:  # grow ahead, not one array at a time
+            self.file.ensure(max(self.end, self.hint, 2 * (0 if root is None else len(root))))
+        view = self.file.view(offset, dt, shape)
+        self.owned[id(view)] = (offset, dt.str, shape)
+        self.views.append(view)
+        return view
+
+    def index(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        """The index ``unpack`` reads ``arrays`` back with."""
+        import numpy as np
+
+        index, seen = {}, {}
+        for name, value in arrays.items():
+            entry = self.owned.get(id(value)) or seen.get(id(value))
+            if entry is None:
+                arr = np.asarray(value)
+                if arr.dtype.hasobject:
+                    raise TypeError(f"{name!r} holds Python objects ({arr.dtype}), "
+                                    "not numbers")
+                dst = self.alloc(arr.shape, arr.dtype)
+                if dst.size:
+                    np.copyto(dst, arr, casting="no")
+                entry = self.owned[id(dst)]
+            seen[id(value)] = entry
+            index[name] = entry
+        self.views.clear()
+        return {"arrays": index, "size": self.end}
+
+
+def pack(file: SharedFile | str, arrays: dict[str, Any]) -> dict[str, Any]:
+    """Write ``arrays`` into ``file`` -> the index ``unpack`` reads them back with."""
+    return Packer(file if isinstance(file, SharedFile) else SharedFile(file)).index(arrays)
+
+
+def unpack(file: SharedFile | str, index: dict[str, Any]) -> dict[str, Any]:
+    """The arrays ``pack`` wrote, as views of the file mapped in memory (no copy, and the
+    pages of the file, no new ones). They keep the mapping alive; writes to them reach the
+    file, which is written over only once none of them is alive (see Arenas)."""
+    file = file if isinstance(file, SharedFile) else SharedFile(file)
+    file.ensure(index["size"])
+    return {name: file.view(offset, dtype, tuple(shape))
+            for name, (offset, dtype, shape) in index["arrays"].items()}
+
+
+_MAPPED: dict[str, SharedFile] = {}  # the worker's files, kept mapped between runs
+
+
+def _mapped(path: str) -> SharedFile:
+    """The worker's SharedFile for ``path``; files the parent has removed are let go."""
+    for gone in [p for p in _MAPPED if p != path and not os.path.exists(p)]:
+        del _MAPPED[gone]
+    if path not in _MAPPED:
+        _MAPPED[path] = SharedFile(path)
+    return _MAPPED[path]
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -131,10 +218,13 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 if runner is None:  # dropped here, still alive in the parent
                     conn.send({"ok": False, "type": "TwinMissing", "message": "", "hint": ""})
                     continue
-                feed, _ = unpack(msg["inputs"], msg["index"])
-                out = runner._execute(feed, msg["capture"])
+                feed = unpack(_mapped(msg["inputs"]), msg["index"])
+                packer = Packer(_mapped(msg["outputs"]), msg.get("size_hint", 0))
+                out = runner._execute(feed, msg["capture"], arena=packer)
                 del feed
-                conn.send({"ok": True, "outputs": pack(msg["outputs"], out)})
+                index = packer.index(out)
+                del out, packer
+                conn.send({"ok": True, "outputs": index})
             elif op == "drop":
                 runners.pop(msg["key"], None)
                 conn.send({"ok": True})
@@ -289,35 +379,37 @@ class RemoteHandle:
 
     def execute(self, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
         """Run the twin: feeds and results travel through files in /dev/shm that this
-        handle keeps and writes over (see Arenas), not as pickles through the pipe."""
+        handle keeps mapped and writes over (see Arenas), not as pickles through the pipe."""
         self._ensure()
         w = worker()
         with self._arenas.lock:
             inputs = self._arenas.inputs(w)
-            out_path = self._arenas.free_output(w)
-            msg = {"op": "run", "key": self.key, "inputs": inputs,
-                   "index": pack(inputs, feed), "capture": capture, "outputs": out_path}
+            out = self._arenas.free_output(w)
+            kind = capture if isinstance(capture, str) else capture[0]
+            msg = {"op": "run", "key": self.key, "inputs": inputs.path,
+                   "index": pack(inputs, feed), "capture": capture, "outputs": out.path,
+                   "size_hint": self._arenas.sizes.get(kind, 0)}
             try:
                 reply = w.call(msg, self.backend)
             except _TwinMissing:
                 self._generation = -1
                 self._ensure()
                 reply = w.call(msg, self.backend)
-            out, view = unpack(out_path, reply["outputs"])
-            self._arenas.mapped(out_path, view)
-            return out
+            self._arenas.sizes[kind] = reply["outputs"]["size"]
+            return unpack(out, reply["outputs"])
 
 
 class Arenas:
-    """The /dev/shm files one handle's runs travel through, kept from run to run.
+    """The /dev/shm files one handle's runs travel through, kept (and kept mapped, here
+    and in the worker) from run to run.
 
-    Results are returned as views of their file mapped in memory, so the next run may
-    write into that file only once the caller has let go of every array of it (then the
-    mapping is gone too: it is held weakly here). Writing over pages that exist costs a
-    copy and nothing more; a fresh file per run cost a zeroed page for each 4 kB (on a
-    ResNet-50, ~190 MB per capture="all"). A file still in use when a run needs one is
-    left to its arrays (unlinked: its pages go with them) and a new one is made; one file
-    stays kept per handle, so what stays allocated between runs is one run's results."""
+    Results are returned as views of their file, so the next run may write into that file
+    only once the caller has let go of every array of it (SharedFile.in_use). Writing over
+    pages that exist and are mapped costs a copy and nothing more; a fresh file per run
+    cost a zeroed page for each 4 kB (on a ResNet-50, ~190 MB per capture="all"), and a
+    fresh mapping a fault per page. A file still in use when a run needs one is left to its
+    arrays (unlinked: its pages go with them) and a new one is made; one file stays kept
+    per handle, so what stays allocated between runs is one run's results."""
 
     KEEP = 1  # output files kept per handle
 
@@ -325,37 +417,33 @@ class Arenas:
         self.key = key
         self.lock = threading.Lock()
         self.count = itertools.count()
-        self.files: list[list[Any]] = []  # [path, weak ref to its mapping or None]
-        self.input_files: list[str] = []
+        self.files: list[SharedFile] = []
+        self.input_files: list[SharedFile] = []
+        self.sizes: dict[str, int] = {}  # the last result size per capture kind: a hint
         weakref.finalize(self, Arenas._remove, self.files, self.input_files)
 
-    def inputs(self, w: Worker) -> str:
+    def inputs(self, w: Worker) -> SharedFile:
         path = str(w.dir / f"h{self.key}-in")
-        if path not in self.input_files:
-            self.input_files.append(path)
-        return path
+        for f in self.input_files:
+            if f.path == path:
+                return f
+        self.input_files.append(SharedFile(path))
+        return self.input_files[-1]
 
-    def free_output(self, w: Worker) -> str:
+    def free_output(self, w: Worker) -> SharedFile:
         """A kept output file none of whose arrays is alive, or a new one."""
-        for entry in reversed(self.files):
-            path, ref = entry
-            if path.startswith(str(w.dir)) and (ref is None or ref() is None):
-                return path
-        path = str(w.dir / f"h{self.key}-out{next(self.count)}")
-        self.files.append([path, None])
+        for f in reversed(self.files):
+            if f.path.startswith(str(w.dir)) and not f.in_use():
+                return f
+        self.files.append(SharedFile(str(w.dir / f"h{self.key}-out{next(self.count)}")))
         while len(self.files) > self.KEEP:  # its arrays keep the pages they map
-            _unlink(self.files.pop(0)[0])
-        return path
-
-    def mapped(self, path: str, view: Any) -> None:
-        for entry in self.files:
-            if entry[0] == path:
-                entry[1] = weakref.ref(view) if isinstance(view, mmap.mmap) else None
+            _unlink(self.files.pop(0).path)
+        return self.files[-1]
 
     @staticmethod
-    def _remove(files: list[list[Any]], inputs: list[str]) -> None:
-        for path in [f[0] for f in files] + inputs:
-            _unlink(path)
+    def _remove(files: list[SharedFile], inputs: list[SharedFile]) -> None:
+        for f in files + inputs:
+            _unlink(f.path)
 
 
 def _unlink(path: str) -> None:
