@@ -120,6 +120,18 @@ class TorchRunner(Runner):
 _INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__",
                     "__ifloordiv__", "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__",
                     "__ilshift__", "__irshift__", "__imatmul__"}
+# func -> whether its name says it writes its first argument (asked once per function)
+_WRITES_FIRST: dict[Any, bool] = {}
+_SHORT: dict[Any, str] = {}  # func -> its short name (resolve_name walks a big table)
+
+
+def _writes_first(func: Any) -> bool:
+    hit = _WRITES_FIRST.get(func)
+    if hit is None:
+        name = getattr(func, "__name__", "")
+        hit = _WRITES_FIRST[func] = ((name.endswith("_") and not name.endswith("__"))
+                                     or name in _INPLACE_DUNDERS)
+    return hit
 
 
 def _written(func: Any, args: tuple, kwargs: dict) -> list[Any]:
@@ -127,15 +139,37 @@ def _written(func: Any, args: tuple, kwargs: dict) -> list[Any]:
     ``F.relu(x, inplace=True)``, ``out=``. (aten schemas say it exactly, but only below a
     TorchDispatchMode, which would slow every op; what this misses, the version check after
     the pass catches.)"""
-    name = getattr(func, "__name__", "")
     hit = []
-    if args and ((name.endswith("_") and not name.endswith("__")) or name in _INPLACE_DUNDERS
-                 or kwargs.get("inplace") is True):
+    if args and (_writes_first(func) or kwargs.get("inplace") is True):
         hit.append(args[0])
     out = kwargs.get("out")
     if out is not None:
         hit.extend(out if isinstance(out, (tuple, list)) else [out])
     return hit
+
+
+def _module_names(model: Any) -> tuple[dict[Any, str], dict[Any, str]]:
+    """({container: qualified name}, {leaf: qualified name}), as ``named_modules`` names them
+    (first name wins for a module registered twice). The model itself is never a leaf: its
+    output is output_0, and what it calls is recorded even when it has no submodules.
+    (A walk over ``_modules``: named_modules plus a children() test per module took ~1 ms
+    a pass on a ResNet-50.)"""
+    containers: dict[Any, str] = {model: ""}
+    leaves: dict[Any, str] = {}
+
+    def walk(module: Any, prefix: str) -> None:
+        for key, child in module._modules.items():
+            if child is None or child in containers or child in leaves:
+                continue
+            name = f"{prefix}.{key}" if prefix else key
+            if any(c is not None for c in child._modules.values()):
+                containers[child] = name
+                walk(child, name)
+            else:
+                leaves[child] = name
+
+    walk(model, "")
+    return containers, leaves
 
 
 class _Recorder:
@@ -149,101 +183,109 @@ class _Recorder:
     see it (inside a C++ op, under DisableTorchFunction) leaves ``intact`` False and the
     runner records again with ``copy=True``: each tensor copied when it is produced, into
     buffers kept from run to run; correct whatever the model does.
+
+    The hooks run for every module call and ``keep`` for every leaf (~280 and ~230 on a
+    ResNet-50), so they do the least they can: one dict lookup to tell a leaf from a
+    container from another model's module, no per-call allocation beyond the record.
     """
 
     def __init__(self, model: Any, records: dict[str, Any], pool: dict[str, Any],
                  copy: bool = False) -> None:
+        import torch
+
         self.records, self.pool, self.copy = records, pool, copy
-        self.names = {m: n for n, m in model.named_modules()}
-        # the model itself is never a leaf: its output is output_0, and what it calls is
-        # recorded even when it has no submodules
-        self.leaves = {m for m, n in self.names.items()
-                       if n and not any(True for _ in m.children())}
-        self.stack: list[Any] = []
+        self.containers, self.leaves = _module_names(model)
+        self.stack: list[str] = []  # names of the containers running, innermost last
         self.counts: Counter[tuple[str, str]] = Counter()
-        self.copying = False  # our own .detach() / copies are not the model's calls
-        # (tensor id, version) -> what was kept: the same unchanged tensor seen again (an
-        # Identity leaf, a block that returns its input) is the same values, kept once
-        self.seen: dict[tuple[int, int], Any] = {}
+        # (tensor id, version) -> (weak ref to the tensor, what was kept): the same unchanged
+        # tensor seen again (an Identity leaf, a block that returns its input) is the same
+        # values, kept once
+        self.seen: dict[tuple[int, int], tuple[Any, Any]] = {}
         # storage address -> [(record name, tensor, its version then)]: tensors held
         self.held: dict[int, list[tuple[str, Any, int]]] = {}
         self.held_ids: set[int] = set()  # ids of the held tensors (alive while held)
         self.intact = True
         self.result: Any = None
         self.off: list[Any] = []  # DisableTorchFunction contexts entered by leaves
+        self._disable = torch._C.DisableTorchFunction
+        self._tensor = torch.Tensor
 
     def pre(self, module: Any, args: Any) -> None:
-        if module in self.names:  # the hooks are global: other models' modules pass too
-            self.stack.append(module)
-            if module in self.leaves:
-                # inside a leaf the mode has nothing to record: turn it off there (most of
-                # the calls a model makes are inside leaves). A leaf that writes its input
-                # says so (ReLU(inplace=True)); any other write is caught by the version
-                # check after the pass.
-                if self.held and getattr(module, "inplace", False) is True:
-                    self.before_write(list(args))
-                import torch
-
-                off = torch._C.DisableTorchFunction()
-                off.__enter__()
-                self.off.append(off)
+        name = self.leaves.get(module)  # the hooks are global: other models' modules pass too
+        if name is None:
+            name = self.containers.get(module)
+            if name is not None:
+                self.stack.append(name)
+            return
+        # inside a leaf the mode has nothing to record: turn it off there (most of the calls
+        # a model makes are inside leaves). Off first, so that copies made for a leaf that
+        # says it writes its input (ReLU(inplace=True)) do not reach the mode; any other
+        # write is caught by the version check after the pass.
+        off = self._disable()
+        off.__enter__()
+        self.off.append(off)
+        if self.held and getattr(module, "inplace", False) is True:
+            self.before_write(args)
 
     def post(self, module: Any, _args: Any, output: Any) -> None:
-        if module in self.names:
-            if module in self.leaves and self.off:
+        name = self.leaves.get(module)
+        if name is None:
+            if module in self.containers:
+                self.stack.pop()
+            return
+        if self.off:  # kept while torch functions are still off: our calls are not the model's
+            try:
+                self.keep(name, output)
+            finally:
                 self.off.pop().__exit__(None, None, None)
-            self.stack.pop()
-            if module in self.leaves and self.names[module]:
-                self.keep(self.names[module], output)
 
     def resume_mode(self) -> None:
         while self.off:
             self.off.pop().__exit__(None, None, None)
 
-    def in_leaf(self) -> bool:
-        return self.copying or (bool(self.stack) and self.stack[-1] in self.leaves)
-
     def functional(self, func: Any, result: Any) -> None:
-        scope = self.names.get(self.stack[-1], "") if self.stack else ""
-        short = _short(func)
+        scope = self.stack[-1] if self.stack else ""
+        short = _SHORT.get(func)
+        if short is None:
+            short = _SHORT[func] = _short(func)
         k = self.counts[(scope, short)]
         self.counts[(scope, short)] += 1
-        self.keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
+        with self._disable():  # a tensor subclass's own __torch_function__ is not the model's
+            self.keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
 
     def keep(self, name: str, value: Any) -> None:
-        import torch
-
-        self.copying = True
-        try:  # our own tensor calls go straight to torch, not through the mode (~5 us each)
-            with torch._C.DisableTorchFunction():
-                self._keep(name, value)
-        finally:
-            self.copying = False
-
-    def _keep(self, name: str, value: Any) -> None:
+        if isinstance(value, self._tensor):
+            self._keep_one(name, value)
+            return
         tensors = flatten_outputs(value)
-        named = [(name, tensors[0])] if len(tensors) == 1 else [
-            (f"{name}.{i}", t) for i, t in enumerate(tensors)]
-        for n, t in named:
-            try:
-                key = (id(t), t._version)
-            except RuntimeError:  # an inference tensor keeps no version: copy it
-                self.records[n] = self._copy(n, t)
-                continue
-            if key in self.seen and self.seen[key][0]() is t:
-                kept = self.records[n] = self.seen[key][1]
-                if id(kept) in self.held_ids:  # copied with the first name, if written
-                    self.held.setdefault(_storage(kept), []).append((n, kept, key[1]))
-                continue
-            if self.copy or t.device.type != "cpu":
-                kept = self._copy(n, t)
-            else:
-                # shares t's memory and version counter (no grad here: t itself, mostly)
-                kept = t.detach() if t.requires_grad else t
-                self.held.setdefault(_storage(kept), []).append((n, kept, key[1]))
-                self.held_ids.add(id(kept))
-            self.records[n] = kept
-            self.seen[key] = (weakref.ref(t), kept)  # weak: t's memory stays free
+        if len(tensors) == 1:
+            self._keep_one(name, tensors[0])
+        else:
+            for i, t in enumerate(tensors):
+                self._keep_one(f"{name}.{i}", t)
+
+    def _keep_one(self, name: str, t: Any) -> None:
+        try:
+            version = t._version
+        except RuntimeError:  # an inference tensor keeps no version: copy it
+            self.records[name] = self._copy(name, t)
+            return
+        key = (id(t), version)
+        hit = self.seen.get(key)
+        if hit is not None and hit[0]() is t:
+            kept = self.records[name] = hit[1]
+            if id(kept) in self.held_ids:  # copied with the first name, if written
+                self.held.setdefault(_storage(kept), []).append((name, kept, version))
+            return
+        if self.copy or not t.is_cpu:
+            kept = self._copy(name, t)
+        else:
+            # shares t's memory and version counter (no grad here: t itself, mostly)
+            kept = t.detach() if t.requires_grad else t
+            self.held.setdefault(_storage(kept), []).append((name, kept, version))
+            self.held_ids.add(id(kept))
+        self.records[name] = kept
+        self.seen[key] = (weakref.ref(t), kept)  # weak: t's memory stays free
 
     def _copy(self, name: str, t: Any) -> Any:
         """t's values in a buffer kept from run to run (fresh arrays for ~200 activations
@@ -259,27 +301,28 @@ class _Recorder:
         np.copyto(buf, arr)
         return buf
 
-    def before_write(self, targets: list[Any]) -> None:
+    def before_write(self, targets: Any) -> None:
         """An op is about to write ``targets``: held tensors sharing their memory are
-        copied first (once each, however many records name them)."""
-        import torch
-
+        copied first (once each, however many records name them). Called with torch
+        functions off (in the mode's handler, or a leaf's pre hook)."""
         for target in targets:
-            if not isinstance(target, torch.Tensor) or not self.held:
+            if not isinstance(target, self._tensor) or not self.held:
                 continue
             clones: dict[int, Any] = {}
             for n, t, version in self.held.pop(_storage(target), ()):
                 if t._version != version:  # already changed unseen: finish() says so
                     self.intact = False
                     continue
-                if id(t) not in clones:
-                    clones[id(t)] = t.clone()
+                clone = clones.get(id(t))
+                if clone is None:
+                    clone = clones[id(t)] = t.clone()
+                    self.held_ids.discard(id(t))
                     # seen again unchanged (the op did not write after all, e.g. dropout
-                    # in eval mode): the copy is what it is
-                    for key, (ref, kept) in list(self.seen.items()):
-                        if kept is t:
-                            self.seen[key] = (ref, clones[id(t)])
-                self.records[n] = clones[id(t)]
+                    # in eval mode): the copy is what it is. t was seen under this key.
+                    hit = self.seen.get((id(t), version))
+                    if hit is not None and hit[1] is t:
+                        self.seen[(id(t), version)] = (hit[0], clone)
+                self.records[n] = clone
 
     def finish(self) -> None:
         """Every held tensor unchanged (else ``intact`` is False); records to numpy."""
@@ -291,11 +334,13 @@ class _Recorder:
         self.held_ids.clear()
         self.seen.clear()
         arrays: dict[int, Any] = {}  # one array per tensor, however many records name it
+        tensor = self._tensor
         for n, v in self.records.items():
-            if hasattr(v, "detach"):  # a tensor (a copy is already an array)
-                if id(v) not in arrays:
-                    arrays[id(v)] = v.numpy()
-                self.records[n] = arrays[id(v)]
+            if isinstance(v, tensor):  # (a copy is already an array)
+                a = arrays.get(id(v))
+                if a is None:
+                    a = arrays[id(v)] = v.numpy()
+                self.records[n] = a
 
 
 def _storage(t: Any) -> int:
@@ -316,12 +361,14 @@ def _recording_mode() -> type:
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             rec = self.recorder
+            if kwargs is None:
+                kwargs = {}
             if rec.held:
-                written = _written(func, args, kwargs or {})
+                written = _written(func, args, kwargs)
                 if written:
                     rec.before_write(written)
-            result = func(*args, **(kwargs or {}))
-            if not rec.in_leaf() and (isinstance(result, torch.Tensor) or (
+            result = func(*args, **kwargs)
+            if not rec.off and (isinstance(result, torch.Tensor) or (
                     isinstance(result, (tuple, list)) and result
                     and all(isinstance(r, torch.Tensor) for r in result))):
                 rec.functional(func, result)
