@@ -192,17 +192,11 @@ class NcnnRunner(Runner):
 
     def _execute(self, feed: dict[str, Any], capture: Any,
                  arena: Any = None) -> dict[str, Any]:
-        """Run one extractor; in the worker (``arena`` given) each extracted blob is copied
-        once, straight into the reply file."""
+        """Run one extractor. ``arena`` (in the worker) is not used: the blobs are views of
+        ncnn's Mats, which the worker writes to its reply file with pwrite. A copy through a
+        mapping would hold a second resident copy of every blob while the Mats live."""
         import ncnn
         import numpy as np
-
-        def keep(view: Any) -> Any:
-            if arena is None:
-                return view
-            dst = arena.alloc(view.shape, view.dtype)
-            np.copyto(dst, view)
-            return dst
 
         if isinstance(capture, tuple):  # ("blobs", names): run_blobs
             ex = self.net.create_extractor()
@@ -219,10 +213,8 @@ class NcnnRunner(Runner):
                 ret, mat = ex.extract(name)
                 if ret != 0:
                     raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
-                # here a view that keeps the Mat alive, no copy; a fed blob views `arr`:
-                # copied
-                view = np.asarray(mat)
-                out[name] = np.array(view) if arena is None and name in feed else keep(view)
+                # a view that keeps the Mat alive, no copy; a fed blob views `arr`: copied
+                out[name] = np.array(mat) if name in feed else np.asarray(mat)
             return out
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
@@ -243,10 +235,9 @@ class NcnnRunner(Runner):
                 raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
             spec = self.out_specs.get(name)
             if spec is not None and spec.batch_axis is not None:
-                view = mat.numpy(batch_index=spec.batch_axis)
-                result[name] = keep(view) if arena is not None else np.array(view)
+                result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
             else:
-                result[name] = keep(np.asarray(mat))  # here: a view that keeps the Mat alive
+                result[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
         for top, bottom in aliases.items():
             if bottom in result:
                 result[top] = result[bottom]

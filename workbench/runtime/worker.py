@@ -59,23 +59,25 @@ _ALIGN = 64  # each array starts on a cache line (and any dtype's alignment)
 
 
 class SharedFile:
-    """A file in /dev/shm mapped whole and shared, its pages mapped at once
-    (MAP_POPULATE), and kept mapped from run to run: faulting 100+ MB in 4 kB at a time on
-    every run cost about as much as the run itself on a ResNet-50 capture. Arrays are
-    views of ``root``; while any is alive, ``in_use`` says so (numpy points every view at
-    the array that holds the memory, so its reference count counts them)."""
+    """A file in /dev/shm whose arrays are views of one mapping of it, made with all its
+    pages mapped at once (MAP_POPULATE): faulting 100+ MB in 4 kB at a time cost about as
+    much as a ResNet-50 capture itself. The mapping lives as long as any array viewing it
+    (numpy points every view, and every view of a view, at the array that holds the
+    memory) and no longer, so ``in_use`` says whether one is alive; once none is, the file
+    may be written over. The file is grown, never shrunk: used again, it keeps its pages."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.root: Any = None  # uint8 array over the whole mapping
+        self._root: Any = None  # weak reference to the uint8 array over the mapping
 
-    def ensure(self, size: int) -> Any:
-        """``root``, covering at least ``size`` bytes (the file grown if shorter; never
-        shrunk, so a file used again keeps its pages)."""
+    def map(self, size: int) -> Any:
+        """A uint8 array over the whole file, at least ``size`` bytes (grown if shorter):
+        the live mapping if it is long enough, else a new one. Hold it while viewing it."""
         import numpy as np
 
-        if self.root is not None and len(self.root) >= size:
-            return self.root
+        root = self._root() if self._root is not None else None
+        if root is not None and len(root) >= size:
+            return root
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             have = os.fstat(fd).st_size
@@ -83,30 +85,27 @@ class SharedFile:
                 os.ftruncate(fd, size)
                 have = size
             if not have:
-                self.root = np.empty(0, np.uint8)
-                return self.root
+                return np.empty(0, np.uint8)
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            # views of the previous mapping keep it alive; the new one serves from now on
-            self.root = np.frombuffer(mmap.mmap(fd, have, flags=flags), np.uint8)
+            root = np.frombuffer(mmap.mmap(fd, have, flags=flags), np.uint8)
         finally:
             os.close(fd)
-        return self.root
-
-    def view(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
-        import numpy as np
-
-        dt = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
-        if not count:
-            return np.empty(shape, dt)
-        return self.ensure(offset + count * dt.itemsize)[
-            offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+        self._root = weakref.ref(root)
+        return root
 
     def in_use(self) -> bool:
         """Whether an array of this file is still alive somewhere."""
-        import sys
+        return self._root is not None and self._root() is not None
 
-        return self.root is not None and sys.getrefcount(self.root) > 2  # ours + the arg
+
+def _view(root: Any, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if not count:
+        return np.empty(shape, dt)
+    return root[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
 
 
 class Packer:
@@ -121,6 +120,7 @@ class Packer:
     def __init__(self, file: SharedFile, size_hint: int = 0) -> None:
         self.file = file
         self.hint = size_hint
+        self.root: Any = None  # the mapping alloc() hands out views of
         self.end = 0
         self.owned: dict[int, tuple[int, str, tuple]] = {}  # id(view) -> its index entry
         self.views: list[Any] = []  # kept so that their ids stay unique until index()
@@ -133,33 +133,47 @@ class Packer:
         shape = tuple(int(d) for d in shape)
         offset = self.end
         self.end += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // _ALIGN) * _ALIGN
-        root = self.file.root
-        if root is None or len(root) < self.end:  # grow ahead, not one array at a time
-            self.file.ensure(max(self.end, self.hint, 2 * (0 if root is None else len(root))))
-        view = self.file.view(offset, dt, shape)
+        if self.root is None or len(self.root) < self.end:  # grow ahead, not per array
+            self.root = self.file.map(max(self.end, self.hint, 2 * (
+                0 if self.root is None else len(self.root))))
+        view = _view(self.root, offset, dt, shape)
         self.owned[id(view)] = (offset, dt.str, shape)
         self.views.append(view)
         return view
 
     def index(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        """The index ``unpack`` reads ``arrays`` back with."""
+        """The index ``unpack`` reads ``arrays`` back with. Arrays made elsewhere are
+        written with pwrite, not through a mapping: a writer that maps the file holds its
+        pages in its own resident set too, on top of the reader's."""
         import numpy as np
 
         index, seen = {}, {}
-        for name, value in arrays.items():
-            entry = self.owned.get(id(value)) or seen.get(id(value))
-            if entry is None:
-                arr = np.asarray(value)
-                if arr.dtype.hasobject:
-                    raise TypeError(f"{name!r} holds Python objects ({arr.dtype}), "
-                                    "not numbers")
-                dst = self.alloc(arr.shape, arr.dtype)
-                if dst.size:
-                    np.copyto(dst, arr, casting="no")
-                entry = self.owned[id(dst)]
-            seen[id(value)] = entry
-            index[name] = entry
+        fd = None
+        try:
+            for name, value in arrays.items():
+                entry = self.owned.get(id(value)) or seen.get(id(value))
+                if entry is None:
+                    arr = np.asarray(value)
+                    if arr.dtype.hasobject:
+                        raise TypeError(f"{name!r} holds Python objects ({arr.dtype}), "
+                                        "not numbers")
+                    if fd is None:
+                        fd = os.open(self.file.path, os.O_RDWR | os.O_CREAT, 0o600)
+                    entry = (self.end, arr.dtype.str, arr.shape)
+                    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                    done = 0
+                    while done < raw.nbytes:
+                        done += os.pwrite(fd, raw[done:], self.end + done)
+                    self.end += -(-raw.nbytes // _ALIGN) * _ALIGN
+                seen[id(value)] = entry
+                index[name] = entry
+            if fd is not None and os.fstat(fd).st_size < self.end:
+                os.ftruncate(fd, self.end)
+        finally:
+            if fd is not None:
+                os.close(fd)
         self.views.clear()
+        self.root = None
         return {"arrays": index, "size": self.end}
 
 
@@ -173,21 +187,9 @@ def unpack(file: SharedFile | str, index: dict[str, Any]) -> dict[str, Any]:
     pages of the file, no new ones). They keep the mapping alive; writes to them reach the
     file, which is written over only once none of them is alive (see Arenas)."""
     file = file if isinstance(file, SharedFile) else SharedFile(file)
-    file.ensure(index["size"])
-    return {name: file.view(offset, dtype, tuple(shape))
+    root = file.map(index["size"])
+    return {name: _view(root, offset, dtype, tuple(shape))
             for name, (offset, dtype, shape) in index["arrays"].items()}
-
-
-_MAPPED: dict[str, SharedFile] = {}  # the worker's files, kept mapped between runs
-
-
-def _mapped(path: str) -> SharedFile:
-    """The worker's SharedFile for ``path``; files the parent has removed are let go."""
-    for gone in [p for p in _MAPPED if p != path and not os.path.exists(p)]:
-        del _MAPPED[gone]
-    if path not in _MAPPED:
-        _MAPPED[path] = SharedFile(path)
-    return _MAPPED[path]
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -218,8 +220,8 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 if runner is None:  # dropped here, still alive in the parent
                     conn.send({"ok": False, "type": "TwinMissing", "message": "", "hint": ""})
                     continue
-                feed = unpack(_mapped(msg["inputs"]), msg["index"])
-                packer = Packer(_mapped(msg["outputs"]), msg.get("size_hint", 0))
+                feed = unpack(msg["inputs"], msg["index"])
+                packer = Packer(SharedFile(msg["outputs"]), msg.get("size_hint", 0))
                 out = runner._execute(feed, msg["capture"], arena=packer)
                 del feed
                 index = packer.index(out)
