@@ -228,6 +228,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     for args in sets:
         bar.set_postfix_str("torch")
         ref_values = ref_runner.run(args, capture="all")
+        ref_samples: dict[str, Any] = {}  # align samples each reference tensor once
         bar.update()
         for cand in cands:
             n_in = len(cand.runner.input_names)
@@ -257,7 +258,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     tensors_of[cand.name] = candidate_tensors(cand, modules)
                 tensors = tensors_of[cand.name]
                 if cand.name not in alignments:
-                    alignments[cand.name] = align(ref_values, values, tensors, modules)
+                    alignments[cand.name] = align(ref_values, values, tensors, modules,
+                                                  ref_samples)
                 al = alignments[cand.name]
                 order = {t.name: t for t in tensors}
                 runs = [("accumulated", values)]
@@ -276,7 +278,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         tol = resolve_tolerance(base_tol, per_op_tolerance, per_tensor_tolerance,
                                                 t.op_type, cname)
                         m = tensor_metrics(ref_values[rname], vals[cname], tol)
-                        m["tolerance"] = tol.bound(ref_values[rname])
+                        # Tolerance.bound from the metrics pass: max |ref| over finite values
+                        m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
                         rec = Record(cand.name, run_mode, t.order, cname, rname, t.op_type, m)
                         key = (cand.name, run_mode, cname)
                         if key not in worst or _worse(m, worst[key].metrics):
