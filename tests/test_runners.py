@@ -279,3 +279,75 @@ def test_a_model_that_raises_while_capturing_leaves_no_global_hooks():
     with pytest.raises(IndexError):
         TorchRunner(Bad()).run((torch.randn(1, 3, 4, 4),), capture="all")
     assert not module._global_forward_hooks and not module._global_forward_pre_hooks
+
+
+class Residual(nn.Module):
+    """``y += ...`` on a recorded tensor, the way transformers' ResNet adds its shortcut."""
+
+    def __init__(self, other: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.conv2 = nn.Conv2d(3, 3, 1), nn.Conv2d(3, 3, 1)
+        self.other = other
+
+    def forward(self, x):
+        y = self.conv(x)
+        alias, head = y, y[:, :1]
+        if self.other == "conv2":
+            y += self.conv2(x)  # y is alone on its memory but for the view `head`
+        elif self.other == "float64":  # promotes out of place, not in place
+            y += torch.ones(1, 1, 1, 1, dtype=torch.float64)
+        else:  # broadcasts to 2x3x4x4 out of place; in place it is an error
+            y += torch.ones(2, 3, 4, 4)
+        return alias * 1, head * 1
+
+
+class ResidualNoView(Residual):
+    def forward(self, x):
+        y = self.conv(x)
+        alias = y
+        y += self.conv2(x)  # nothing else on y's memory: written elsewhere, not copied
+        return alias * 1
+
+
+def test_an_in_place_add_on_a_recorded_tensor_keeps_the_record_and_what_aliases_see():
+    x = torch.randn(1, 3, 4, 4)
+    for net in (Residual("conv2"), ResidualNoView("conv2")):
+        got = TorchRunner(net).run((x,), capture="all")
+        with torch.no_grad():
+            conv, conv2 = net.conv(x).numpy(), net.conv2(x).numpy()
+        np.testing.assert_allclose(got["conv"], conv, rtol=1e-6, err_msg=type(net).__name__)
+        # the model's own references (the same object, a view) see the write
+        np.testing.assert_allclose(got["output_0"], conv + conv2, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["Tensor.add__0"], conv + conv2, rtol=1e-6, atol=1e-6)
+        if "output_1" in got:
+            np.testing.assert_allclose(got["output_1"], (conv + conv2)[:, :1], rtol=1e-6,
+                                       atol=1e-6)
+        assert not np.shares_memory(got["conv"], got["Tensor.add__0"])
+
+
+def test_an_in_place_add_keeps_in_place_dtype_and_errors():
+    x = torch.randn(1, 3, 4, 4)
+    net = Residual("float64")
+    got = TorchRunner(net).run((x,), capture="all")
+    with torch.no_grad():
+        conv = net.conv(x).numpy()
+    assert got["output_0"].dtype == np.float32  # in place keeps y's dtype
+    np.testing.assert_allclose(got["output_0"], conv + 1, rtol=1e-6)
+    np.testing.assert_allclose(got["output_1"], (conv + 1)[:, :1], rtol=1e-6)
+    np.testing.assert_allclose(got["conv"], conv, rtol=1e-6)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        TorchRunner(Residual("broadcast")).run((x,), capture="all")
+
+
+def test_recorded_names_are_those_of_named_modules():
+    from workbench.runtime.torch_runner import _module_names
+
+    shared = nn.Conv2d(3, 3, 1)
+    net = nn.Sequential(nn.Sequential(shared, nn.ReLU()), shared, nn.Identity())
+    net.register_module("gone", None)
+    net[0].register_module("empty", nn.Sequential())  # no children: a leaf
+    containers, leaves = _module_names(net)
+    assert {**containers, **leaves} == {m: n for n, m in net.named_modules()}
+    assert set(leaves) == {m for n, m in net.named_modules() if n and not list(m.children())}
+    assert leaves[shared] == "0.0"  # registered twice: the first name
