@@ -193,6 +193,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     """Compare candidates (ONNX/ncnn artifacts, paths or runners) with ``reference`` (an
     ``nn.Module`` or runner) op by op on ``inputs`` (a tuple, or a list of tuples whose
     metrics aggregate to the worst). Returns a CompareReport."""
+    import numpy as np
     from tqdm.auto import tqdm
 
     from ..runtime import runner_for
@@ -225,30 +226,34 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     steps = len(sets) * (1 + len(cands) * (2 if mode == "both" else 1))
     bar = tqdm(total=steps, desc="compare", disable=not progress, leave=False)
     worst: dict[tuple[str, str, str], Record] = {}
-    for args in sets:
-        bar.set_postfix_str("torch")
-        ref_values = ref_runner.run(args, capture="all")
-        ref_samples: dict[str, Any] = {}  # align samples each reference tensor once
-        bar.update()
-        for cand in cands:
-            n_in = len(cand.runner.input_names)
-            if n_in != len(args):
-                raise InputError(f"{cand.name} takes {n_in} input(s) "
-                                 f"{cand.runner.input_names}, the reference was given {len(args)}",
-                                 "compare a candidate exported from the same model and inputs")
-        # the next candidate captures in a thread (in the worker, mostly) while this one
-        # aligns and measures the one before: the two overlap. In isolated mode only once
-        # the isolated run is done, so that its values and the next capture's do not pile
-        # up (peak memory)
-        pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare")
-        pending = {0: pool.submit(cands[0].runner.run, args, "all")}
+    # two threads: one waits on candidate captures (in the worker, mostly) and the
+    # measuring pass (compiled, GIL released) runs on both cores once the captures are done
+    pool = ThreadPoolExecutor(2, thread_name_prefix="wb-compare")
+    try:
+        pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
+        for args in sets:
+            for cand in cands:
+                n_in = len(cand.runner.input_names)
+                if n_in != len(args):
+                    raise InputError(f"{cand.name} takes {n_in} input(s) "
+                                     f"{cand.runner.input_names}, the reference was given "
+                                     f"{len(args)}", "compare a candidate exported from the "
+                                     "same model and inputs")
+            # the first candidate captures (in the worker) while torch does, and each next
+            # one while the one before is aligned and measured. In isolated mode only once
+            # the isolated run is done, so that its values and the next capture's do not
+            # pile up (peak memory)
+            pending = {0: pool.submit(cands[0].runner.run, args, "all")} if _OVERLAP else {}
+            bar.set_postfix_str("torch")
+            ref_values = ref_runner.run(args, capture="all")
+            ref_samples: dict[str, Any] = {}  # align samples each reference tensor once
+            bar.update()
 
-        def prefetch(k: int, pending: dict = pending, pool: Any = pool,
-                     args: tuple = args) -> None:
-            if k < len(cands) and k not in pending:
-                pending[k] = pool.submit(cands[k].runner.run, args, "all")
+            def prefetch(k: int, pending: dict = pending, args: tuple = args) -> None:
+                if k < len(cands) and k not in pending:
+                    pending[k] = pool.submit(cands[k].runner.run, args, "all")
 
-        try:
+            prefetch(0)
             for k, cand in enumerate(cands):
                 bar.set_postfix_str(cand.name)
                 values = pending.pop(k).result()
@@ -264,34 +269,75 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                 order = {t.name: t for t in tensors}
                 runs = [("accumulated", values)]
                 if mode in ("isolated", "both"):
-                    iso = _isolated(cand, al, ref_values, values, args)
+                    # isolated runs need the captured shapes, not values: in "isolated"
+                    # mode the values go before the run (peak memory)
+                    layout = {n: (np.shape(v), np.asarray(v).dtype) for n, v in values.items()}
+                    if mode == "isolated":
+                        runs = values = None
+                    iso = _isolated(cand, al, ref_values, layout, args)
                     isolated_available[cand.name] = iso is not None
                     if iso is not None:
-                        runs = runs + [("isolated", iso)] if mode == "both" else [("isolated", iso)]
+                        runs = (runs or []) + [("isolated", iso)]
+                    runs = runs or []
                     values = iso = None  # what is measured is in runs; the rest goes now
                 prefetch(k + 1)
                 for run_mode, vals in runs:
+                    jobs = []
                     for cname, rname in al.pairs.items():
-                        if cname not in vals:
-                            continue
-                        t = order[cname]
-                        tol = resolve_tolerance(base_tol, per_op_tolerance, per_tensor_tolerance,
-                                                t.op_type, cname)
-                        m = tensor_metrics(ref_values[rname], vals[cname], tol)
-                        # Tolerance.bound from the metrics pass: max |ref| over finite values
+                        if cname in vals:
+                            t = order[cname]
+                            jobs.append((t, rname, resolve_tolerance(
+                                base_tol, per_op_tolerance, per_tensor_tolerance, t.op_type,
+                                cname)))
+
+                    def measure(job: tuple, vals: dict = vals,
+                                ref_values: dict = ref_values) -> dict[str, Any]:
+                        t, rname, tol = job
+                        m = tensor_metrics(ref_values[rname], vals[t.name], tol)
+                        # Tolerance.bound from the same pass: max |ref| over finite values
                         m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
-                        rec = Record(cand.name, run_mode, t.order, cname, rname, t.op_type, m)
-                        key = (cand.name, run_mode, cname)
+                        return m
+
+                    # the last candidate's pass has the cores to itself: split it in two
+                    split = k == len(cands) - 1 and len(jobs) > 1
+                    ms = (_measure_split(pool, measure, jobs) if split
+                          else [measure(j) for j in jobs])
+                    for (t, rname, _), m in zip(jobs, ms, strict=True):
+                        rec = Record(cand.name, run_mode, t.order, t.name, rname, t.op_type, m)
+                        key = (cand.name, run_mode, t.name)
                         if key not in worst or _worse(m, worst[key].metrics):
                             worst[key] = rec
                     bar.update()
-        finally:
-            pool.shutdown(cancel_futures=True)
+    finally:
+        pool.shutdown(cancel_futures=True)
     bar.close()
     records = sorted(worst.values(), key=lambda r: (r.candidate, r.mode, r.order))
     return CompareReport(records=records, alignments=alignments, candidates=cands,
                          isolated_available=isolated_available, tolerance=base_tol,
                          inputs=sets[0], reference=ref_runner)
+
+
+_OVERLAP = __import__("os").environ.get("WB_OVERLAP", "1") == "1"
+
+
+def _warm_metrics() -> None:
+    """Build (or load from numba's cache) the metrics kernel for float32 pairs."""
+    import numpy as np
+
+    from .metrics import Tolerance, tensor_metrics
+
+    tensor_metrics(np.zeros(2, np.float32), np.zeros(2, np.float32), Tolerance())
+
+
+def _measure_split(pool: Any, measure: Any, jobs: list) -> list[dict[str, Any]]:
+    """measure(job) for every job, every other one in a pool thread (alternate jobs, so
+    both halves get large and small tensors alike): the metrics kernel releases the GIL,
+    so the two halves run on two cores."""
+    odd = pool.submit(lambda: [measure(j) for j in jobs[1::2]])
+    even = [measure(j) for j in jobs[0::2]]
+    out: list[dict[str, Any]] = [{}] * len(jobs)
+    out[0::2], out[1::2] = even, odd.result()
+    return out
 
 
 def _worse(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -301,15 +347,15 @@ def _worse(a: dict[str, Any], b: dict[str, Any]) -> bool:
 _ISOLATED: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (temp dir, runner)
 
 
-def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict[str, Any],
-              args: tuple) -> dict[str, Any] | None:
+def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any],
+              layout: dict[str, tuple], args: tuple) -> dict[str, Any] | None:
     """Each op of an ONNX candidate run on reference inputs, all in one session run. The
     rewritten model and its runner are kept (two at most) for the next comparison."""
     import numpy as np
 
     if cand.kind == "ncnn":
-        return _isolated_ncnn(cand, al, ref_values, values, cand.runner.feed(args))
-    cut = sorted(v for v in al.pairs if v in values)  # capture="all" holds every node output
+        return _isolated_ncnn(cand, al, ref_values, layout, cand.runner.feed(args))
+    cut = sorted(v for v in al.pairs if v in layout)  # capture="all" holds every node output
     st = cand.path.stat()
     key = (str(cand.path.resolve()), st.st_mtime_ns, st.st_size, tuple(cut))
     if key not in _ISOLATED:
@@ -321,7 +367,7 @@ def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict
 
         d = tempfile.TemporaryDirectory(prefix="wb-isolated-")
         path = Path(d.name) / "isolated.onnx"
-        types = {v: np.asarray(values[v]).dtype for v in cut}
+        types = {v: layout[v][1] for v in cut}
         onnx.save(isolated_model(cand.path, cut, types), str(path))
         _ISOLATED[key] = (d, OrtRunner(path, isolated=cand.runner.isolated,
                                        libraries=getattr(cand.runner, "libraries", ())))
@@ -330,8 +376,8 @@ def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any], values: dict
     _ISOLATED.move_to_end(key)
     feeds = dict(cand.runner.feed(args))
     for name in cut:
-        arr = np.asarray(values[name])
-        ref = _fit(ref_values[al.pairs[name]], arr.shape).astype(arr.dtype, copy=False)
+        shape, dtype = layout[name]
+        ref = _fit(ref_values[al.pairs[name]], shape).astype(dtype, copy=False)
         feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
     return _ISOLATED[key][1].run(feeds)
 
@@ -362,7 +408,7 @@ def isolated_model(path: Path, cut: list[str], types: dict[str, Any]) -> Any:
 
 
 def _isolated_ncnn(cand: Candidate, al: Any, ref_values: dict[str, Any],
-                   values: dict[str, Any], model_inputs: dict[str, Any]) -> dict[str, Any]:
+                   layout: dict[str, tuple], model_inputs: dict[str, Any]) -> dict[str, Any]:
     """Each ncnn layer on reference inputs: aligned bottoms are fed from the reference with
     Extractor.input, in as few passes as the graph allows (a layer cannot be measured in the
     pass that feeds its own output to another layer; greedy colouring, 2-3 passes)."""
@@ -400,8 +446,8 @@ def _isolated_ncnn(cand: Candidate, al: Any, ref_values: dict[str, Any],
     out: dict[str, Any] = {}
     for tops, fed, _members in passes:
         blobs = dict(model_inputs)  # the model's own inputs, as they are
-        blobs.update({b: _fit(ref_values[al.pairs[src]], values[src].shape)
-                      for b, src in fed.items() if src in values})
+        blobs.update({b: _fit(ref_values[al.pairs[src]], layout[src][0])
+                      for b, src in fed.items() if src in layout})
         wanted = [t for t in tops if t in al.pairs]
         out.update(cand.runner.run_blobs(blobs, wanted))
     return out
