@@ -307,13 +307,12 @@ def alignment_section(workdir: Path, resnet50: tuple[Any, str] | None) -> list[R
 # -- --profile: one comparison split by phase ---------------------------------------------------
 PHASES = [  # (label, module, attribute path)
     ("worker: create sessions/nets", "workbench.runtime.worker", "RemoteHandle._ensure"),
-    ("worker: run + .npy transfer", "workbench.runtime.worker", "RemoteHandle.execute"),
+    ("worker: run + transfer", "workbench.runtime.worker", "RemoteHandle.execute"),
     ("torch capture='all'", "workbench.runtime.torch_runner", "TorchRunner._execute"),
     ("load/check .onnx", "workbench.onnx_io", "load_onnx"),
     ("list candidate tensors", "workbench.compare.compare", "candidate_tensors"),
     ("align", "workbench.compare.compare", "align"),
     ("metrics (tensor_metrics)", "workbench.compare.metrics", "tensor_metrics"),
-    ("tolerance bound", "workbench.compare.metrics", "Tolerance.bound"),
     ("isolated ONNX: rewrite graph", "workbench.compare.compare", "isolated_model"),
     ("isolated ONNX: save + new runner", "workbench.compare.compare", "_isolated"),
     ("isolated ncnn: plan passes", "workbench.compare.compare", "_isolated_ncnn"),

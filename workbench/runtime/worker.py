@@ -3,8 +3,11 @@
 onnxruntime and ncnn are native code; a bad model or input can segfault or abort them, and
 in a notebook that would kill the kernel. Runners created with ``isolated=True`` (the
 default) keep a twin of themselves in one shared worker process and send it only checked
-feeds. Tensors travel as ``.npy`` files in a memory-backed folder (``/dev/shm`` when there
-is one), not as pickles through the pipe. When the worker dies, the call raises
+feeds. Tensors travel through files in a memory-backed folder (``/dev/shm`` when there is
+one), not as pickles through the pipe: arrays back to back, written with pwrite (or by
+ONNX Runtime itself, through an IO binding) and read as views of one mapping made with its
+pages at once, so a ResNet-50's every activation crosses with about one copy. When the
+worker dies, the call raises
 ``BackendCrashed`` with the signal and the last lines the worker printed; the next call
 starts a fresh worker.
 
