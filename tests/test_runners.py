@@ -306,7 +306,7 @@ class ResidualNoView(Residual):
     def forward(self, x):
         y = self.conv(x)
         alias = y
-        y += self.conv2(x)  # nothing else on y's memory: written elsewhere, not copied
+        y += self.conv2(x)  # nothing else on y's memory
         return alias * 1
 
 
