@@ -122,6 +122,18 @@ def _sample(arr: Any) -> Sample:
     return Sample(v, finite, scale)
 
 
+def samples(arrays: dict[str, Any], into: dict[str, Sample] | None = None) -> dict[str, Sample]:
+    """The samples align scores, of every float array: taken ahead of align, e.g. while
+    the other side is still being captured."""
+    import numpy as np
+
+    out = {} if into is None else into
+    for name, arr in arrays.items():
+        if name not in out and np.asarray(arr).dtype.kind == "f":
+            out[name] = _sample(arr)
+    return out
+
+
 def _score(ref: Sample, cand: Sample) -> float:
     """max |a-b| / max |a| over the samples of two arrays of one size."""
     import numpy as np
@@ -142,11 +154,13 @@ def _score(ref: Sample, cand: Sample) -> float:
 
 def align(reference: dict[str, Any], candidate: dict[str, Any],
           tensors: list[CandidateTensor], modules: set[str] | None = None,
-          ref_samples: dict[str, Sample] | None = None) -> Alignment:
+          ref_samples: dict[str, Sample] | None = None,
+          cand_samples: dict[str, Sample] | None = None) -> Alignment:
     """Pair candidate tensors (in topological order) with reference tensors (in execution
     order). ``reference`` and ``candidate`` map names to arrays; ``modules`` are the
     reference model's module names (a record that is not one is a functional call).
-    ``ref_samples`` keeps the reference samples for the next candidate of the same run."""
+    ``ref_samples`` keeps the reference samples for the next candidate of the same run;
+    ``cand_samples`` may hold the candidate's, taken ahead (see ``samples``)."""
     import numpy as np
 
     modules = modules or set()
@@ -204,7 +218,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 if not t.internal and (len(hinted) == 1 or ref_names[hinted[0]] == t.hint):
                     structural = hinted[0]
         if choices:
-            got = _sample(arr)
+            got = (cand_samples or {}).get(t.name) or _sample(arr)
             scores = [(_score(ref_sample(j), got), j) for j in choices]
         else:
             scores = []

@@ -9,7 +9,9 @@ inputs, all in one session run. Runners know nothing of this (Polygraphy's split
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .align import CandidateTensor, align, shape_key
+from .align import CandidateTensor, align, samples, shape_key
 
 MODES = ("accumulated", "isolated", "both")
 
@@ -38,7 +40,9 @@ def _as_candidate(thing: Any, index: int) -> Candidate:
     runner = thing if isinstance(thing, Runner) else None
     if runner is None:
         try:
-            runner = _cached_runner(thing, runner_for)
+            # one intra-op thread: compare runs the captures in the worker on one core
+            # while torch and the measuring pass take the other (see compare())
+            runner = _cached_runner(thing, lambda t: runner_for(t, num_threads=1))
         except InputError as e:
             raise InputError(f"candidate {index} ({type(thing).__name__}): {e.message}",
                              e.hint) from None
@@ -226,9 +230,16 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     steps = len(sets) * (1 + len(cands) * (2 if mode == "both" else 1))
     bar = tqdm(total=steps, desc="compare", disable=not progress, leave=False)
     worst: dict[tuple[str, str, str], Record] = {}
-    # two threads: one waits on candidate captures (in the worker, mostly) and the
-    # measuring pass (compiled, GIL released) runs on both cores once the captures are done
-    pool = ThreadPoolExecutor(2, thread_name_prefix="wb-compare")
+    # Scheduling on a small machine (2 cores here): the candidates' runners (built here)
+    # use one intra-op thread each and capture at once in the worker, while this thread
+    # captures torch (one thread too) and then aligns and measures whatever capture is
+    # done. Single-threaded runs share cores by plain time slicing; multi-threaded ones
+    # on too few cores wait at every barrier (ncnn ran twice as slow beside a 2-thread
+    # torch), and one at a time leaves cores idle. Captures run at most one ahead of the
+    # measuring (two candidates' values alive at once); in isolated mode the next starts
+    # only once this one is measured (peak memory). A measuring pass with no capture
+    # running splits over two threads.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare-measure")
     try:
         pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
         for args in sets:
@@ -239,75 +250,73 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                                      f"{cand.runner.input_names}, the reference was given "
                                      f"{len(args)}", "compare a candidate exported from the "
                                      "same model and inputs")
-            # the first candidate captures (in the worker) while torch does, and each next
-            # one while the one before is aligned and measured. In isolated mode only once
-            # the isolated run is done, so that its values and the next capture's do not
-            # pile up (peak memory)
-            pending = {0: pool.submit(cands[0].runner.run, args, "all")} if _OVERLAP else {}
-            bar.set_postfix_str("torch")
-            ref_values = ref_runner.run(args, capture="all")
-            ref_samples: dict[str, Any] = {}  # align samples each reference tensor once
-            bar.update()
+            captures = _Captures(cands, args, ahead=1 if mode == "accumulated" else 0)
+            try:
+                bar.set_postfix_str("torch")
+                with _torch_threads(1):
+                    ref_values = ref_runner.run(args, capture="all")
+                bar.update()
+                # align scores samples: the reference's are taken now, while the captures
+                # run, and each candidate's in its capture thread
+                ref_samples = samples(ref_values)
+                for k, cand in enumerate(cands):
+                    bar.set_postfix_str(cand.name)
+                    values, cand_samples = captures.get(k)
+                    if cand.name not in tensors_of:  # list and align on the first input set
+                        tensors_of[cand.name] = candidate_tensors(cand, modules)
+                    tensors = tensors_of[cand.name]
+                    if cand.name not in alignments:
+                        alignments[cand.name] = align(ref_values, values, tensors, modules,
+                                                      ref_samples, cand_samples)
+                    cand_samples = None
+                    al = alignments[cand.name]
+                    order = {t.name: t for t in tensors}
+                    runs = [("accumulated", values)]
+                    if mode in ("isolated", "both"):
+                        # isolated runs need the captured shapes, not values: in "isolated"
+                        # mode the values go before the run (peak memory)
+                        layout = {n: (np.shape(v), np.asarray(v).dtype)
+                                  for n, v in values.items()}
+                        if mode == "isolated":
+                            runs = values = None
+                        iso = _isolated(cand, al, ref_values, layout, args)
+                        isolated_available[cand.name] = iso is not None
+                        if iso is not None:
+                            runs = (runs or []) + [("isolated", iso)]
+                        runs = runs or []
+                        values = iso = None  # what is measured is in runs; the rest goes now
+                    for run_mode, vals in runs:
+                        jobs = []
+                        for cname, rname in al.pairs.items():
+                            if cname in vals:
+                                t = order[cname]
+                                jobs.append((t, rname, resolve_tolerance(
+                                    base_tol, per_op_tolerance, per_tensor_tolerance,
+                                    t.op_type, cname)))
 
-            def prefetch(k: int, pending: dict = pending, args: tuple = args) -> None:
-                if k < len(cands) and k not in pending:
-                    pending[k] = pool.submit(cands[k].runner.run, args, "all")
+                        def measure(job: tuple, vals: dict = vals,
+                                    ref_values: dict = ref_values) -> dict[str, Any]:
+                            t, rname, tol = job
+                            m = tensor_metrics(ref_values[rname], vals[t.name], tol)
+                            # Tolerance.bound from the same pass: max |ref| over finite values
+                            m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
+                            return m
 
-            prefetch(0)
-            for k, cand in enumerate(cands):
-                bar.set_postfix_str(cand.name)
-                values = pending.pop(k).result()
-                if mode == "accumulated":
-                    prefetch(k + 1)
-                if cand.name not in tensors_of:  # list and align on the first input set
-                    tensors_of[cand.name] = candidate_tensors(cand, modules)
-                tensors = tensors_of[cand.name]
-                if cand.name not in alignments:
-                    alignments[cand.name] = align(ref_values, values, tensors, modules,
-                                                  ref_samples)
-                al = alignments[cand.name]
-                order = {t.name: t for t in tensors}
-                runs = [("accumulated", values)]
-                if mode in ("isolated", "both"):
-                    # isolated runs need the captured shapes, not values: in "isolated"
-                    # mode the values go before the run (peak memory)
-                    layout = {n: (np.shape(v), np.asarray(v).dtype) for n, v in values.items()}
-                    if mode == "isolated":
-                        runs = values = None
-                    iso = _isolated(cand, al, ref_values, layout, args)
-                    isolated_available[cand.name] = iso is not None
-                    if iso is not None:
-                        runs = (runs or []) + [("isolated", iso)]
-                    runs = runs or []
-                    values = iso = None  # what is measured is in runs; the rest goes now
-                prefetch(k + 1)
-                for run_mode, vals in runs:
-                    jobs = []
-                    for cname, rname in al.pairs.items():
-                        if cname in vals:
-                            t = order[cname]
-                            jobs.append((t, rname, resolve_tolerance(
-                                base_tol, per_op_tolerance, per_tensor_tolerance, t.op_type,
-                                cname)))
-
-                    def measure(job: tuple, vals: dict = vals,
-                                ref_values: dict = ref_values) -> dict[str, Any]:
-                        t, rname, tol = job
-                        m = tensor_metrics(ref_values[rname], vals[t.name], tol)
-                        # Tolerance.bound from the same pass: max |ref| over finite values
-                        m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
-                        return m
-
-                    # the last candidate's pass has the cores to itself: split it in two
-                    split = k == len(cands) - 1 and len(jobs) > 1
-                    ms = (_measure_split(pool, measure, jobs) if split
-                          else [measure(j) for j in jobs])
-                    for (t, rname, _), m in zip(jobs, ms, strict=True):
-                        rec = Record(cand.name, run_mode, t.order, t.name, rname, t.op_type, m)
-                        key = (cand.name, run_mode, t.name)
-                        if key not in worst or _worse(m, worst[key].metrics):
-                            worst[key] = rec
-                    bar.update()
+                        # with no capture running, the pass has the cores to itself: split it
+                        split = len(jobs) > 1 and captures.idle(k)
+                        ms = (_measure_split(pool, measure, jobs) if split
+                              else [measure(j) for j in jobs])
+                        for (t, rname, _), m in zip(jobs, ms, strict=True):
+                            rec = Record(cand.name, run_mode, t.order, t.name, rname,
+                                         t.op_type, m)
+                            key = (cand.name, run_mode, t.name)
+                            if key not in worst or _worse(m, worst[key].metrics):
+                                worst[key] = rec
+                        bar.update()
+                    runs = vals = measure = None  # the closure holds the values too
+                    captures.done(k)
+            finally:
+                captures.stop()
     finally:
         pool.shutdown(cancel_futures=True)
     bar.close()
@@ -317,7 +326,79 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                          inputs=sets[0], reference=ref_runner)
 
 
-_OVERLAP = __import__("os").environ.get("WB_OVERLAP", "1") == "1"
+
+class _Captures:
+    """Each candidate's capture="all" run, each in a thread of its own (the worker runs
+    them at once), at most ``ahead`` captures ahead of the candidate being measured:
+    ``done(k)`` lets capture k + 1 + ahead start."""
+
+    def __init__(self, cands: list[Candidate], args: tuple, ahead: int) -> None:
+        from concurrent.futures import Future
+
+        self.futures: list[Future] = [Future() for _ in cands]
+        self.slots = threading.Semaphore(1 + ahead)
+        self.released: set[int] = set()
+        self.stopped = False
+        threading.Thread(target=self._run, args=(cands, args), daemon=True,
+                         name="wb-compare-captures").start()
+
+    def _run(self, cands: list[Candidate], args: tuple) -> None:
+        for fut, cand in zip(self.futures, cands, strict=True):
+            self.slots.acquire()
+            if self.stopped:
+                return
+            threading.Thread(target=self._capture, args=(fut, cand, args), daemon=True,
+                             name="wb-compare-capture").start()
+
+    @staticmethod
+    def _capture(fut: Any, cand: Candidate, args: tuple) -> None:
+        try:
+            values = cand.runner.run(args, "all")
+            fut.set_result((values, samples(values)))
+        except BaseException as e:  # noqa: BLE001 - raised where the result is read
+            fut.set_exception(e)
+
+    def get(self, k: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(values, align samples of them) of candidate k's capture, once: not kept here,
+        so the caller decides when the values go."""
+        from concurrent.futures import Future
+
+        result = self.futures[k].result()
+        self.futures[k] = spent = Future()
+        spent.set_result(None)
+        return result
+
+    def idle(self, k: int) -> bool:
+        """No capture after candidate k's is running or still to come."""
+        return all(f is None or f.done() for f in self.futures[k + 1:])
+
+    def done(self, k: int) -> None:
+        """Candidate k's values are no longer needed (once per k)."""
+        if k not in self.released:
+            self.released.add(k)
+            self.futures[k] = None  # type: ignore[call-overload]  # its values go
+            self.slots.release()
+
+    def stop(self) -> None:
+        """No further captures; those running finish in the worker."""
+        self.stopped = True
+        self.slots.release(len(self.futures))
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None) -> Any:
+    """torch's intra-op threads set to ``n`` for the block (None: left as they are)."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _warm_metrics() -> None:

@@ -29,8 +29,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def runner_for(thing: Any) -> Runner:
-    """The runner for an ``nn.Module``, an ONNX artifact or path, or a runner itself."""
+def runner_for(thing: Any, num_threads: int | None = None) -> Runner:
+    """The runner for an ``nn.Module``, an ONNX artifact or path, or a runner itself.
+    ``num_threads`` sets the intra-op threads of an ONNX Runtime or ncnn runner made here."""
     from pathlib import Path
 
     from ..errors import InputError
@@ -41,11 +42,12 @@ def runner_for(thing: Any) -> Runner:
     if fmt == "onnx" or (isinstance(thing, (str, Path)) and str(thing).endswith(".onnx")):
         from .ort_runner import OrtRunner
 
-        return OrtRunner(thing)
+        return OrtRunner(thing, num_threads=num_threads or 0)
     if fmt == "ncnn" or (isinstance(thing, (str, Path)) and str(thing).endswith(".ncnn.param")):
         from .ncnn_runner import NcnnRunner
 
-        return NcnnRunner(thing)
+        return NcnnRunner(thing) if num_threads is None else NcnnRunner(
+            thing, num_threads=num_threads)
     try:
         import torch
     except ImportError:  # pragma: no cover

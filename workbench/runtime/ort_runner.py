@@ -20,13 +20,14 @@ class OrtRunner(Runner):
     name = "onnxruntime"
 
     def __init__(self, source: Any, isolated: bool = True, libraries: Any = (),
-                 custom_ops: bytes | None = None) -> None:
+                 custom_ops: bytes | None = None, num_threads: int = 0) -> None:
         from ..onnx_io import check_model_file
         from ..stages import custom_ops as cops
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
         self.isolated = isolated
+        self.num_threads = num_threads  # intra-op threads; 0: ONNX Runtime's default
         self.libraries = [str(x) for x in ([libraries] if isinstance(libraries, (str, Path))
                                            else libraries)]
         self._session = None
@@ -42,6 +43,7 @@ class OrtRunner(Runner):
 
             self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
                                         (str(self.path),), {"libraries": self.libraries,
+                                                            "num_threads": num_threads,
                                                             **ship}, self.name)
 
     @property
@@ -49,8 +51,11 @@ class OrtRunner(Runner):
         if self._session is None:
             from ..onnx_io import session
 
-            self._session = session(self.path, self.libraries)
+            self._session = session(self.path, self.libraries, **self._options())
         return self._session
+
+    def _options(self) -> dict[str, Any]:
+        return {"intra_op_num_threads": self.num_threads} if self.num_threads else {}
 
     def _describe_local(self) -> dict[str, Any]:
         # from the graph, not a session: a session made only to describe the model would
@@ -144,5 +149,5 @@ class OrtRunner(Runner):
                     if out and out not in known:
                         model.graph.output.append(helper.make_empty_tensor_value_info(out))
                         known.add(out)
-            self._all_session = session(model, self.libraries)
+            self._all_session = session(model, self.libraries, **self._options())
         return self._all_session

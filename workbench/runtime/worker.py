@@ -74,8 +74,8 @@ class SharedFile:
         self._root: Any = None  # weak reference to the uint8 array over the mapping
 
     def map(self, size: int) -> Any:
-        """A uint8 array over the whole file, at least ``size`` bytes (grown if shorter):
-        the live mapping if it is long enough, else a new one. Hold it while viewing it."""
+        """A uint8 array over the first ``size`` bytes of the file (grown if shorter): the
+        live mapping if it is long enough, else a new one. Hold it while viewing it."""
         import numpy as np
 
         root = self._root() if self._root is not None else None
@@ -83,14 +83,14 @@ class SharedFile:
             return root
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            have = os.fstat(fd).st_size
-            if have < size:
+            if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
-                have = size
-            if not have:
+            if not size:
                 return np.empty(0, np.uint8)
+            # only the bytes asked for: a file used again may be longer than this run's
+            # results, and every page mapped here counts in this process's resident set
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            root = np.frombuffer(mmap.mmap(fd, have, flags=flags), np.uint8)
+            root = np.frombuffer(mmap.mmap(fd, size, flags=flags), np.uint8)
         finally:
             os.close(fd)
         self._root = weakref.ref(root)
@@ -197,19 +197,28 @@ def unpack(file: SharedFile | str, index: dict[str, Any]) -> dict[str, Any]:
 
 # -- the worker process -------------------------------------------------------------------------
 def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
-    """Worker main loop: build runners, run them, answer on the socket ``fd``."""
+    """Worker main loop: build runners, run them, answer on the socket ``fd``.
+
+    Runs go to a few threads, so that two runners (ONNX Runtime and ncnn: both release the
+    GIL) can run at once, as compare() schedules them; every reply carries the id of its
+    request. Creating, dropping and pings are answered in order, here."""
+    from concurrent.futures import ThreadPoolExecutor
     from multiprocessing.connection import Connection
 
     conn = Connection(fd)
-    from .base import keep_freed_memory
+    from .base import keep_freed_memory, one_heap
 
     keep_freed_memory()  # results are fresh arrays each run: reuse their memory
+    one_heap()  # runs come on several threads: let them reuse each other's freed memory
     runners: dict[int, Any] = {}
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
+    send_lock = threading.Lock()
+    pool = ThreadPoolExecutor(4, thread_name_prefix="wb-worker")
+
+    def reply(msg: dict[str, Any], payload: dict[str, Any]) -> None:
+        with send_lock:
+            conn.send({"id": msg.get("id"), **payload})
+
+    def handle(msg: dict[str, Any]) -> None:
         op = msg["op"]
         try:
             if op == "create":
@@ -217,37 +226,51 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 klass = getattr(importlib.import_module(module), cls)
                 runner = klass(*msg["args"], **msg["kwargs"], isolated=False)
                 runners[msg["key"]] = runner
-                conn.send({"ok": True, "describe": runner.describe()})
+                reply(msg, {"ok": True, "describe": runner.describe()})
             elif op == "run":
                 runner = runners.get(msg["key"])
                 if runner is None:  # dropped here, still alive in the parent
-                    conn.send({"ok": False, "type": "TwinMissing", "message": "", "hint": ""})
-                    continue
+                    reply(msg, {"ok": False, "type": "TwinMissing", "message": "", "hint": ""})
+                    return
                 feed = unpack(msg["inputs"], msg["index"])
                 packer = Packer(SharedFile(msg["outputs"]), msg.get("size_hint", 0))
                 out = runner._execute(feed, msg["capture"], arena=packer)
                 del feed
                 index = packer.index(out)
                 del out, packer
-                conn.send({"ok": True, "outputs": index})
+                reply(msg, {"ok": True, "outputs": index})
             elif op == "drop":
                 runners.pop(msg["key"], None)
-                conn.send({"ok": True})
+                reply(msg, {"ok": True})
             elif op == "ping":
-                conn.send({"ok": True, "pid": os.getpid(), "runners": len(runners)})
+                reply(msg, {"ok": True, "pid": os.getpid(), "runners": len(runners)})
         except Exception as e:  # carried back; the worker lives on
-            conn.send({"ok": False, "type": type(e).__name__, "message": str(getattr(
+            reply(msg, {"ok": False, "type": type(e).__name__, "message": str(getattr(
                 e, "message", e)), "hint": getattr(e, "hint", "")})
+
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg["op"] == "run":
+            pool.submit(handle, msg)
+        else:
+            handle(msg)
 
 
 # -- the parent side ----------------------------------------------------------------------------
 class Worker:
-    """One persistent worker process, restarted after a crash."""
+    """One persistent worker process, restarted after a crash. Calls may come from several
+    threads at once: each waits for the reply with its own id, which a reader thread hands
+    out; when the process dies, every call waiting on it raises BackendCrashed."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # starting the process, sending, settling a death
         self._proc = None
         self._conn = None
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[Any, str, int]] = {}  # id -> (future, backend, gen)
         self.generation = 0
         self.dir = Path(tempfile.mkdtemp(prefix="wb-worker-", dir=_shm_dir()))
         self.log = self.dir / "worker.log"
@@ -272,6 +295,8 @@ class Worker:
         theirs.close()
         self._conn = Connection(ours.detach())
         self.generation += 1
+        threading.Thread(target=self._read, args=(self._conn, self._proc, self.generation),
+                         daemon=True, name=f"wb-worker-reader-{self.generation}").start()
 
     @property
     def alive(self) -> bool:
@@ -282,20 +307,24 @@ class Worker:
         return self._proc.pid if self._proc is not None else None
 
     def call(self, msg: dict[str, Any], backend: str) -> dict[str, Any]:
+        from concurrent.futures import Future
+
+        future: Future = Future()
         with self._lock:
             if not self.alive:
                 if self._proc is not None:  # died between calls: a fresh one
                     self._conn.close()
                 self._start()
                 self.pending_drops.clear()  # a fresh worker holds none of them
+            mid = next(self._ids)
+            self._waiting[mid] = (future, backend, self.generation)
             try:
-                while self.pending_drops:
+                while self.pending_drops:  # answered, and the answer dropped (no waiter)
                     self._conn.send({"op": "drop", "key": self.pending_drops.pop()})
-                    self._conn.recv()
-                self._conn.send(msg)
-                reply = self._conn.recv()
-            except (EOFError, BrokenPipeError, ConnectionResetError):
-                raise self._crashed(backend) from None
+                self._conn.send({**msg, "id": mid})
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass  # the process is gone: the reader settles this call with the crash
+        reply = future.result()
         if not reply["ok"]:
             if reply["type"] == "TwinMissing":
                 raise _TwinMissing()
@@ -309,21 +338,53 @@ class Worker:
                               "backend expects")
         return reply
 
-    def _crashed(self, backend: str) -> BackendCrashed:
+    def _read(self, conn: Any, proc: Any, generation: int) -> None:
+        """Hand each reply to the call waiting for it; when the process dies, fail every
+        call still waiting on it."""
         try:
-            code = self._proc.wait(timeout=5)
+            while True:
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    break
+                entry = self._waiting.pop(reply.get("id"), None)
+                if entry is not None:
+                    entry[0].set_result(reply)
+        finally:
+            with self._lock:
+                orphans = [(mid, e) for mid, e in self._waiting.items() if e[2] == generation]
+                for mid, _ in orphans:
+                    del self._waiting[mid]
+                if self._proc is proc:
+                    self._proc = None
+                    conn.close()
+            if orphans:
+                code, sig, tail = self._death(proc)
+                for _, (future, backend, _) in orphans:
+                    future.set_exception(self._crashed(backend, code, sig, tail))
+
+    def _death(self, proc: Any) -> tuple[int | None, str | None, str]:
+        """The dead process's exit code, signal name and last log lines."""
+        try:
+            code = proc.wait(timeout=5)
         except Exception:
-            self._proc.kill()
-            code = self._proc.wait()
-        self._proc = None
-        self._conn.close()
+            proc.kill()
+            code = proc.wait()
         sig = None
         if code is not None and code < 0:
             try:
                 sig = signal.Signals(-code).name
             except ValueError:
                 sig = f"signal {-code}"
-        tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+        try:
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+        except OSError:
+            tail = ""
+        return code, sig, tail
+
+    @staticmethod
+    def _crashed(backend: str, code: int | None, sig: str | None,
+                 tail: str) -> BackendCrashed:
         how = f"was killed by {sig}" if sig else f"exited with status {code}"
         return BackendCrashed(
             f"{backend} crashed: its worker process {how}; this process is unharmed"
