@@ -62,6 +62,7 @@ def parse_ncnn_py(path: Path) -> tuple[dict[str, BlobSpec], dict[str, BlobSpec]]
 
 class NcnnRunner(Runner):
     name = "ncnn"
+    main_thread = True  # in the worker: ncnn was 20-50% slower run from another thread
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
                  isolated: bool = True, custom_ops: bytes | None = None) -> None:

@@ -199,9 +199,10 @@ def unpack(file: SharedFile | str, index: dict[str, Any]) -> dict[str, Any]:
 def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
     """Worker main loop: build runners, run them, answer on the socket ``fd``.
 
-    Runs go to a few threads, so that two runners (ONNX Runtime and ncnn: both release the
-    GIL) can run at once, as compare() schedules them; every reply carries the id of its
-    request. Creating, dropping and pings are answered in order, here."""
+    A thread receives; each runner's runs go to a thread of its own (ncnn's to the main
+    thread), so that two runners (ONNX Runtime and ncnn: both release the GIL) can run at
+    once, as compare() schedules them; every reply carries the id of its request.
+    Creating, dropping and pings are answered in order, on the main thread."""
     from concurrent.futures import ThreadPoolExecutor
     from multiprocessing.connection import Connection
 
@@ -212,7 +213,11 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
     one_heap()  # runs come on several threads: let them reuse each other's freed memory
     runners: dict[int, Any] = {}
     send_lock = threading.Lock()
-    pool = ThreadPoolExecutor(4, thread_name_prefix="wb-worker")
+    # a thread per runner, always the same (a thread team per calling thread is what
+    # OpenMP keeps); a runner marked main_thread runs on the main thread: ncnn ran a
+    # ResNet-50 20-50% slower from any other thread of this process (measured, not
+    # explained)
+    threads: dict[int, ThreadPoolExecutor] = {}
 
     def reply(msg: dict[str, Any], payload: dict[str, Any]) -> None:
         with send_lock:
@@ -241,6 +246,9 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
                 reply(msg, {"ok": True, "outputs": index})
             elif op == "drop":
                 runners.pop(msg["key"], None)
+                gone = threads.pop(msg["key"], None)
+                if gone is not None:
+                    gone.shutdown(wait=False)
                 reply(msg, {"ok": True})
             elif op == "ping":
                 reply(msg, {"ok": True, "pid": os.getpid(), "runners": len(runners)})
@@ -248,15 +256,28 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
             reply(msg, {"ok": False, "type": type(e).__name__, "message": str(getattr(
                 e, "message", e)), "hint": getattr(e, "hint", "")})
 
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        if msg["op"] == "run":
-            pool.submit(handle, msg)
-        else:
-            handle(msg)
+    import queue
+
+    main_lane: queue.Queue = queue.Queue()
+
+    def receive() -> None:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                main_lane.put(None)
+                return
+            runner = runners.get(msg.get("key"))
+            if msg["op"] != "run" or getattr(runner, "main_thread", False):
+                main_lane.put(msg)  # in order, on this process's main thread
+                continue
+            if msg["key"] not in threads:
+                threads[msg["key"]] = ThreadPoolExecutor(1, thread_name_prefix="wb-run")
+            threads[msg["key"]].submit(handle, msg)
+
+    threading.Thread(target=receive, daemon=True, name="wb-worker-receive").start()
+    while (msg := main_lane.get()) is not None:
+        handle(msg)
 
 
 # -- the parent side ----------------------------------------------------------------------------
