@@ -224,3 +224,44 @@ def test_repeated_comparisons_reuse_runners_until_the_file_changes(sr, tmp_path)
     assert edited.candidates[0].runner is not first.candidates[0].runner
     assert edited.ok and [r.metrics["max_abs"] for r in edited.records] == [
         r.metrics["max_abs"] for r in first.records]
+
+
+@pytest.mark.parametrize("mode", ["accumulated", "both"])
+def test_several_candidates_at_once_measure_as_each_alone(sr, mode):
+    """compare captures the candidates at once (one thread each) beside torch, at most one
+    capture ahead of the measuring: three candidates, each as it would be on its own, and
+    the caller's torch threads as they were."""
+    model, x, ws, onx = sr
+    sim = wb.simplify(onx)
+    nc = wb.to_ncnn(model, x, workspace=ws)
+    threads = torch.get_num_threads()
+    rep = wb.compare(model, [onx, nc, sim], x, mode=mode, progress=False)
+    assert torch.get_num_threads() == threads
+    assert all(c.runner.num_threads == 1 for c in rep.candidates)
+    for cand in (onx, nc, sim):
+        alone = wb.compare(model, [cand], x, mode=mode, progress=False)
+        name = alone.candidates[0].name
+        got = {(r.mode, r.name): r.metrics for r in rep.records if r.candidate == name}
+        want = {(r.mode, r.name): r.metrics for r in alone.records}
+        assert got.keys() == want.keys() and got
+        for key, m in want.items():
+            assert got[key]["max_abs"] == m["max_abs"] and got[key]["cosine"] == m["cosine"]
+
+
+def test_a_failing_capture_is_raised_and_nothing_is_left_waiting(sr, tmp_path):
+    import threading
+
+    model, x, ws, onx = sr
+    # the right input count, a wrong dtype: the candidate's own run refuses it (in its
+    # capture thread), after the torch capture started
+    m = onnx.load(str(onx.path))
+    m.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    bad = tmp_path / "double.onnx"
+    onnx.save(m, bad)
+    before = threading.active_count()
+    with pytest.raises(wb.InputError, match="expected float64, got float32"):
+        wb.compare(model, [onx, bad], x, progress=False)
+    for t in threading.enumerate():  # the capture threads finish by themselves
+        if t.name.startswith("wb-compare"):
+            t.join(timeout=30)
+    assert threading.active_count() <= before

@@ -313,3 +313,44 @@ def test_onnx_results_written_in_place_equal_a_plain_run(sr):
         for k in here:
             np.testing.assert_array_equal(got[k], here[k], err_msg=k)
     assert r._remote._arenas.sizes["all"] >= sum(v.nbytes for v in here.values())
+
+
+def test_calls_from_several_threads_get_their_own_replies(sr, fresh_worker):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, (x,), onx, nc = sr
+    runners = [OrtRunner(onx), NcnnRunner(nc), OrtRunner(onx), NcnnRunner(nc)]
+    local = {"ort": OrtRunner(onx, isolated=False), "ncnn": NcnnRunner(nc, isolated=False)}
+    inputs = [x * (k + 1) for k in range(6)]
+
+    def job(k: int) -> None:
+        r = runners[k % 4]
+        here = local["ort" if isinstance(r, OrtRunner) else "ncnn"]
+        for xi in inputs:
+            got, want = r.run((xi,)), here.run((xi,))
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5)
+
+    with ThreadPoolExecutor(4) as pool:
+        for f in [pool.submit(job, k) for k in range(8)]:
+            f.result()
+    assert fresh_worker.alive
+
+
+def test_a_crash_fails_every_call_waiting_on_the_worker(sr, fresh_worker, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, (x,), _, nc = sr
+    bare = []
+    for k in range(2):  # two runners, two handles: both requests can be in flight at once
+        p = tmp_path / f"m{k}.ncnn.param"
+        shutil.copy(nc.path, p)
+        shutil.copy(nc.dir / "model.ncnn.bin", tmp_path / f"m{k}.ncnn.bin")
+        bare.append(NcnnRunner(p))
+    crash = np.random.rand(100_000).astype(np.float32)  # segfaults ncnn (see above)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(r.run, (crash,)) for r in bare]
+        for f in futures:
+            with pytest.raises(wb.BackendCrashed):
+                f.result(timeout=120)
+    assert bare[0].run((x[0].numpy(),))["out0"].shape[-1] == 192  # a fresh worker serves
