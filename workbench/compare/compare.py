@@ -302,9 +302,9 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                             m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
                             return m
 
-                        # with no capture running, the pass has the cores to itself: split it
-                        split = len(jobs) > 1 and captures.idle(k)
-                        ms = (_measure_split(pool, measure, jobs) if split
+                        # split over two threads, also while a capture runs: every thread
+                        # here is single-threaded work, so a third one only time-slices
+                        ms = (_measure_split(pool, measure, jobs) if len(jobs) > 1
                               else [measure(j) for j in jobs])
                         for (t, rname, _), m in zip(jobs, ms, strict=True):
                             rec = Record(cand.name, run_mode, t.order, t.name, rname,
