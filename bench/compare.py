@@ -7,8 +7,10 @@ exported once to ONNX (TorchScript exporter, opset 17) and converted once to ncn
 is printed) into a temporary workspace. Then, side by side in one run:
 
 1a. time: ``wb.compare(model, [onx, nc], x, mode="accumulated")`` / (torch + ORT + ncnn plain
-    ``run(x)``), each a median; the plain runners are built once and keep their default
-    isolation (ORT and ncnn in the worker process), as compare's own runners do.
+    ``run(x)``), each a median; the plain runners are built once and keep their defaults
+    (ORT and ncnn in the worker process, as compare's own runners; two threads each, where
+    compare runs its captures at once on one thread each: the denominator is each
+    backend at its fastest here).
     Target <= 1.5.
 1b. the same with ``mode="isolated"``. Target <= 5.
 1c. peak RSS of one comparison / peak RSS of the plain runs (target <= 2), each measured in a

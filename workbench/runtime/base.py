@@ -86,6 +86,21 @@ def to_numpy(v: Any) -> Any:
     return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
 
 
+def _mallopt(*settings: tuple[int, int]) -> None:
+    """glibc's mallopt(param, value) for each setting; nothing off Linux/glibc."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # pragma: no cover
+        return
+    for param, value in settings:
+        libc.mallopt(param, value)
+
+
 @functools.cache
 def keep_freed_memory() -> None:
     """Keep freed heap memory in this process rather than handing it back to the OS (glibc).
@@ -95,18 +110,9 @@ def keep_freed_memory() -> None:
     freed, so every capture faulted each page in again (~30k page faults for torch, more
     than its hooks cost). With fixed thresholds the next capture reuses that memory. Called
     by the runners that capture, and by the worker process."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # pragma: no cover
-        return
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    libc.mallopt(m_mmap_threshold, 32 << 20)  # glibc's own dynamic maximum
-    libc.mallopt(m_trim_threshold, 512 << 20)
+    # 32 MB: glibc's own dynamic maximum
+    _mallopt((m_mmap_threshold, 32 << 20), (m_trim_threshold, 512 << 20))
 
 
 def one_heap() -> None:
@@ -116,14 +122,5 @@ def one_heap() -> None:
     runs on several threads (the worker runs ONNX Runtime and ncnn at once for compare)
     each kept a full run's memory: +200 MB on a ResNet-50's plain runs. One arena lets them
     reuse each other's freed memory; the runs allocate large blocks, so its lock is cheap."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # pragma: no cover
-        return
     m_arena_max = -8  # malloc.h
-    libc.mallopt(m_arena_max, 1)
+    _mallopt((m_arena_max, 1))
