@@ -354,3 +354,28 @@ def test_a_crash_fails_every_call_waiting_on_the_worker(sr, fresh_worker, tmp_pa
             with pytest.raises(wb.BackendCrashed):
                 f.result(timeout=120)
     assert bare[0].run((x[0].numpy(),))["out0"].shape[-1] == 192  # a fresh worker serves
+
+
+def test_kept_result_files_stay_mapped_and_show_each_runs_values(sr):
+    _, (x,), onx, _ = sr
+    r = OrtRunner(onx)
+    r._remote.keep_mapped = True  # as compare's own runners in accumulated mode
+    arenas = r._remote._arenas
+    first = r.run((x,), capture="all")
+    want1 = {k: v.copy() for k, v in first.items()}
+    kept = arenas.files[-1]
+    assert kept.in_use()
+    second = r.run((x * 2,), capture="all")  # `first` is held: another file
+    want2 = {k: v.copy() for k, v in second.items()}
+    assert arenas.files[-1] is not kept
+    for k in want1:
+        np.testing.assert_array_equal(first[k], want1[k])
+    del first, second
+    f = arenas.files[-1]
+    assert not f.in_use() and f._kept is not None  # let go, still mapped
+    for xi, want in ((x, want1), (x * 2, want2), (x, want1)):
+        got = r.run((xi,), capture="all")  # the same file and mapping, new values each run
+        assert arenas.files[-1] is f and f.in_use()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-6, err_msg=k)
+        del got
