@@ -245,8 +245,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     # on too few cores wait at every barrier (ncnn ran twice as slow beside a 2-thread
     # torch), and one at a time leaves cores idle. Captures run at most one ahead of the
     # measuring (two candidates' values alive at once); in isolated mode the next starts
-    # only once this one is measured (peak memory). A measuring pass with no capture
-    # running splits over two threads.
+    # only once this one is measured (peak memory). The measuring pass splits over two
+    # threads.
     pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare-measure")
     try:
         pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
@@ -279,20 +279,18 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     cand_samples = None
                     al = alignments[cand.name]
                     order = {t.name: t for t in tensors}
-                    runs = [("accumulated", values)]
+                    runs = [] if mode == "isolated" else [("accumulated", values)]
                     if mode in ("isolated", "both"):
                         # isolated runs need the captured shapes, not values: in "isolated"
                         # mode the values go before the run (peak memory)
                         layout = {n: (np.shape(v), np.asarray(v).dtype)
                                   for n, v in values.items()}
-                        if mode == "isolated":
-                            runs = values = None
+                        values = None
                         iso = _isolated(cand, al, ref_values, layout, args)
                         isolated_available[cand.name] = iso is not None
                         if iso is not None:
-                            runs = (runs or []) + [("isolated", iso)]
-                        runs = runs or []
-                        values = iso = None  # what is measured is in runs; the rest goes now
+                            runs.append(("isolated", iso))
+                        iso = None  # what is measured is in runs
                     for run_mode, vals in runs:
                         jobs = []
                         for cname, rname in al.pairs.items():
@@ -345,7 +343,6 @@ class _Captures:
 
         self.futures: list[Future] = [Future() for _ in cands]
         self.slots = threading.Semaphore(1 + ahead)
-        self.released: set[int] = set()
         self.stopped = False
         threading.Thread(target=self._run, args=(cands, args), daemon=True,
                          name="wb-compare-captures").start()
@@ -376,16 +373,9 @@ class _Captures:
         spent.set_result(None)
         return result
 
-    def idle(self, k: int) -> bool:
-        """No capture after candidate k's is running or still to come."""
-        return all(f is None or f.done() for f in self.futures[k + 1:])
-
     def done(self, k: int) -> None:
-        """Candidate k's values are no longer needed (once per k)."""
-        if k not in self.released:
-            self.released.add(k)
-            self.futures[k] = None  # type: ignore[call-overload]  # its values go
-            self.slots.release()
+        """Candidate k is measured: the next capture may start (call once per k)."""
+        self.slots.release()
 
     def stop(self) -> None:
         """No further captures; those running finish in the worker."""
@@ -394,11 +384,8 @@ class _Captures:
 
 
 @contextlib.contextmanager
-def _torch_threads(n: int | None) -> Any:
-    """torch's intra-op threads set to ``n`` for the block (None: left as they are)."""
-    if n is None:
-        yield
-        return
+def _torch_threads(n: int) -> Any:
+    """torch's intra-op threads set to ``n`` for the block (process-wide), then restored."""
     import torch
 
     before = torch.get_num_threads()
