@@ -128,11 +128,11 @@ def _view(root: Any, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
 class Packer:
     """Writes a run's arrays back to back into a SharedFile, each aligned to 64 bytes.
 
-    A runner asks ``alloc`` for each result array and has the backend write there (ONNX
-    Runtime through an IO binding, ncnn by one copy out of its Mat), so the file is the
-    reply with no second copy. ``index`` lists the results, copying in any the runner made
-    elsewhere; an array given under several names (ncnn's Split tops are their bottom) is
-    written once. ``size_hint`` (the last run's size) sizes the file once up front."""
+    A runner may ask ``alloc`` for its result arrays and have the backend write there
+    (ONNX Runtime, through an IO binding), so the file is the reply with no copy.
+    ``index`` lists the results and writes in any the runner made elsewhere (ncnn's Mats)
+    with one pwrite each; an array given under several names (ncnn's Split tops are their
+    bottom) is written once. ``size_hint`` (the last run's size) sizes the file up front."""
 
     def __init__(self, file: SharedFile, size_hint: int = 0) -> None:
         self.file = file
