@@ -310,8 +310,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
 
                         # split over two threads, also while a capture runs: every thread
                         # here is single-threaded work, so a third one only time-slices
-                        ms = (_measure_split(pool, measure, jobs) if len(jobs) > 1
-                              else [measure(j) for j in jobs])
+                        ms = _measure_split(pool, measure, jobs)
                         for (t, rname, _), m in zip(jobs, ms, strict=True):
                             rec = Record(cand.name, run_mode, t.order, t.name, rname,
                                          t.op_type, m)

@@ -32,6 +32,9 @@ class OrtRunner(Runner):
                                            else libraries)]
         self._session = None
         self._all_session = None
+        # capture and input shapes -> the results' (name, shape, dtype), learned on a first
+        # run in the worker so later runs bind them (None: they cannot be bound)
+        self._layouts: dict[tuple, list[tuple] | None] = {}
         if custom_ops is not None:  # the twin in the worker: @wb.custom_op kernels it runs
             cops.install(custom_ops)
         # the worker lacks this process's Python custom ops: they travel pickled by value
@@ -101,7 +104,7 @@ class OrtRunner(Runner):
         sess = self.session if capture == "outputs" else self._session_all()
         names = [o.name for o in sess.get_outputs()]
         key = (capture, tuple((n, a.shape, a.dtype.str) for n, a in feed.items()))
-        layouts = self.__dict__.setdefault("_layouts", {})  # key -> layout, or None: unbound
+        layouts = self._layouts
         if arena is not None and layouts.get(key):
             out = self._run_bound(sess, feed, layouts[key], arena)
             if out is not None:
@@ -118,13 +121,13 @@ class OrtRunner(Runner):
         """Run with every output bound to an array of ``arena`` (an IO binding): no copy
         out of ONNX Runtime's buffers, and no allocation of them. None when ONNX Runtime
         refuses the shapes (an output whose shape depends on the input values)."""
+        if any(dtype.hasobject or 0 in shape for _, shape, dtype in layout):
+            return None  # strings, empty tensors: the plain run handles them
         binding = sess.io_binding()
         for name, arr in feed.items():
             binding.bind_cpu_input(name, arr)
         out = {}
         for name, shape, dtype in layout:
-            if dtype.hasobject or 0 in shape:
-                return None  # strings, empty tensors: the plain run handles them
             arr = out[name] = arena.alloc(shape, dtype)
             binding.bind_output(name, "cpu", 0, dtype, list(shape), arr.ctypes.data)
         try:

@@ -521,8 +521,8 @@ class RemoteHandle:
 
 
 class Arenas:
-    """The /dev/shm files one handle's runs travel through, kept (and kept mapped, here
-    and in the worker) from run to run.
+    """The /dev/shm files one handle's runs travel through, kept from run to run (and kept
+    mapped, here and in the worker, when the handle's ``keep_mapped`` says so).
 
     Results are returned as views of their file, so the next run may write into that file
     only once the caller has let go of every array of it (SharedFile.in_use). Writing over
