@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from browser_harness import browser, lab, lab_server  # noqa: F401 - module-scoped fixtures
+from playwright.sync_api import expect
 
 NOTEBOOK = "pipeline-widget.ipynb"
 CELLS = [
@@ -97,9 +98,8 @@ def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: 
     opset.fill("3")
     opset.press("Enter")
     opset.press("Tab")
-    try:
-        page.wait_for_function("el => el.textContent.includes('opset=3')",
-                               arg=code.element_handle(), timeout=10_000)
+    try:  # the locator, not an element handle: the panel may render a new <pre> for it
+        expect(code).to_contain_text("opset=3", timeout=10_000)
     except Exception:
         lab.screenshot("panel-code-debug", f"{PANEL} .wb-panel-export")
         raise AssertionError(f"{opset.input_value()!r} / {code.inner_text()}") from None
