@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import yaml
+
+from workbench.environment import moved, normalize, parse_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,22 +22,76 @@ def _norm(req: str) -> str:
     return re.sub(r"\s+", "", req).lower().replace("_", "-")
 
 
-def test_environment_yml_and_pyproject_list_the_same_dependencies():
+def _declared() -> dict[str, str]:
+    """{normalized name: specifier} of pyproject's dependencies and every extra."""
+    from packaging.requirements import Requirement
+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = {_norm(r) for r in project["dependencies"]}
+    reqs = list(project["dependencies"])
     for extra in project["optional-dependencies"].values():
-        declared |= {_norm(r) for r in extra}
+        reqs += extra
+    return {normalize(Requirement(r).name): str(Requirement(r).specifier) for r in reqs}
+
+
+def _lock_pins() -> dict[str, str]:
+    return parse_lock((ROOT / "requirements.lock").read_text())
+
+
+def test_environment_yml_pins_what_pyproject_declares_at_the_locked_version():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
-    listed = {_norm(r) for r in pip if not r.startswith("-e")}
-    assert listed == declared, (f"only in environment.yml: {listed - declared}; "
-                                f"only in pyproject.toml: {declared - listed}")
+    listed = dict(_norm(r).split("==", 1) for r in pip if not r.startswith("-e"))
+    listed = {normalize(k): v for k, v in listed.items()}
+    declared, pins = _declared(), _lock_pins()
+    assert listed.keys() == declared.keys(), (
+        f"only in environment.yml: {listed.keys() - declared.keys()}; "
+        f"only in pyproject.toml: {declared.keys() - listed.keys()}")
+    for name, version in listed.items():
+        assert version == pins[name].split("+")[0], (
+            f"{name}: environment.yml pins {version}, the lock {pins[name]}: run `make lock`")
 
 
-def test_torch_is_pinned_to_the_cpu_wheel():
+def test_the_lock_pins_every_declared_package_within_pyproject_ranges():
+    from packaging.specifiers import SpecifierSet
+
+    pins = _lock_pins()
+    for name, spec in _declared().items():
+        assert name in pins, f"{name} is declared in pyproject.toml but not locked: make lock"
+        assert SpecifierSet(spec).contains(pins[name], prereleases=True), (
+            f"{name}=={pins[name]} in the lock is outside pyproject's {spec!r}: make lock")
+
+
+def test_the_lock_is_hashed_and_holds_no_machine_paths():
+    text = (ROOT / "requirements.lock").read_text()
+    blocks = re.split(r"\n(?=[a-z0-9])", text.split("\n", 2)[2])
+    assert len(blocks) == len(_lock_pins()) > 100
+    for block in blocks:
+        assert "--hash=sha256:" in block, block.splitlines()[0]
+    for needle in ("/opt/", "file:", "--find-links", "--index-url", "/root", "/home"):
+        assert needle not in text, needle
+    assert "make lock" in text.splitlines()[1]  # how to remake it
+
+
+def test_torch_is_locked_as_the_cpu_wheel():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "torch==2.13.0" in deps
-    assert "pip install -q torch==2.13.0" in (ROOT / "Makefile").read_text()
+    assert "torch==2.13.0" in deps  # an unpinned torch pulls several GB of CUDA packages
+    assert _lock_pins()["torch"] == "2.13.0+cpu"
+    assert "torch==2.13.0+cpu" in (ROOT / "lock-constraints.txt").read_text()
+    assert metadata.version("torch") == "2.13.0+cpu"
+
+
+def test_this_venv_holds_exactly_the_lock():
+    """`make` installed every locked package at its locked version and nothing else (the
+    project itself aside); under `make test-latest` the lock is that run's fresh one."""
+    installed = {normalize(d.metadata["Name"]): d.version for d in metadata.distributions()}
+    lock = Path(sys.prefix) / "requirements.lock"
+    assert lock.is_file(), f"{sys.prefix} was not installed by make (no requirements.lock)"
+    if not os.environ.get("WORKBENCH_LATEST"):
+        assert lock.read_bytes() == (ROOT / "requirements.lock").read_bytes(), \
+            "the venv was installed from another lock: run make"
+    differs = moved(parse_lock(lock.read_text()), installed, ignore=("deploy-workbench",))
+    assert differs == [], [str(m) for m in differs]
+    assert installed["deploy-workbench"] == metadata.version("deploy-workbench")
 
 
 def test_makefile_targets_bootstrap_the_venv():

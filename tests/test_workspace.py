@@ -88,6 +88,18 @@ def test_manifest_records_everything(tmp_path):
     for tool in ("torch", "onnx", "onnxruntime", "pnnx", "ncnn"):
         assert tool in rec["tools"]
     assert rec["tools"]["onnx"] == onnx.__version__
+    # which environment made it: the lock make installed from, and whether it still holds
+    import hashlib
+    import sys
+    from pathlib import Path
+
+    lock = Path(sys.prefix) / "requirements.lock"
+    if lock.is_file():  # installed by make (always, in make test)
+        sha = hashlib.sha256(lock.read_bytes()).hexdigest()
+        assert rec["tools"]["lock-sha256"] == sha
+        assert doc["environment"]["lock_sha256"] == sha
+        assert doc["environment"]["matches_lock"] is True, doc["environment"]["differs"]
+        assert rec["tools"]["lock-matches"] == "yes"
     assert rec["seconds"] == pytest.approx(1.2346)
     assert rec["created"]
     for rel in ("model.onnx", "notes/log.txt"):

@@ -40,8 +40,13 @@ TOOLS = ("torch", "onnx", "onnxruntime", "onnxslim", "onnxsim", "onnxscript", "o
 
 @functools.lru_cache(maxsize=1)
 def tool_versions() -> dict[str, str]:
-    """Installed versions of the tools a stage may use (read from metadata, nothing imported)."""
+    """Installed versions of the tools a stage may use (read from metadata, nothing imported),
+    the Python, and the sha256 of the lock ``make`` installed the environment from (with
+    ``lock-matches``: whether the installed versions are still the locked ones)."""
+    import platform
     from importlib import metadata
+
+    from .environment import lock_status
 
     out = {}
     for name in TOOLS:
@@ -49,6 +54,12 @@ def tool_versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
+    out["python"] = platform.python_version()
+    lock = lock_status()
+    out["lock-sha256"] = lock.sha256 or "none (not installed by make)"
+    if lock.matches is not None:
+        out["lock-matches"] = ("yes" if lock.matches
+                               else f"no: {len(lock.differs)} package(s) differ")
     return out
 
 
@@ -308,7 +319,10 @@ class Workspace:
             self._write_manifest()
 
     def _write_manifest(self) -> None:
+        from .environment import lock_status
+
         doc = {"version": MANIFEST_VERSION, "workspace": str(self.path), "updated": _now(),
+               "environment": lock_status().to_record(),
                "artifacts": [a.to_record() for a in self._artifacts.values()]}
         atomic_write_text(self.manifest_path, json.dumps(doc, indent=2, default=str))
 
