@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError, ManifestError, WorkspaceError
+from .errors import InputError, ManifestError, ModelFileError, WorkspaceError
 
 if TYPE_CHECKING:
     from .graph import GraphSummary
@@ -417,8 +417,14 @@ class Workspace:
         t0 = time.perf_counter()
         with self.staging() as d:
             shutil.copy2(src, d / src.name)
-            if fmt == "onnx":
+            if fmt == "onnx":  # locations checked to stay in src's folder (and so in d)
                 for rel in external_data_files(src):
+                    if not (src.parent / rel).is_file():
+                        raise ModelFileError(
+                            f"{str(src)!r} names external data {rel!r}, which is not a file "
+                            f"in {str(src.parent)!r}",
+                            "keep the .onnx file and its .data file(s) together in one "
+                            "folder, then import again")
                     (d / rel).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(src.parent / rel, d / rel)
             return self.commit(d, stage="import", format=fmt, main=src.name,

@@ -72,6 +72,7 @@ def load_onnx(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
 def _load_external(model: onnx.ModelProto, path: Path) -> None:
     from onnx.external_data_helper import load_external_data_for_model
 
+    external_locations(model, path)
     try:
         load_external_data_for_model(model, str(path.parent))
     except Exception as e:  # onnx raises OSError, ValueError or checker.ValidationError
@@ -95,16 +96,52 @@ def _not_onnx(path: Path, head: bytes, size: int, why: str) -> ModelFileError:
 
 
 def external_data_files(path: str | Path) -> list[str]:
-    """Relative locations of the external-data files an ONNX model refers to."""
+    """Relative locations of the external-data files an ONNX model refers to.
+
+    Every location is checked to stay inside the model's folder (see
+    :func:`check_external_location`): a model file must not make the workbench read or
+    write anywhere else.
+    """
+    path = Path(path)
+    return external_locations(load_onnx(path, external_data=False), path)
+
+
+def external_locations(model: onnx.ModelProto, path: Path) -> list[str]:
+    """The checked external-data locations of ``model``, loaded from ``path``."""
     from onnx.external_data_helper import _get_all_tensors
 
-    model = load_onnx(path, external_data=False)
     locs: set[str] = set()
     for t in _get_all_tensors(model):
         for kv in t.external_data:
             if kv.key == "location":
-                locs.add(kv.value)
+                locs.add(check_external_location(path, kv.value))
     return sorted(locs)
+
+
+def check_external_location(model_path: Path, location: str) -> str:
+    """``location`` if it names a file inside ``model_path``'s folder, else ModelFileError.
+
+    As onnx's checker demands: no absolute path, no ``..``, and no symlink (of the file or
+    of a folder on its way) that resolves outside the folder. A crafted model could
+    otherwise have an import copy, or a loader read, any file the user can reach.
+    """
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    base = model_path.parent
+    bad = (not location or "\x00" in location or PurePosixPath(location).is_absolute()
+           or PureWindowsPath(location).is_absolute() or PureWindowsPath(location).drive
+           or ".." in PurePosixPath(location.replace("\\", "/")).parts)
+    if not bad:
+        resolved = (base / location).resolve()
+        bad = not resolved.is_relative_to(base.resolve())
+    if bad:
+        raise ModelFileError(
+            f"{str(model_path)!r} names external data at {location!r}, outside the model's "
+            f"folder {str(base)!r}; expected a path relative to that folder, without '..'",
+            "a model's external-data files must sit beside it (or below it); if the file is "
+            "yours, save it again with onnx.save_model(..., save_as_external_data=True, "
+            "location='name.data'); if it came from elsewhere, do not trust it")
+    return location
 
 
 @functools.lru_cache(maxsize=1)
@@ -191,6 +228,8 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
         setattr(so, k, v)
     path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
     model = load_onnx(path, external_data=False) if path is not None else path_or_model
+    if path is not None:  # onnxruntime reads the external data itself: check where first
+        external_locations(model, path)
     from .stages.custom_ops import ort_model  # @wb.custom_op ops -> their Python kernels
 
     if (rewritten := ort_model(model, path, libraries)) is not None:
