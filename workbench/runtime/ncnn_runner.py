@@ -1,66 +1,166 @@
-"""NcnnRunner: an ncnn model (.ncnn.param + .ncnn.bin) with checked inputs.
+"""NcnnRunner: an ncnn model (.ncnn.param + .ncnn.bin) fed and read as pnnx's script does.
 
-ncnn crashes instead of raising on many mismatches (a 1-D array into a conv net, an 8-byte
-dtype), so every input is checked against what pnnx declared before native code sees it.
-The batch axis of each input and output is the one pnnx chose, read from the ``_ncnn.py``
-it writes beside the param (never assumed to be axis 0).
+ncnn crashes or reads garbage instead of raising on many mismatches (a 1-D array into a conv
+net, the wrong channel count, an 8-byte dtype), so every input is checked against what the
+conversion declared before native code sees it: its rank, its channels and dtype, from the
+``_ncnn.py`` pnnx writes beside the param and the ``.pnnx.param`` shapes (dynamic axes
+included). Each input goes to ncnn with the batch axis pnnx chose (``batch_index``; 233 is
+"no batch axis", see ``workbench.shapes``), never an assumed axis 0. Outputs come back as the
+model's outputs, ``out0 ... outN`` in the order of the torch model's outputs, in the torch
+shape by the one rule of ``workbench.shapes`` (a dropped or squeezed size-1 axis); inputs the
+graph never reads are not outputs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import shapes
 from ..errors import InputError
 from .base import Runner, split_inputs, to_numpy
 
 PRECISIONS = ("fp32", "fp16")
 _TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
                  "long": "int64", "int64": "int64", "int32": "int32", "double": "float64",
-                 "float64": "float64"}
+                 "float64": "float64", "bool": "bool", "uint8": "uint8", "int8": "int8"}
+_INT_DTYPES = ("int32", "int64", "int8", "uint8", "bool")
+# layers whose weights fix the size of one axis of their input (see NcnnRunner._bound_axes)
+_PER_CHANNEL = frozenset((
+    "Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise",
+    "Convolution1D", "ConvolutionDepthWise1D", "Deconvolution1D", "DeconvolutionDepthWise1D",
+    "Convolution3D", "ConvolutionDepthWise3D", "Deconvolution3D", "DeconvolutionDepthWise3D",
+    "BatchNorm", "Scale", "InstanceNorm", "GroupNorm", "PReLU"))
+_PER_FEATURE = frozenset(("InnerProduct", "LayerNorm", "RMSNorm", "MultiHeadAttention", "Gemm"))
+# layers that keep every axis of their input (the walk to a weighted layer goes on through
+# them), and those that keep its channels only (they resize w, h)
+_SAME_SHAPE = frozenset((
+    "Split", "ReLU", "Sigmoid", "TanH", "Clip", "Dropout", "Noop", "HardSigmoid", "HardSwish",
+    "Swish", "Mish", "GELU", "ELU", "SELU", "Erf", "UnaryOp", "BinaryOp", "Eltwise", "Power",
+    "Exp", "Log", "AbsVal", "BNLL", "Threshold", "Softmax", "ReLU6"))
+_SAME_CHANNELS = frozenset(("Interp", "Pooling", "Pooling1D", "Pooling3D"))
 
 
 @dataclass
 class BlobSpec:
+    """A model input or output as the conversion declared it.
+
+    ``batch_axis`` is the torch axis ncnn takes as its batch (None: no batch axis, pnnx's
+    ``batch_index=233``); ``shape`` the torch shape (None axes: left dynamic), from the
+    ``.pnnx.param`` when it is found, else the example the ``_ncnn.py`` feeds."""
+
     name: str
     rank: int | None = None
     dtype: str = "float32"
     batch_axis: int | None = None
     example_shape: tuple[int, ...] | None = None
+    shape: tuple[int | None, ...] | None = None
+
+
+_INPUT = re.compile(r'ex\.input\("([^"]+)",\s*ncnn\.Mat\((\w+)(?:\.squeeze\((\d+)\))?\.numpy\(\)'
+                    r'(?:,\s*batch_index=(\d+))?')
+_EXTRACT = re.compile(r'_,\s*(\w+)\s*=\s*ex\.extract\("([^"]+)"\)')
 
 
 def parse_ncnn_py(path: Path) -> tuple[dict[str, BlobSpec], dict[str, BlobSpec]]:
-    """Inputs and outputs as pnnx's generated ``_ncnn.py`` feeds and reads them."""
+    """Inputs and outputs as pnnx's generated ``_ncnn.py`` feeds and reads them.
+
+    pnnx writes ``inK = torch.rand(d0, d1, ..., dtype=...)`` (``torch.randint(10, (d0, ...),
+    dtype=...)`` for integers), feeds ``ncnn.Mat(inK.numpy(), batch_index=N)`` and reads
+    ``outK.numpy(batch_index=N)``; older pnnx fed ``inK.squeeze(0)`` and read
+    ``np.array(outK)).unsqueeze(0)`` (batch axis 0) or wrote no batch at all.
+
+    Args:
+        path: the ``*_ncnn.py`` file.
+
+    Returns:
+        (inputs by ncnn blob name, outputs by blob name in the script's order: out0...outN).
+    """
     text = path.read_text()
-    inputs: dict[str, BlobSpec] = {}
-    for m in re.finditer(r"^\s*(in\d+) = torch\.(rand|randint)\((.*)\)\s*$", text, re.M):
-        name, args = m.group(1), m.group(3)
+    by_var: dict[str, BlobSpec] = {}
+    for m in re.finditer(r"^\s*(\w+) = torch\.(rand|randint)\((.*)\)\s*$", text, re.M):
+        var, args = m.group(1), m.group(3)
         dt = re.search(r"dtype=torch\.(\w+)", args)
         if m.group(2) == "randint":  # randint(high, (d0, d1, ...), dtype=...)
             shape = re.search(r"\(([\d,\s]*)\)", args)
             dims = shape.group(1) if shape else ""
         else:  # rand(d0, d1, ..., dtype=...)
             dims = args.split("dtype")[0]
-        nums = [int(n) for n in re.findall(r"\d+", dims)]
-        inputs[name] = BlobSpec(name, len(nums), _TORCH_DTYPES.get(dt.group(1) if dt else
-                                                                     "float", "float32"),
-                                example_shape=tuple(nums))
-    for m in re.finditer(r'ex\.input\("([^"]+)", ncnn\.Mat\((\w+)\.numpy\(\)(?:, batch_index=(\d+))?',
-                         text):
-        spec = inputs.setdefault(m.group(2), BlobSpec(m.group(1)))
-        spec.name = m.group(1)
-        spec.batch_axis = int(m.group(3)) if m.group(3) else None
+        nums = tuple(int(n) for n in re.findall(r"\d+", dims))
+        by_var[var] = BlobSpec(var, len(nums), _TORCH_DTYPES.get(dt.group(1) if dt else "float",
+                                                                 "float32"),
+                               example_shape=nums, shape=nums)
+    inputs: dict[str, BlobSpec] = {}
+    for m in _INPUT.finditer(text):
+        name, var, squeeze, index = m.groups()
+        spec = by_var.get(var, BlobSpec(name))
+        spec.name = name
+        spec.batch_axis = (int(squeeze) if squeeze is not None
+                           else shapes.batch_axis(int(index) if index else None))
+        inputs[name] = spec
     outputs: dict[str, BlobSpec] = {}
-    for m in re.finditer(r'_, (\w+) = ex\.extract\("([^"]+)"\)', text):
-        outputs[m.group(2)] = BlobSpec(m.group(2))
-        b = re.search(rf"{m.group(1)}\.numpy\(batch_index=(\d+)\)", text)
-        outputs[m.group(2)].batch_axis = int(b.group(1)) if b else None
-    return {s.name: s for s in inputs.values()}, outputs
+    for m in _EXTRACT.finditer(text):
+        var, name = m.groups()
+        b = re.search(rf"\b{var}\.numpy\(batch_index=(\d+)\)", text)
+        old = re.search(rf"np\.array\({var}\)\)\.unsqueeze\((\d+)\)", text)
+        axis = (shapes.batch_axis(int(b.group(1))) if b
+                else int(old.group(1)) if old else None)
+        outputs[name] = BlobSpec(name, batch_axis=axis)
+    return inputs, outputs
+
+
+def _pnnx_param_for(source: Any, param: Path) -> Path | None:
+    """The ``.pnnx.param`` this ncnn model was converted from: the artifact's parent, one
+    beside it (as pnnx writes them), or the parent named in the artifact folder's record."""
+    parent = getattr(source, "parent", None)
+    if getattr(parent, "format", None) == "pnnx" and Path(parent.path).exists():
+        return Path(parent.path)
+    beside = param.with_name(param.name[: -len(".ncnn.param")] + ".pnnx.param")
+    if beside.exists():
+        return beside
+    try:  # a path inside a workspace: the sidecar names the parent artifact (its folder)
+        from ..artifact import SIDECAR
+
+        rec = json.loads((param.parent / SIDECAR).read_text(encoding="utf-8"))
+        up = json.loads((param.parent.parent / rec["parent"] / SIDECAR).read_text(
+            encoding="utf-8"))
+        found = param.parent.parent / rec["parent"] / up["main"]
+        return found if up.get("format") == "pnnx" and found.exists() else None
+    except (OSError, ValueError, KeyError, TypeError, ImportError):
+        return None
+
+
+def _declare_shapes(pnnx_param: Path | None, ins: dict[str, BlobSpec],
+                    outs: dict[str, BlobSpec]) -> None:
+    """Torch shapes (dynamic axes as None) from the pnnx graph: inputs in0..inN are its
+    pnnx.Input operands in order, outputs out0..outN its outputs (tuples unpacked)."""
+    if pnnx_param is None:
+        return
+    from ..errors import WorkbenchError
+    from ..params import parse_pnnx_param
+
+    try:
+        p = parse_pnnx_param(pnnx_param)
+    except WorkbenchError:
+        return
+    for names, operands in ((ins, p.inputs), (outs, p.outputs)):
+        if len(names) != len(operands):
+            continue  # not the graph this model came from: keep what _ncnn.py says
+        for spec, operand in zip(names.values(), operands, strict=True):
+            note = p.operands[operand].shape
+            if note is None or (spec.rank is not None and spec.rank != len(note)):
+                continue  # no note (unknown, or a 0-d scalar): keep what _ncnn.py says
+            spec.shape = tuple(d if isinstance(d, int) else None for d in note)
+            spec.rank = len(note)
 
 
 class NcnnRunner(Runner):
+    """Runs an ncnn model; ``run`` returns its outputs (out0...outN in the torch model's
+    order and shapes), or with ``capture="all"`` those first and then every other blob."""
+
     name = "ncnn"
     main_thread = True  # in the worker: ncnn was 20-50% slower run from another thread
 
@@ -84,6 +184,9 @@ class NcnnRunner(Runner):
         self.num_threads = num_threads
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
         self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
+        if self.in_specs or self.out_specs:
+            _declare_shapes(_pnnx_param_for(source, self.param), self.in_specs,
+                            self.out_specs)
         if custom_ops is not None:  # the twin in the worker: @wb.custom_op layers it runs
             cops.install(custom_ops)
         ship = cops.for_worker(self.param) if isolated else {}  # see OrtRunner
@@ -137,12 +240,48 @@ class NcnnRunner(Runner):
 
     def _describe_local(self) -> dict[str, Any]:
         net = self.net
-        return {"inputs": [{"name": n} for n in net.input_names()],
-                "outputs": list(net.output_names()),
+        names = list(self.in_specs) or list(net.input_names())
+        return {"inputs": [{"name": n} for n in names], "outputs": self._model_outputs(),
                 "blobs": [b.name for b in net.blobs()]}
 
+    def _model_outputs(self) -> list[str]:
+        """out0...outN as the ``_ncnn.py`` extracts them; without it, the blobs no layer reads
+        that are not inputs (ncnn's output_names() also lists inputs the graph never reads),
+        in outK order when pnnx named them so."""
+        if self.out_specs:
+            return list(self.out_specs)
+        inputs = set(self.net.input_names())
+        names = [n for n in self.net.output_names() if n not in inputs]
+        if names and all(re.fullmatch(r"out\d+", n) for n in names):
+            names.sort(key=lambda n: int(n[3:]))
+        return names
+
+    def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
+        """Run the model once.
+
+        Args:
+            inputs: a dict by input name (in0, in1, ...), a tuple in input order, or one array.
+            capture: "outputs" for the model's outputs, "all" for every blob as well.
+
+        Returns:
+            {name: numpy array}: out0...outN first, in the torch model's order, each in its
+            torch shape where the conversion declared one (``workbench.shapes.fit``); with
+            capture="all", every other blob after them as ncnn holds it.
+        """
+        result = super().run(inputs, capture)
+        outs = self.output_names
+        ordered = {n: shapes.fit(result[n], self._out_shape(n)) for n in outs if n in result}
+        if capture == "all":
+            ordered.update((n, v) for n, v in result.items() if n not in ordered)
+        return ordered
+
+    def _out_shape(self, name: str) -> tuple[int | None, ...] | None:
+        spec = self.out_specs.get(name)
+        return spec.shape if spec is not None else None
+
     def feed(self, inputs: Any) -> dict[str, Any]:
-        """Inputs checked (names, count, rank, dtype) and made C-contiguous numpy arrays."""
+        """Inputs checked against the declared ones (names, count, rank, channels, dtype) and
+        made C-contiguous numpy arrays in the shape ncnn is handed (``shapes.feed_shape``)."""
         import numpy as np
 
         names = self.input_names
@@ -150,26 +289,118 @@ class NcnnRunner(Runner):
         out = {}
         for name, v in zip(names, values, strict=True):
             arr = to_numpy(v)
-            spec = self.in_specs.get(name)
-            if spec is not None and spec.rank is not None and arr.ndim != spec.rank:
-                raise InputError(
-                    f"input {name!r} of {self.param.name}: expected rank {spec.rank} "
-                    f"(converted with shape {list(spec.example_shape or ())}), got shape "
-                    f"{list(arr.shape)}", "feeding ncnn the wrong rank crashes it; reshape first")
             if arr.dtype.kind not in "fiub":
                 raise InputError(f"input {name!r} of {self.param.name}: dtype {arr.dtype} is "
-                                 "not numeric", "pass a float32 array")
-            want = spec.dtype if spec is not None else "float32"
-            # ncnn.Mat takes 8-byte arrays silently and then reads garbage: narrow them
-            want = {"int64": "int32", "float64": "float32"}.get(want, want)
+                                 "not numeric", "pass a float32 array (int32 for an index "
+                                 "input such as an embedding's)")
+            spec = self.in_specs.get(name)
+            shape = self._check_input(name, arr, spec)
+            integers = spec is not None and spec.dtype in _INT_DTYPES
+            if integers and arr.dtype.kind == "f":
+                raise InputError(
+                    f"input {name!r} of {self.param.name}: expected integers ({spec.dtype}, as "
+                    f"converted), got {arr.dtype}",
+                    "this input holds indices (an embedding, a gather): pass integers, e.g. "
+                    "x.astype(np.int32) or tensor.int(); ncnn would read float bits as ints")
+            # ncnn holds 4-byte values: an 8-byte array is read as garbage, so narrow (and
+            # widen 1- and 2-byte ones) to int32 or float32
+            want = "int32" if integers else "float32"
             if arr.dtype.name != want:
                 arr = arr.astype(want)
-            batch = spec is not None and spec.batch_axis is not None
-            if not 1 <= arr.ndim - batch <= 4:
-                raise InputError(f"input {name!r} of {self.param.name}: ncnn holds 1 to 4 axes "
-                                 f"besides batch, got shape {list(arr.shape)}", "")
-            out[name] = np.ascontiguousarray(arr)
+            out[name] = np.ascontiguousarray(arr.reshape(shape))
         return out
+
+    def _check_input(self, name: str, arr: Any, spec: BlobSpec | None) -> tuple[int, ...]:
+        """The shape ``arr`` is handed to ncnn in, or an InputError naming the input, what
+        the conversion declared, what came, and what to do about it."""
+        got = list(arr.shape)
+        where = f"input {name!r} of {self.param.name}"
+        if any(d == 0 for d in got):
+            raise InputError(f"{where}: shape {got} has an empty axis",
+                             "ncnn cannot hold an empty tensor; feed at least one element "
+                             "on every axis")
+        if spec is None or spec.rank is None:  # no _ncnn.py: only ncnn's own limits
+            fits = shapes.feed_shape(got, None)
+            if fits is None:
+                raise InputError(f"{where}: ncnn holds 1 to {shapes.MAX_AXES} axes, got shape "
+                                 f"{got}", "without the _ncnn.py pnnx writes beside the "
+                                 "param the batch axis is unknown: feed ncnn's own layout "
+                                 "(c, h, w), or keep the _ncnn.py with the model")
+            self._check_input_layer(where, name, fits)
+            return fits
+        declared = list(spec.shape or spec.example_shape or ())
+        shown = [("?" if d is None else d) for d in declared]
+        batch = spec.batch_axis
+        batch_note = (f"batch axis {batch}" if batch is not None else "no batch axis")
+        if arr.ndim != spec.rank:
+            raise InputError(f"{where}: expected rank {spec.rank} (converted with shape "
+                             f"{shown}, {batch_note}), got shape {got}",
+                             _rank_hint(got, declared, batch))
+        fits = shapes.feed_shape(got, batch)
+        if fits is None:
+            raise InputError(f"{where}: ncnn cannot hold shape {got} ({batch_note}): at most "
+                             f"{shapes.MAX_AXES} axes besides the batch, and a 5-D input "
+                             "without a batch axis must start with 1",
+                             f"feed the shape it was converted with, {shown}")
+        for axis, why in self._bound_axes(name, spec.rank, batch):
+            want = declared[axis] if axis < len(declared) else None
+            if want is None or got[axis] == want:
+                continue
+            hint = (f"{why} has weights for {want} on axis {axis}; ncnn reads another count "
+                    "without failing (garbage or a crash)")
+            if why.startswith("per-channel") and got[-1] == want and spec.rank >= 3:
+                order = (0, spec.rank - 1, *range(1, spec.rank - 1))
+                hint += (f". This input looks channels-last: x.permute{order} (torch) or "
+                         f"x.transpose{order} (numpy)")
+            what = "channels" if why.startswith("per-channel") else "features"
+            raise InputError(f"{where}: expected {want} {what} on axis {axis} (converted with "
+                             f"shape {shown}), got shape {got}", hint)
+        return fits
+
+    def _bound_axes(self, name: str, rank: int, batch: int | None) -> list[tuple[int, str]]:
+        """(torch axis, which layer) for each axis of input ``name`` whose size the weights
+        of a layer reading it fix: channels for per-channel layers, features for
+        InnerProduct-like ones. Other axes (spatial, sequence) take any size, as ncnn does."""
+        if not hasattr(self, "_readers"):
+            from ..errors import WorkbenchError
+            from ..params import parse_ncnn_param
+
+            try:
+                p = parse_ncnn_param(self.param)
+            except WorkbenchError:
+                p = None
+            self._readers = {inp: _weighted_readers(p, inp)
+                             for inp in (p.inputs if p is not None else ())}
+        axes = []
+        for kind, layer in self._readers.get(name, ()):
+            if kind in _PER_CHANNEL:
+                axis, why = shapes.channel_axis(rank, batch), f"per-channel layer {layer} ({kind})"
+            else:
+                axis, why = shapes.feature_axis(rank, batch), f"layer {layer} ({kind})"
+            if axis is not None and all(a != axis for a, _ in axes):
+                axes.append((axis, why))
+        return axes
+
+    def _check_input_layer(self, where: str, name: str, fits: tuple[int, ...]) -> None:
+        """Channels against an ncnn Input layer that declares them (``2=c``; pnnx writes
+        none, a hand-written param may)."""
+        from ..errors import WorkbenchError
+        from ..params import parse_ncnn_param
+
+        if not hasattr(self, "_input_channels"):
+            try:
+                self._input_channels = {ly.tops[0]: ly.params.get(2)
+                                        for ly in parse_ncnn_param(self.param).layers
+                                        if ly.type == "Input" and ly.tops}
+            except WorkbenchError:
+                self._input_channels = {}
+        declared = self._input_channels.get(name)
+        if isinstance(declared, str) and declared.isdigit() and int(declared) > 0 and len(
+                fits) >= 3 and fits[0] != int(declared):
+            raise InputError(f"{where}: the Input layer declares {declared} channels, got "
+                             f"shape {list(fits)} ({fits[0]} on ncnn's channel axis)",
+                             "ncnn's layout is (c, h, w) or (c, d, h, w), channels first")
+
 
     def run_blobs(self, blobs: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
         """Feed any blobs (model inputs or intermediate ones, e.g. reference values) and
@@ -181,34 +412,34 @@ class NcnnRunner(Runner):
         if unknown:
             raise InputError(f"{self.param.name} has no blob(s) {unknown[:5]}",
                              "blob names are listed by `workbench inspect` on the param")
-        def narrow(a: Any) -> Any:  # 8-byte dtypes to ncnn's 4-byte ones, ints stay ints
-            a = np.asarray(to_numpy(a))
-            return a.astype(np.int32 if a.dtype.kind in "iub" else np.float32, copy=False)
-
-        feed = {n: np.ascontiguousarray(narrow(v)) for n, v in blobs.items()}
+        feed = {n: np.ascontiguousarray(_narrow(v)) for n, v in blobs.items()}
         capture = ("blobs", list(wanted))
         if self.isolated:
             return self._remote.execute(feed, capture)
         return self._execute(feed, capture)
+
+    def _mat(self, name: str, arr: Any) -> Any:
+        """``arr`` as pnnx's script hands it to ncnn: with the input's batch axis, if any."""
+        import ncnn
+
+        spec = self.in_specs.get(name)
+        batch = spec.batch_axis if spec is not None else None
+        return ncnn.Mat(arr, batch_index=batch) if batch is not None else ncnn.Mat(arr)
 
     def _execute(self, feed: dict[str, Any], capture: Any,
                  arena: Any = None) -> dict[str, Any]:
         """Run one extractor. ``arena`` (in the worker) is not used: the blobs are views of
         ncnn's Mats, which the worker writes to its reply file with pwrite. A copy through a
         mapping would hold a second resident copy of every blob while the Mats live."""
-        import ncnn
         import numpy as np
 
         if isinstance(capture, tuple):  # ("blobs", names): run_blobs
             ex = self.net.create_extractor()
             ex.set_light_mode(False)
             for name, arr in feed.items():
-                spec = self.in_specs.get(name)
-                batch = spec.batch_axis if spec is not None else None
                 # no clone: out of light mode ncnn runs no layer in place, so a fed Mat
                 # (a view of `arr`, alive until we return) is only read
-                ex.input(name, ncnn.Mat(arr, batch_index=batch) if batch is not None
-                         else ncnn.Mat(arr))
+                ex.input(name, self._mat(name, arr))
             out = {}
             for name in capture[1]:
                 ret, mat = ex.extract(name)
@@ -220,16 +451,15 @@ class NcnnRunner(Runner):
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
         for name, arr in feed.items():
-            spec = self.in_specs.get(name)
-            mat = (ncnn.Mat(arr, batch_index=spec.batch_axis)
-                   if spec is not None and spec.batch_axis is not None else ncnn.Mat(arr))
-            ex.input(name, mat.clone())
-        wanted = (list(self.net.output_names()) if capture == "outputs"
-                  else [b.name for b in self.net.blobs()])
+            ex.input(name, self._mat(name, arr).clone())
+        outputs = self._model_outputs()
+        wanted = list(outputs)
+        if capture == "all":  # the outputs first, then every other blob
+            wanted += [b.name for b in self.net.blobs() if b.name not in set(outputs)]
         aliases = self._split_aliases() if capture == "all" else {}
         result = {}
         for name in wanted:
-            if name in aliases:  # a Split top is its bottom: no second extract and copy
+            if name in aliases and name not in outputs:  # a Split top is its bottom
                 continue
             ret, mat = ex.extract(name)
             if ret != 0:
@@ -240,7 +470,7 @@ class NcnnRunner(Runner):
             else:
                 result[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
         for top, bottom in aliases.items():
-            if bottom in result:
+            if bottom in result and top not in result:
                 result[top] = result[bottom]
         return {name: result[name] for name in wanted if name in result}
 
@@ -253,3 +483,47 @@ class NcnnRunner(Runner):
                              for layer in parse_ncnn_param(self.param).layers
                              if layer.type == "Split" for top in layer.tops}
         return self._aliases
+
+
+def _weighted_readers(p: Any, blob: str) -> list[tuple[str, str]]:
+    """(layer type, name) of the weighted layers that read ``blob`` (the channel or feature
+    count they were built for), directly or through layers that keep that axis."""
+    found: list[tuple[str, str]] = []
+    todo, seen = [(blob, True)], set()  # (blob, features still the input's)
+    while todo:
+        b, features = todo.pop()
+        if (b, features) in seen:
+            continue
+        seen.add((b, features))
+        for layer_name in p.consumers.get(b, ()):
+            layer = p.layer(layer_name)
+            if layer.type in _PER_CHANNEL or (features and layer.type in _PER_FEATURE):
+                found.append((layer.type, layer.name))
+            elif layer.type in _SAME_SHAPE:
+                todo += [(t, features) for t in layer.tops]
+            elif layer.type in _SAME_CHANNELS:
+                todo += [(t, False) for t in layer.tops]
+    return found
+
+
+def _rank_hint(got: list[int], declared: list[int | None], batch: int | None) -> str:
+    """What to do about an input of the wrong rank, by how it differs from the declared one."""
+    shown = [("?" if d is None else d) for d in declared]
+    if len(got) == len(declared) - 1:
+        for axis in (batch, 0):
+            if axis is not None and declared[axis] in (1, None):
+                return (f"add the missing axis {axis} of size 1: x.unsqueeze({axis}) (torch) or "
+                        f"np.expand_dims(x, {axis}) (numpy)")
+    if len(got) == len(declared) + 1 and got[0] == 1:
+        return "drop the extra leading axis of size 1: x[0] or x.squeeze(0)"
+    return (f"reshape to the converted shape {shown}, or convert again (wb.to_ncnn) with an "
+            f"example input of the rank you will feed: ncnn lays each rank out differently, "
+            "so the rank is fixed at conversion")
+
+
+def _narrow(a: Any) -> Any:
+    """8-byte dtypes to ncnn's 4-byte ones; ints stay ints."""
+    import numpy as np
+
+    a = np.asarray(to_numpy(a))
+    return a.astype(np.int32 if a.dtype.kind in "iub" else np.float32, copy=False)

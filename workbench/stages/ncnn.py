@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import shapes
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..errors import InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe
@@ -334,7 +335,15 @@ def unloadable_layers(param: Path) -> list[tuple[str, str]]:
 
 def _check_numbers(param: Path, args: tuple,
                    reference: list | None) -> tuple[dict[str, Any], list[Diagnostic]]:
-    """ncnn fp32 and fp16 against torch on the example inputs."""
+    """ncnn fp32 and fp16 against torch on the example inputs.
+
+    Outputs are paired by position (out0...outN is the torch model's output order), each in
+    the torch shape by ``workbench.shapes`` (a dropped or squeezed size-1 axis). When the fp16
+    run returns exactly the fp32 outputs, ncnn ran no layer in fp16 here: ``max_abs_fp16`` is
+    None and an ``fp16-not-exercised`` warning says so, rather than an fp16 figure that is
+    the fp32 one. ``fp16_exercised`` records which."""
+    import numpy as np
+
     from ..compare.metrics import max_errors
     from ..runtime.ncnn_runner import NcnnRunner
 
@@ -342,6 +351,7 @@ def _check_numbers(param: Path, args: tuple,
     diags: list[Diagnostic] = []
     if reference is None:
         return metrics, diags
+    runs: dict[str, list] = {}
     for precision in ("fp32", "fp16"):
         key = "max_abs" if precision == "fp32" else "max_abs_fp16"
         metrics[key] = None
@@ -352,6 +362,17 @@ def _check_numbers(param: Path, args: tuple,
                                     f"ncnn ({precision}) cannot run the model on the example "
                                     f"inputs ({', '.join(map(describe, args))}): {e}"))
             continue
+        runs[precision] = got
+        if precision == "fp16" and _identical(runs.get("fp32"), got):
+            metrics["max_rel_fp16"] = None
+            metrics["fp16_exercised"] = False
+            diags.append(_fp16_not_exercised())
+            continue
+        if precision == "fp16":
+            metrics["fp16_exercised"] = True
+        got = [shapes.fit(np.asarray(g), np.shape(r)) for r, g in zip(reference, got,
+                                                                      strict=False)] + got[
+            len(reference):]
         errs = max_errors(reference, got)
         if errs["shape_mismatch"]:
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
@@ -363,3 +384,26 @@ def _check_numbers(param: Path, args: tuple,
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
     return metrics, diags
+
+
+def _identical(a: list | None, b: list) -> bool:
+    """Every output bit for bit the same (NaNs in the same places count as the same)."""
+    import numpy as np
+
+    return a is not None and len(a) == len(b) and all(
+        np.shape(x) == np.shape(y) and np.array_equal(x, y, equal_nan=True)
+        for x, y in zip(a, b, strict=True))
+
+
+def _fp16_not_exercised() -> Diagnostic:
+    import platform
+
+    return Diagnostic(
+        "warning", "fp16-not-exercised",
+        f"ncnn's fp16 run (fp16 storage, packing and arithmetic on) returned outputs "
+        f"bit-identical to its fp32 run: on this CPU ({platform.machine()}) ncnn computed "
+        "every layer of this model in fp32, so no fp16 error was measured (max_abs_fp16 is "
+        "None)",
+        "fp16 must be measured on the target (an ARM CPU with fp16 arithmetic, "
+        "ncnn.cpu_support_arm_asimdhp(), or a Vulkan GPU) or emulated; fp16 weights can be "
+        "measured here: wb.to_ncnn(model, inputs, fp16=True).metrics['max_abs']")
