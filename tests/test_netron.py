@@ -218,3 +218,28 @@ def test_an_unwritable_runtime_folder_is_a_clear_error(onnx_art, tmp_path: Path,
     with pytest.raises(wb.WorkbenchError, match="cannot register the model") as e:
         wb.ui.netron(onnx_art)
     assert "JUPYTER_RUNTIME_DIR" in e.value.hint
+
+
+def test_a_hostile_file_name_stays_text_and_the_page_sends_a_csp(server, onnx_art,
+                                                                  tmp_path: Path) -> None:
+    from urllib.parse import quote
+
+    name = 'evil"><img src=x onerror=alert(1)><script>alert(2)<\\script>.onnx'
+    hostile = tmp_path / name
+    hostile.write_bytes(onnx_art.path.read_bytes())
+    view = wb.ui.netron(hostile)
+    status, page, headers = _get(server, view.path)
+    assert status == 200
+    assert b"<img src=x" not in page and b"<script>alert(2)" not in page
+    assert b'content="evil&quot;&gt;&lt;img src=x onerror=alert(1)&gt;' in page
+    assert f'content="data/{quote(name, safe="")}"'.encode() in page
+    csp = headers["Content-Security-Policy"]
+    assert "script-src 'self';" in csp and "object-src 'none'" in csp
+    assert "'unsafe-eval'" not in csp and "'unsafe-inline'" not in csp.split("style-src")[0]
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    # the quoted address Netron fetches is the registered file, and nothing else
+    status, body, headers = _get(server, view.path + "data/" + quote(name, safe=""))
+    assert status == 200 and body == onnx_art.path.read_bytes()
+    assert headers["Content-Disposition"] == "attachment"
+    widget_html = view._repr_html_()
+    assert "<img src=x" not in widget_html and "<script>alert(2)" not in widget_html

@@ -56,16 +56,30 @@ def _netron_dir() -> Path:
     return Path(netron.__file__).resolve().parent
 
 
+# Netron's page runs only its own scripts (index.js and the modules it loads, same origin):
+# no inline or foreign script, no plugins, framed only by JupyterLab (same origin); its
+# inline styles and the data:/blob: images of its exports are allowed.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data: blob:; font-src 'self' data:; connect-src 'self'; "
+       "worker-src 'self' blob:; object-src 'none'; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'self'")
+
+
 def index_html(main: str, netron_dir: Path) -> bytes:
     """Netron's page with the model named in its meta tags (as netron's own server does).
 
     Version 0.0.0 turns off Netron's telemetry (it only reports from a packaged build), and
     dropping the build date turns off its "please update" loop on old installs.
     """
+    from html import escape
+    from urllib.parse import quote
+
     text = (netron_dir / "index.html").read_text(encoding="utf-8")
+    # the file name is the user's (or an attacker's): escaped for HTML, quoted for the URL,
+    # so a name like `x"><script>...` stays text on the Jupyter origin
     meta = ('<meta name="type" content="Python">\n<meta name="version" content="0.0.0">\n'
-            f'<meta name="file" content="data/{main}">\n'
-            f'<meta name="identifier" content="{main}">')
+            f'<meta name="file" content="data/{escape(quote(main, safe=""), quote=True)}">\n'
+            f'<meta name="identifier" content="{escape(main, quote=True)}">')
     text = re.sub(r'<meta name="version" content="[^"]*">', lambda _: meta, text, count=1)
     text = re.sub(r'<meta name="date" content="[^"]*">\n?', "", text, count=1)
     return text.encode("utf-8")
@@ -100,6 +114,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                             path=url_path_join(self.base_url, ROUTE, key) + "/")
             self.set_header("Content-Type", "text/html; charset=utf-8")
             self.set_header("Cache-Control", "no-store")
+            self.set_header("Content-Security-Policy", CSP)
+            self.set_header("X-Content-Type-Options", "nosniff")
             self.finish(index_html(entry["main"], netron_dir))
 
     class AssetHandler(_Handler):
@@ -125,6 +141,8 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                 raise web.HTTPError(404, "the registered file is gone")
             self.set_header("Content-Type", "application/octet-stream")
             self.set_header("Cache-Control", "no-store")
+            self.set_header("X-Content-Type-Options", "nosniff")
+            self.set_header("Content-Disposition", "attachment")
             with open(path, "rb") as f:  # in chunks: weights can be large
                 while chunk := f.read(1 << 20):
                     self.write(chunk)
