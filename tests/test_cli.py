@@ -28,7 +28,8 @@ def test_demo_prints_the_stage_table(tmp_path, capsys):
     assert rows["export"][2] == "onnx" and int(rows["simplify"][3]) <= int(rows["export"][3])
     assert float(rows["export"][4]) < 1e-4
     assert rows["ncnn fp32"][3] == "ncnn" and float(rows["ncnn fp32"][5]) < 1e-4
-    assert float(rows["ncnn fp16"][5]) < 1e-2
+    fp16 = rows["ncnn fp16"][5]  # "-" when ncnn ran no layer in fp16 here (fp16-not-exercised)
+    assert fp16 == "-" or float(fp16) < 1e-2
     assert "op by op:" in out and "6/6 aligned" in out
     manifest = json.loads((tmp_path / "ws" / "manifest.json").read_text())
     assert [a["stage"] for a in manifest["artifacts"]] == ["export", "simplify", "raise", "pnnx",
