@@ -204,10 +204,11 @@ def test_transformer_aligns_and_lists_the_steps_of_lowered_ops(tmp_path):
     rep = wb.compare(model, [onx, nc], x, mode="both", progress=False)
     assert min(rep.aligned_fraction.values()) >= 0.9
     assert rep.ok and rep.first_divergence is None, rep.summary()
-    reasons = list(rep.unaligned[rep.candidates[0].name].values())
-    steps = [r for r in reasons if r.startswith("a step inside")]
-    assert any("attention" in r and "(Softmax)" in r for r in steps)
-    assert any("intermediate_act_fn" in r and "(Erf)" in r for r in steps)
+    # the steps are attributed to the module they are inside (not unexplained)
+    steps = rep.attributed[rep.candidates[0].name]
+    assert any("attention" in m and "Softmax" in t for t, m in steps.items())
+    assert any(m.endswith("intermediate_act_fn") and "Erf" in t for t, m in steps.items())
+    assert not set(steps) & set(rep.unaligned[rep.candidates[0].name])
 
 
 def test_repeated_comparisons_reuse_runners_until_the_file_changes(sr, tmp_path):

@@ -19,6 +19,7 @@ from typing import Any
 
 WINDOW = 40  # how many reference tensors ahead of the last match a candidate may reach
 ACCEPT = 0.05  # a value match needs max |a-b| / max |a| below this on the sample
+TIGHT = 1e-3  # "equal" for a step inside a module: no bias or scale left out (those are >1%)
 SAMPLE = 4096
 CONSTANT_OPS = {"Constant", "ConstantOfShape", "MemoryData"}  # not counted as activations
 
@@ -31,17 +32,35 @@ class CandidateTensor:
     hint: str | None = None  # a module path the name or metadata suggests
     internal: bool = False  # only read inside its own module (a step of a lowered op)
     output_index: int | None = None  # the model's k-th output: pairs with torch's output_k
+    read_by_own: bool = False  # read by another node of its own module: not its output
 
 
 @dataclass
 class Alignment:
+    """Every candidate tensor is in one of three places: ``pairs`` (aligned to a reference
+    tensor; ``relations`` says how when not plainly equal, ``covers`` which modules a folded
+    pair spans), ``attributed`` (a step inside a module, torch computed no such tensor) or
+    ``unaligned`` (unexplained, with the reason; constants and index glue too)."""
+
     pairs: dict[str, str] = field(default_factory=dict)  # candidate name -> reference name
     unaligned: dict[str, str] = field(default_factory=dict)  # candidate name -> why
-    considered: int = 0  # float tensors that could have aligned
+    attributed: dict[str, str] = field(default_factory=dict)  # candidate name -> module
+    relations: dict[str, str] = field(default_factory=dict)  # candidate name -> relation
+    covers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # folded: what it spans
+    considered: int = 0  # float tensors that could have aligned (attributed ones not counted)
 
     @property
     def fraction(self) -> float:
         return len(self.pairs) / self.considered if self.considered else 0.0
+
+    @property
+    def explained_fraction(self) -> float:
+        """Aligned or attributed, of the float activations (0.0 when there are none)."""
+        total = self.considered + len(self.attributed)
+        return (len(self.pairs) + len(self.attributed)) / total if total else 0.0
+
+    def relation(self, name: str) -> str:
+        return self.relations.get(name, "equal")
 
 
 def shape_key(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -68,10 +87,27 @@ def module_from_scope(value_name: str, modules: set[str]) -> str | None:
         else:
             folded.append(p)
     for start in range(len(folded)):  # the exporter may add an outer scope
-        name = ".".join(folded[start:])
-        if name in modules:
+        name = _module_called(".".join(folded[start:]), modules)
+        if name is not None:
             return name
     return None
+
+
+_CALL = re.compile(r"_\d+$")
+
+
+def _module_called(name: str, modules: set[str]) -> str | None:
+    """The module a scope names: itself, or, for a module called again ('relu_1': the
+    exporter numbers the scope of each further call), the module without the number."""
+    if name in modules:
+        return name
+    base = ".".join(_CALL.sub("", p) for p in name.split("."))
+    return base if base != name and base in modules else None
+
+
+def call_module(record: str) -> str:
+    """'relu#1' (the second call of leaf relu) -> 'relu'; other names as they are."""
+    return record.split("#", 1)[0] if "#" in record and "/" not in record else record
 
 
 def module_from_metadata(node: Any, modules: set[str]) -> str | None:
@@ -80,8 +116,9 @@ def module_from_metadata(node: Any, modules: set[str]) -> str | None:
         if prop.key == "pkg.torch.onnx.name_scopes":
             scopes = re.findall(r"'([^']*)'", prop.value)
             for s in reversed(scopes):
-                if s in modules:
-                    return s
+                found = _module_called(s, modules)
+                if found is not None:
+                    return found
     return None
 
 
@@ -160,16 +197,25 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     order). ``reference`` and ``candidate`` map names to arrays; ``modules`` are the
     reference model's module names (a record that is not one is a functional call).
     ``ref_samples`` keeps the reference samples for the next candidate of the same run;
-    ``cand_samples`` may hold the candidate's, taken ahead (see ``samples``)."""
+    ``cand_samples`` may hold the candidate's, taken ahead (see ``samples``).
+
+    A tensor named for a module is that module's output (pinned by name and shape, whatever
+    its values, so that a fault is blamed where it is), or a later record folded into it
+    (a layer-scale multiply, a BatchNorm) when it equals that one instead. A step inside a
+    module (read by another node of the same module: a MatMul before its bias Add, a
+    Reshape before a Gemm) is never measured against the module's output: it is aligned
+    only when it equals an earlier tensor (the module's input, reshaped), else attributed
+    to the module."""
     import numpy as np
 
     modules = modules or set()
     ref_names = list(reference)
     ref_keys = [shape_key(np.shape(reference[n])) for n in ref_names]
-    # the module each record belongs to: a leaf is its own; 'layer1/Tensor.add_0' was called
-    # by layer1; 'F.interpolate_0' by the model itself ("")
-    ref_module = [n if n in modules else (n.split("/")[0] if "/" in n else "")
-                  for n in ref_names]
+    # the module each record belongs to: a leaf is its own (each of its calls: relu,
+    # relu#1); 'layer1/Tensor.add_0' was called by layer1; 'F.interpolate_0' by the model
+    ref_module = [m if (m := call_module(n)) in modules else (n.split("/")[0] if "/" in n
+                                                              else "") for n in ref_names]
+    leaves = {m for n, m in zip(ref_names, ref_module, strict=True) if call_module(n) == m}
     # a reference tensor is scored against many candidate tensors
     samples = {} if ref_samples is None else ref_samples
 
@@ -206,6 +252,27 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
         if wanted in alias and shape_key(np.shape(reference[wanted])) == key:
             out.pairs[t.name] = alias[wanted]  # outputs pair by position, whatever the values
             continue
+
+        def scored(choices: list[int], name: str = t.name, arr: Any = arr) -> list:
+            got = (cand_samples or {}).get(name) or _sample(arr)
+            return sorted((_score(ref_sample(j), got), j) for j in choices)
+
+        if t.hint is not None and t.hint in leaves and (t.read_by_own or t.internal):
+            # a step inside a leaf module: torch kept no tensor of it, and the module's
+            # output is not its value. Equal to what came before (the module's input,
+            # reshaped), it is that; otherwise attributed to the module.
+            call = next((j for j in range(low, len(ref_names)) if ref_module[j] == t.hint), None)
+            before = [j for j in range(low, len(ref_names) if call is None else call)
+                      if ref_keys[j] == key][-WINDOW:]
+            best = scored(before)[:1]
+            if best and best[0][0] <= TIGHT:
+                j = best[0][1]
+                out.pairs[t.name] = ref_names[j]
+                out.relations[t.name] = f"equal: the input of {t.hint} (a step inside it)"
+                low = j
+            else:
+                _attribute(out, t, t.hint)
+            continue
         window = range(low, min(len(ref_names), low + WINDOW))
         choices = [j for j in window if ref_keys[j] == key]
         structural = None  # the record name and shape pin, whatever the values say
@@ -215,20 +282,19 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 choices = hinted
                 # the named module itself, unless this is a step inside a lowered module
                 # (those need a value match) or the name fits several calls equally
-                if not t.internal and (len(hinted) == 1 or ref_names[hinted[0]] == t.hint):
+                if not t.internal and (len(hinted) == 1
+                                       or call_module(ref_names[hinted[0]]) == t.hint):
                     structural = hinted[0]
-        if choices:
-            got = (cand_samples or {}).get(t.name) or _sample(arr)
-            scores = [(_score(ref_sample(j), got), j) for j in choices]
-        else:
-            scores = []
-        best, j = min(scores) if scores else (float("inf"), -1)
+        scores = scored(choices) if choices else []
+        best, j = scores[0] if scores else (float("inf"), -1)
+        if structural is not None and j != structural:
+            own = next(s for s, k in scores if k == structural)
+            if own <= TIGHT:  # the module's own output wins a tie with what follows it
+                best, j = own, structural
         if best > ACCEPT and t.internal:
             # a step of an op the exporter lowered (attention, GELU...): torch ran it as one
-            # call, so no torch tensor exists to align with. Listed, not counted.
-            out.unaligned[t.name] = (f"a step inside {t.hint or 'the model'}'s lowering "
-                                     f"({t.op_type}); torch computed no such tensor")
-            out.considered -= 1
+            # call, so no torch tensor exists to align with. Attributed, not counted.
+            _attribute(out, t, t.hint or "")
             continue
         if not choices:
             out.unaligned[t.name] = f"no reference tensor of shape {list(np.shape(arr))} nearby"
@@ -242,25 +308,40 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 continue
             j = structural
         out.pairs[t.name] = ref_names[j]
+        if structural is not None and j > structural:
+            folded = ref_names[structural + 1:j + 1]
+            out.relations[t.name] = (f"equal up to folding: {', '.join(folded)} folded into "
+                                     f"{ref_names[structural]}")
+            out.covers[t.name] = tuple(ref_names[structural:j + 1])
         low = j
     return out
 
 
+def _attribute(out: Alignment, t: CandidateTensor, module: str) -> None:
+    """A step inside ``module``: listed there, not counted as unaligned."""
+    out.considered -= 1
+    out.attributed[t.name] = module
+
+
 def _hinted(hint: str, key: tuple[int, ...], low: int, ref_names: list[str],
             ref_keys: list[tuple[int, ...]], ref_module: list[str], modules: set[str]) -> list[int]:
-    """Reference tensors a hinted candidate may be: the hinted module's own output, and for
-    a module, the next leaf outputs in its parent (a Conv whose value is its BatchNorm's
-    after folding, or its activation's after fusion); for the model itself ("") or a
-    non-leaf module, the calls it made. Model outputs (output_N) repeat other records."""
+    """Reference tensors a hinted candidate may be: the hinted module's own output (its
+    next call), and for a module, the records that follow it in its parent (a Conv whose
+    value is its BatchNorm's after folding, a Linear with a layer-scale multiply folded in,
+    or its activation's after fusion); for the model itself ("") or a non-leaf module, the
+    calls it made. Model outputs (output_N) repeat other records."""
     own = [j for j in range(low, len(ref_names)) if ref_keys[j] == key
            and ref_module[j] == hint and not ref_names[j].startswith("output_")]
-    if not own or not hint or ref_names[own[0]] != hint:
+    if not own or not hint or call_module(ref_names[own[0]]) != hint:
         return own[:1] if len(own) == 1 else own
     h = own[0]
     parent = hint.rsplit(".", 1)[0] if "." in hint else ""
     follow = []
     for j in range(h + 1, min(len(ref_names), h + 3)):
-        if ref_names[j] in modules and ref_names[j].startswith(parent) and ref_keys[j] == key:
+        name = ref_names[j]
+        if ref_keys[j] == key and not name.startswith("output_") and (
+                (call_module(name) in modules and name.startswith(parent))
+                or ref_module[j] == parent):
             follow.append(j)
         else:
             break

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import InputError
 from .align import CandidateTensor, align, samples, shape_key
+from .verdict import MIN_EXPLAINED, measure_pair, shape_relation
 
 MODES = ("accumulated", "isolated", "both")
 
@@ -113,19 +114,24 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
         from .align import module_from_metadata, module_from_scope
 
         model = load_onnx(cand.path, external_data=False)
+        # (the node's own name when its output is a graph output: '/fc/Add' -> 'output')
         hints = [module_from_metadata(n, modules) or next(
-            (module_from_scope(o, modules) for o in n.output if o), None)
-            for n in model.graph.node]
+            (h for o in (*n.output, n.name) if o and (h := module_from_scope(o, modules))
+             is not None), None) for n in model.graph.node]
+        scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
         readers: dict[str, set] = {}
-        for node, hint in zip(model.graph.node, hints, strict=True):
+        reader_scopes: dict[str, set] = {}
+        for node, hint, scope in zip(model.graph.node, hints, scopes, strict=True):
             for name in node.input:
                 readers.setdefault(name, set()).add(hint)
+                reader_scopes.setdefault(name, set()).add(scope)
         outputs = {o.name: k for k, o in enumerate(model.graph.output)}
         # values computed from weights alone (an Identity of a shared parameter, a folded
         # Constant): parameters, not activations
         constant = {t.name for t in model.graph.initializer}
         out = []
-        for i, (node, hint) in enumerate(zip(model.graph.node, hints, strict=True)):
+        for i, (node, hint, scope) in enumerate(zip(model.graph.node, hints, scopes,
+                                                    strict=True)):
             is_const = node.op_type == "Constant" or (
                 node.input and all(not n or n in constant for n in node.input))
             for name in node.output:
@@ -134,9 +140,11 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                         constant.add(name)
                     internal = (hint is not None and name not in outputs
                                 and readers.get(name, set()) == {hint})
+                    own = (hint is not None and scope is not None and name not in outputs
+                           and scope in reader_scopes.get(name, ()))
                     out.append(CandidateTensor(name, i, "Constant" if is_const
                                                else node.op_type, hint, internal,
-                                               outputs.get(name)))
+                                               outputs.get(name), own))
         return out
     from ..params import parse_ncnn_param
 
@@ -151,6 +159,18 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
     return out
 
 
+def _scope(node: Any) -> str | None:
+    """The call a node belongs to: its scope in its output's name ('/layer1/relu_1'), or its
+    name_scopes metadata (dynamo); None when neither says."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            return prop.value
+    for name in (*node.output, node.name):
+        if name.startswith("/") and name.count("/") > 1:
+            return name.rsplit("/", 1)[0]
+    return None
+
+
 @dataclass
 class Record:
     """One aligned tensor of one candidate in one mode, with its metrics."""
@@ -162,11 +182,19 @@ class Record:
     reference: str
     op_type: str
     metrics: dict[str, Any]
+    relation: str = "equal"  # how the candidate tensor relates to the reference tensor
+    covers: tuple[str, ...] = ()  # the reference records a folded tensor spans
+
+    @property
+    def exact(self) -> bool:
+        """Related to its reference tensor exactly (equal, or equal up to a known folding or
+        a reshape): its error is the op's own, so it may be named as a divergence."""
+        return self.relation.startswith("equal")
 
     def as_dict(self) -> dict[str, Any]:
         return {"candidate": self.candidate, "mode": self.mode, "order": self.order,
                 "name": self.name, "reference": self.reference, "op_type": self.op_type,
-                **self.metrics}
+                **self.metrics, "relation": self.relation}
 
 
 def _input_sets(inputs: Any) -> list[tuple]:
@@ -175,6 +203,11 @@ def _input_sets(inputs: Any) -> list[tuple]:
     if isinstance(inputs, list) and inputs and all(isinstance(i, (tuple, list)) for i in inputs):
         return [as_tensor_tuple(i, f"inputs[{k}]") for k, i in enumerate(inputs)]
     return [as_tensor_tuple(inputs)]
+
+
+def _copies(args: tuple) -> tuple:
+    """A copy of each input tensor, for one backend's run."""
+    return tuple(a.clone() for a in args)
 
 
 def _fit(ref: Any, like_shape: tuple[int, ...]) -> Any:
@@ -195,15 +228,20 @@ def _fit(ref: Any, like_shape: tuple[int, ...]) -> Any:
 def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumulated",
             tolerance: Any = None, per_op_tolerance: dict[str, Any] | None = None,
             per_tensor_tolerance: dict[str, Any] | None = None,
-            progress: bool = True) -> Any:
+            progress: bool = True, min_explained: float = MIN_EXPLAINED) -> Any:
     """Compare candidates (ONNX/ncnn artifacts, paths or runners) with ``reference`` (an
     ``nn.Module`` or runner) op by op on ``inputs`` (a tuple, or a list of tuples whose
-    metrics aggregate to the worst). Returns a CompareReport."""
+    metrics aggregate to the worst). Returns a CompareReport.
+
+    Every backend runs on its own copy of the inputs (the caller's never change). A
+    candidate with nothing compared, or with less than ``min_explained`` of its tensors
+    aligned or attributed, is not ok (``report.summary()`` says why); a pair that cannot be
+    measured is listed in ``report.unmeasured`` and the comparison goes on."""
     import numpy as np
     from tqdm.auto import tqdm
 
-    from ..runtime import runner_for
-    from .metrics import Tolerance, resolve_tolerance, tensor_metrics
+    from ..runtime import TorchRunner, runner_for
+    from .metrics import Tolerance, resolve_tolerance
     from .report import CompareReport
 
     if mode not in MODES:
@@ -238,6 +276,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     steps = len(sets) * (1 + len(cands) * (2 if mode == "both" else 1))
     bar = tqdm(total=steps, desc="compare", disable=not progress, leave=False)
     worst: dict[tuple[str, str, str], Record] = {}
+    unmeasured: dict[str, dict[str, str]] = {c.name: {} for c in cands}
     # Scheduling on a small machine (2 cores here): the candidates' runners (built here)
     # use one intra-op thread each and capture at once in the worker, while this thread
     # captures torch (one thread too) and then aligns and measures whatever capture is
@@ -258,11 +297,15 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                                      f"{cand.runner.input_names}, the reference was given "
                                      f"{len(args)}", "compare a candidate exported from the "
                                      "same model and inputs")
-            captures = _Captures(cands, args, ahead=1 if mode == "accumulated" else 0)
+            # each backend its own copy: a model writing into its input changes no other's
+            # (a TorchRunner copies for itself)
+            own_args = [_copies(args) for _ in cands]
+            captures = _Captures(cands, own_args, ahead=1 if mode == "accumulated" else 0)
             try:
                 bar.set_postfix_str("torch")
                 with _torch_threads(1):
-                    ref_values = ref_runner.run(args, capture="all")
+                    ref_values = ref_runner.run(args if isinstance(ref_runner, TorchRunner)
+                                                else _copies(args), capture="all")
                 bar.update()
                 # align scores samples: the reference's are taken now, while the captures
                 # run, and each candidate's in its capture thread
@@ -286,7 +329,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         layout = {n: (np.shape(v), np.asarray(v).dtype)
                                   for n, v in values.items()}
                         values = None
-                        iso = _isolated(cand, al, ref_values, layout, args)
+                        iso = _isolated(cand, al, ref_values, layout, own_args[k])
                         isolated_available[cand.name] = iso is not None
                         if iso is not None:
                             runs.append(("isolated", iso))
@@ -301,19 +344,23 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                                     t.op_type, cname)))
 
                         def measure(job: tuple, vals: dict = vals,
-                                    ref_values: dict = ref_values) -> dict[str, Any]:
+                                    ref_values: dict = ref_values) -> dict[str, Any] | str:
                             t, rname, tol = job
-                            m = tensor_metrics(ref_values[rname], vals[t.name], tol)
-                            # Tolerance.bound from the same pass: max |ref| over finite values
-                            m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
-                            return m
+                            return measure_pair(ref_values[rname], vals[t.name], tol)
 
                         # split over two threads, also while a capture runs: every thread
                         # here is single-threaded work, so a third one only time-slices
                         ms = _measure_split(pool, measure, jobs)
                         for (t, rname, _), m in zip(jobs, ms, strict=True):
+                            if isinstance(m, str):  # listed with its reason; the rest goes on
+                                unmeasured[cand.name][t.name] = f"{run_mode}: {m}"
+                                continue
+                            shapes = shape_relation(np.shape(ref_values[rname]),
+                                                    np.shape(vals[t.name]))
+                            relation = al.relation(t.name)
                             rec = Record(cand.name, run_mode, t.order, t.name, rname,
-                                         t.op_type, m)
+                                         t.op_type, m, f"{relation}; {shapes}" if shapes
+                                         else relation, al.covers.get(t.name, ()))
                             key = (cand.name, run_mode, t.name)
                             if key not in worst or _worse(m, worst[key].metrics):
                                 worst[key] = rec
@@ -328,7 +375,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     records = sorted(worst.values(), key=lambda r: (r.candidate, r.mode, r.order))
     return CompareReport(records=records, alignments=alignments, candidates=cands,
                          isolated_available=isolated_available, tolerance=base_tol,
-                         inputs=sets[0], reference=ref_runner)
+                         inputs=sets[0], reference=ref_runner, unmeasured=unmeasured,
+                         min_explained=min_explained)
 
 
 
@@ -337,7 +385,7 @@ class _Captures:
     them at once), at most ``ahead`` captures ahead of the candidate being measured:
     ``done(k)`` lets capture k + 1 + ahead start."""
 
-    def __init__(self, cands: list[Candidate], args: tuple, ahead: int) -> None:
+    def __init__(self, cands: list[Candidate], args: list[tuple], ahead: int) -> None:
         from concurrent.futures import Future
 
         self.futures: list[Future] = [Future() for _ in cands]
@@ -346,12 +394,12 @@ class _Captures:
         threading.Thread(target=self._run, args=(cands, args), daemon=True,
                          name="wb-compare-captures").start()
 
-    def _run(self, cands: list[Candidate], args: tuple) -> None:
-        for fut, cand in zip(self.futures, cands, strict=True):
+    def _run(self, cands: list[Candidate], args: list[tuple]) -> None:
+        for fut, cand, own in zip(self.futures, cands, args, strict=True):
             self.slots.acquire()
             if self.stopped:
                 return
-            threading.Thread(target=self._capture, args=(fut, cand, args), daemon=True,
+            threading.Thread(target=self._capture, args=(fut, cand, own), daemon=True,
                              name="wb-compare-capture").start()
 
     @staticmethod
@@ -431,6 +479,8 @@ def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any],
     if cand.kind == "ncnn":
         return _isolated_ncnn(cand, al, ref_values, layout, cand.runner.feed(args))
     cut = sorted(v for v in al.pairs if v in layout)  # capture="all" holds every node output
+    if not cut:  # nothing aligned: nothing to run (a graph needs an output)
+        return {}
     st = cand.path.stat()
     key = (str(cand.path.resolve()), st.st_mtime_ns, st.st_size, tuple(cut))
     if key not in _ISOLATED:

@@ -13,7 +13,8 @@ from typing import Any
 from ..errors import InputError
 
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
-           "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed"]
+           "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed",
+           "relation"]
 
 
 @dataclass
@@ -25,6 +26,8 @@ class CompareReport:
     tolerance: Any = None
     inputs: tuple = ()
     reference: Any = None
+    unmeasured: dict[str, dict[str, str]] = field(default_factory=dict)  # cand -> {tensor: why}
+    min_explained: float = 0.5
 
     # -- what was aligned ---------------------------------------------------------------------
     @property
@@ -37,14 +40,29 @@ class CompareReport:
         """{candidate name: {tensor: why it has no reference}} (listed, not dropped)."""
         return {name: dict(al.unaligned) for name, al in self.alignments.items()}
 
+    @property
+    def attributed(self) -> dict[str, dict[str, str]]:
+        """{candidate name: {tensor: the module it is a step inside}}: a lowered op's steps,
+        which torch never computed, so nothing measures them."""
+        return {name: dict(al.attributed) for name, al in self.alignments.items()}
+
+    def verdicts(self) -> dict[str, Any]:
+        """{candidate name: Verdict}: something compared, enough explained, all passed."""
+        from .verdict import verdict
+
+        return {c.name: verdict(c.name, self.alignments.get(c.name),
+                                [r for r in self.records if r.candidate == c.name],
+                                self.min_explained) for c in self.candidates}
+
     # -- where it breaks ----------------------------------------------------------------------
     def divergences(self) -> dict[str, Any]:
         """{candidate: first failing record}, by isolated error where available."""
         out = {}
         for cand in self.candidates:
             mode = "isolated" if self.isolated_available.get(cand.name) else "accumulated"
-            failing = [r for r in self.records
-                       if r.candidate == cand.name and r.mode == mode and not r.metrics["passed"]]
+            # among exactly related tensors only: a tensor related otherwise is no op's own
+            failing = [r for r in self.records if r.candidate == cand.name and r.mode == mode
+                       and not r.metrics["passed"] and r.exact]
             if failing:
                 out[cand.name] = min(failing, key=lambda r: r.order)
         return out
@@ -58,27 +76,44 @@ class CompareReport:
 
     @property
     def ok(self) -> bool:
-        return all(r.metrics["passed"] for r in self.records)
+        """Every candidate compared something, explained enough of its tensors, and every
+        measured tensor is within tolerance."""
+        return bool(self.candidates) and all(v.ok for v in self.verdicts().values())
 
     # -- presenting ---------------------------------------------------------------------------
     def summary(self) -> str:
         """One line per candidate: aligned, worst error and where, first divergence."""
         lines = []
+        verdicts = self.verdicts()
+        divergences = self.divergences()
         for cand in self.candidates:
             recs = [r for r in self.records if r.candidate == cand.name and r.mode ==
                     "accumulated"] or [r for r in self.records if r.candidate == cand.name]
             al = self.alignments.get(cand.name)
             aligned = f"{len(al.pairs)}/{al.considered} aligned" if al else "not aligned"
+            if al is not None and al.attributed:
+                aligned += f", {len(al.attributed)} attributed"
+            v = verdicts[cand.name]
+            skipped = self.unmeasured.get(cand.name)
+            note = (f"; {len(skipped)} pair(s) not measured (report.unmeasured)"
+                    if skipped else "")
+            why = "; ".join(v.reasons)
             if not recs:
-                lines.append(f"{cand.name}: {aligned}, nothing to compare")
+                lines.append(f"{cand.name}: {aligned}; NOT OK: {why}{note}")
                 continue
             worst = max(recs, key=lambda r: r.metrics["max_abs"] or 0.0)
-            div = self.divergences().get(cand.name)
-            tail = (f"first divergence at {div.reference} ({div.op_type} {div.name}, "
-                    f"{div.mode} max abs {div.metrics['max_abs']:.3g})" if div
-                    else "all within tolerance")
+            div = divergences.get(cand.name)
+            if div:
+                tail = (f"first divergence at {div.reference} ({div.op_type} {div.name}, "
+                        f"{div.mode} max abs {div.metrics['max_abs']:.3g})")
+            elif not v.passed:
+                tail = "over tolerance only where not exactly related; no op named"
+            else:
+                tail = "all within tolerance"
+            if v.reasons:  # never "all within tolerance" over too little compared
+                tail = f"NOT OK: {why}; {tail.replace('all', 'what was compared is', 1)}"
             lines.append(f"{cand.name}: {aligned}, worst max abs "
-                         f"{worst.metrics['max_abs']:.3g} at {worst.reference}; {tail}")
+                         f"{worst.metrics['max_abs']:.3g} at {worst.reference}; {tail}{note}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -3,7 +3,8 @@
 ``capture="all"`` records, in one forward pass, every leaf module's output under its
 qualified name (``layer1.0.conv1``) and the tensor results of functional calls made outside
 leaf modules, named by the module that made them and the function (``F.interpolate_0`` at
-the top level, ``layer1.0/Tensor.__add___0`` inside a block). Hooks plus a TorchFunctionMode,
+the top level, ``layer1.0/Tensor.__add___0`` inside a block). A leaf called more than once (one ``self.relu``
+after two convolutions) gives one record per call: ``relu``, ``relu#1``, ... Hooks plus a TorchFunctionMode,
 as torch.fx's Interpreter would see the same calls, but without tracing.
 """
 
@@ -69,7 +70,9 @@ class TorchRunner(Runner):
     def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         import torch
 
-        args = tuple(feed.values())
+        # the model's own copy: a forward that writes into its input (x.mul_(2), x += y)
+        # must not change the caller's tensor or array, nor the inputs other backends get
+        args = tuple(t.clone() for t in feed.values())
         was_training = self.model.training
         self.model.eval()
         records: dict[str, Any] = {}
@@ -198,6 +201,7 @@ class _Recorder:
         self.containers, self.leaves = _module_names(model)
         self.stack: list[str] = []  # names of the containers running, innermost last
         self.counts: Counter[tuple[str, str]] = Counter()
+        self.calls: dict[str, int] = {}  # leaf name -> calls so far (relu, relu#1, ...)
         # (tensor id, version) -> (weak ref to the tensor, what was kept): the same unchanged
         # tensor seen again (an Identity leaf, a block that returns its input) is the same
         # values, kept once
@@ -237,6 +241,10 @@ class _Recorder:
                 self.stack.pop()
             return
         if self.off:  # kept while torch functions are still off: our calls are not the model's
+            k = self.calls.get(name, 0)
+            self.calls[name] = k + 1
+            if k:
+                name = f"{name}#{k}"
             try:
                 if isinstance(output, self._tensor):
                     self._keep_one(name, output)

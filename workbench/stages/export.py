@@ -148,7 +148,7 @@ def _run_torch(model: Any, args: tuple, what: str) -> list:
 
     try:
         with torch.no_grad():
-            out = flatten_outputs(_eval(model)(*args))
+            out = flatten_outputs(_eval(model)(*_copies(args)))
     except Exception as e:  # the model's own error says what it wanted
         shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
         raise InputError(
@@ -160,6 +160,12 @@ def _run_torch(model: Any, args: tuple, what: str) -> list:
         raise InputError(f"{type(model).__name__} returned no tensor on the {what}",
                          "an exported model needs at least one tensor output")
     return [t.detach().cpu().numpy() for t in out]
+
+
+def _copies(args: tuple) -> tuple:
+    """Each run's own copy of the inputs: a model that writes into its input (x.mul_(2))
+    changes neither the caller's tensors nor the inputs of the next run."""
+    return tuple(a.clone() for a in args)
 
 
 def _eval(model: Any) -> Any:
@@ -224,6 +230,7 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
     from .._capture import capture
 
     error: Exception | None = None
+    args = _copies(args)  # the trace runs forward(): a write into an input stays in the copy
     with capture() as cap:
         try:
             if exporter == "torchscript":

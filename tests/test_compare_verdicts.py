@@ -1,0 +1,323 @@
+"""wb.compare's verdicts on models shaped like those nobody here wrote: a pair that cannot
+be measured does not lose the comparison, nothing compared is never "ok", a model writing
+into its input changes nobody's tensors, each call of a module is its own record, and a
+step inside a module (a MatMul before its bias, a layer scale folded into a Linear) is not
+measured against the module's output."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+
+import workbench as wb
+from workbench.compare.metrics import Tolerance
+from workbench.compare.verdict import measure_pair
+from workbench.runtime import TorchRunner
+
+
+def _perturb(path, out, initializer, *, scale=0.1, seed=0):
+    """A copy of the ONNX model with one weight perturbed: 10% noise on a quarter of it."""
+    m = onnx.load(str(path))
+    w = next(t for t in m.graph.initializer if t.name == initializer)
+    arr = numpy_helper.to_array(w).copy()
+    rng = np.random.default_rng(seed)
+    hit = rng.random(arr.shape) < 0.25
+    arr[hit] += scale * np.abs(arr).max() * rng.standard_normal(int(hit.sum()))
+    w.CopyFrom(numpy_helper.from_array(arr.astype(np.float32), w.name))
+    onnx.save(m, str(out))
+    return out
+
+
+# -- a pair that cannot be measured ----------------------------------------------------------
+class WindowPartition(nn.Module):
+    """Swin-style: a 7x7 window partition goes through a rank-6 view and permute."""
+
+    def __init__(self, c=24):
+        super().__init__()
+        self.proj = nn.Linear(c, c)
+        self.fc = nn.Linear(c, c)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        x = self.proj(x).view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5)
+        return self.fc(x.reshape(-1, 7, 7, c))
+
+
+def test_measure_pair_takes_other_ranks_of_one_tensor_and_names_what_it_cannot():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 7, 7, 768)).astype(np.float32)
+    m = measure_pair(ref, ref.reshape(1, 1, 1, 7, 7, 768), Tolerance())
+    assert isinstance(m, dict) and m["passed"] and m["max_abs"] == 0.0
+    why = measure_pair(ref[0, 0], ref[0, 0].T.copy()[:6], Tolerance())
+    assert isinstance(why, str) and "shapes differ" in why and "[7, 768]" in why
+
+
+def test_rank6_against_rank4_does_not_abort_the_comparison(tmp_path):
+    torch.manual_seed(0)
+    model, x = WindowPartition().eval(), torch.randn(1, 7, 7, 24)
+    onx = wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    ranks = {len(np.shape(v)) for v in
+             wb.runtime.OrtRunner(onx).run((x,), capture="all").values()}
+    assert 6 in ranks and 4 in ranks
+    rep = wb.compare(model, [onx], (x,), mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    reshaped = [r for r in rep.records if "axes of size 1 differ" in r.relation]
+    assert reshaped, [(r.name, r.reference, r.relation) for r in rep.records]
+    assert all(r.metrics["passed"] for r in reshaped)
+    assert "[1, 1, 1, 7, 7, 24]" in reshaped[0].relation or "[1, 7, 7, 24]" in reshaped[0].relation
+
+
+# -- nothing compared ---------------------------------------------------------------------------
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.conv(x))
+
+
+def test_a_candidate_from_another_model_is_not_ok_and_the_summary_says_why(tmp_path):
+    torch.manual_seed(0)
+    model, x = Small().eval(), torch.randn(1, 3, 8, 8)
+    other = nn.Sequential(nn.Conv2d(3, 5, 3), nn.Sigmoid(), nn.Conv2d(5, 6, 1)).eval()
+    onx = wb.export(other, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [onx], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 0.0 and not rep.records
+    assert not rep.ok and rep.first_divergence is None
+    assert "all within tolerance" not in rep.summary()
+    assert "NOT OK: nothing compared (0 of 3 tensors aligned)" in rep.summary()
+    assert not rep.verdicts()[name].ok
+
+
+def test_a_graph_without_nodes_is_not_ok(tmp_path):
+    torch.manual_seed(0)
+    model, x = Small().eval(), torch.randn(1, 3, 8, 8)
+    value = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])
+    empty = helper.make_model(helper.make_graph([], "empty", [value], [value]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    empty.ir_version = 8
+    onnx.save(empty, tmp_path / "empty.onnx")
+    rep = wb.compare(model, [tmp_path / "empty.onnx"], (x,), progress=False)
+    assert not rep.ok and not rep.records
+    assert "NOT OK: nothing compared (no float tensor to align)" in rep.summary()
+
+
+def test_too_little_explained_is_not_ok_though_what_was_compared_passes(tmp_path):
+    torch.manual_seed(0)
+    model, x = Small().eval(), torch.randn(1, 3, 8, 8)
+    onx = wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [onx], (x,), progress=False)
+    assert rep.ok and "all within tolerance" in rep.summary()
+    strict = wb.compare(model, [onx], (x,), progress=False, min_explained=1.01)
+    assert all(r.metrics["passed"] for r in strict.records) and not strict.ok
+    assert "NOT OK: only 100% of 2 tensors aligned or attributed (threshold 101%)" in \
+        strict.summary()
+    assert "all within tolerance" not in strict.summary()
+
+
+# -- a model that writes into its input ---------------------------------------------------------
+class WritesInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        x.mul_(2.0)  # in place, into the caller's tensor
+        return self.conv(x)
+
+
+def test_a_model_writing_into_its_input_changes_no_callers_tensor(tmp_path):
+    torch.manual_seed(0)
+    model, x = WritesInput().eval(), torch.randn(1, 3, 8, 8)
+    before = x.clone()
+    onx = wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    assert torch.equal(x, before), "export changed the caller's input"
+    assert not [d for d in onx.diagnostics if d.code == "numeric-mismatch"]
+
+    arr = x.numpy().copy()
+    arr_before = arr.copy()
+    out = TorchRunner(model).run((arr,))["output_0"]
+    assert np.array_equal(arr, arr_before), "TorchRunner changed the caller's array"
+    with torch.no_grad():
+        want = model.conv(before * 2.0).numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+
+    # the reference and two ONNX Runtime candidates, each on its own copy of the input
+    rep = wb.compare(model, [onx, wb.runtime.OrtRunner(onx, isolated=False)], (x,),
+                     mode="both", progress=False)
+    assert torch.equal(x, before), "compare changed the caller's input"
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    assert max(r.metrics["max_abs"] for r in rep.records) < 1e-5
+
+
+# -- a module called twice ----------------------------------------------------------------------
+class ReusedRelu(nn.Module):
+    """One self.relu after two convolutions, as torchvision's ResNet blocks do."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = self.relu(self.conv1(x))
+        x = self.relu(self.conv2(x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+@pytest.fixture(scope="module")
+def reused(tmp_path_factory):
+    torch.manual_seed(0)
+    model, x = ReusedRelu().eval(), torch.randn(1, 3, 16, 16)
+    ws = wb.Workspace(tmp_path_factory.mktemp("reused") / "ws")
+    return model, x, wb.export(model, (x,), workspace=ws)
+
+
+def test_each_call_of_a_module_is_its_own_record(reused):
+    model, x, onx = reused
+    got = TorchRunner(model).run((x,), capture="all")
+    assert [n for n in got if n.startswith("relu")] == ["relu", "relu#1"]
+    with torch.no_grad():
+        first = model.relu(model.conv1(x))
+        second = model.relu(model.conv2(first))
+    np.testing.assert_array_equal(got["relu"], first.numpy())
+    np.testing.assert_array_equal(got["relu#1"], second.numpy())
+
+    rep = wb.compare(model, [onx], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 1.0 and rep.ok, rep.summary()
+    pairs = rep.alignments[name].pairs
+    relus = [n.output[0] for n in onnx.load(str(onx.path)).graph.node if n.op_type == "Relu"]
+    assert [pairs[r] for r in relus] == ["relu", "relu#1"]
+
+
+def test_a_damaged_second_conv_is_blamed_on_it_alone(reused, tmp_path):
+    model, x, onx = reused
+    bad = _perturb(onx.path, tmp_path / "bad.onnx", "conv2.weight", scale=0.5)
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    first = rep.first_divergence
+    assert first.reference == "conv2" and first.op_type == "Conv" and first.mode == "isolated"
+    failing = [r.reference for r in rep.records if r.mode == "isolated"
+               and not r.metrics["passed"]]
+    assert failing == ["conv2"], failing  # no second culprit after it
+    acc = {r.reference for r in rep.records if r.mode == "accumulated"}
+    assert {"relu", "relu#1", "pool"} <= acc
+
+
+# -- folded bias, folded scale ------------------------------------------------------------------
+class Attention(nn.Module):
+    def __init__(self, d, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q_proj, self.k_proj = nn.Linear(d, d), nn.Linear(d, d)
+        self.v_proj, self.out_proj = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+
+        def split(y):
+            return y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+        a = nn.functional.scaled_dot_product_attention(
+            split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x)))
+        return self.out_proj(a.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block with a layer-scale multiply after its MLP."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(d), Attention(d)
+        self.norm2, self.fc1, self.act = nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU()
+        self.fc2 = nn.Linear(4 * d, d)
+        self.gamma = nn.Parameter(torch.rand(d) * 0.5 + 0.1)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.gamma * self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(d), Block(d))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(x).mean(1))
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model = Encoder().eval()
+        for p in model.parameters():  # biases big enough that leaving one out shows
+            if p.dim() == 1:
+                p.add_(torch.rand_like(p) * 0.5)
+    x = torch.randn(1, 8, 32)
+    ws = wb.Workspace(tmp_path_factory.mktemp("encoder") / "ws")
+    onx = wb.export(model, (x,), workspace=ws)
+    sim = wb.simplify(onx)
+    return model, x, onx, sim, wb.raise_ops(sim)
+
+
+def test_a_step_before_the_bias_is_not_measured_against_the_linear(encoder):
+    model, x, onx, sim, hi = encoder
+    rep = wb.compare(model, [onx, sim, hi], (x,), mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    plain, simplified, raised = (c.name for c in rep.candidates)
+    # the exported MatMul before its bias Add: a step inside the Linear, never its output
+    assert rep.attributed[plain]["/blocks/blocks.0/fc1/MatMul_output_0"] == "blocks.0.fc1"
+    for cand in (simplified, raised):
+        pairs = rep.alignments[cand].pairs
+        # the Linear's input reshaped for a Gemm is named for the Linear, but is its input
+        pre = "/blocks/blocks.0/attn/q_proj/MatMul_output_0_pre_reshape_out"
+        assert pairs[pre] == "blocks.0.norm1", (cand, pairs.get(pre))
+        for tensor, ref in pairs.items():
+            scope = tensor.rsplit("/", 1)[0].replace("/blocks/blocks.", "blocks.").replace(
+                "/", ".")
+            if "pre_reshape" in tensor or tensor.endswith("/MatMul_output_0"):
+                assert ref != scope, (cand, tensor, ref)
+        assert rep.aligned_fraction[cand] >= 0.95
+        assert rep.verdicts()[cand].explained == 1.0
+
+
+def test_a_layer_scale_folded_into_a_linear_is_no_divergence(encoder):
+    model, x, onx, sim, hi = encoder
+    gammas = {n for n, _ in model.named_parameters() if n.endswith("gamma")}
+    graph = onnx.load(str(sim.path)).graph
+    assert not any(i in gammas for n in graph.node for i in n.input)  # folded away
+    rep = wb.compare(model, [sim, hi], (x,), mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    for cand in rep.candidates:
+        rec = next(r for r in rep.records if r.candidate == cand.name
+                   and r.name == "/blocks/blocks.0/fc2/Add_output_0" and r.mode == "accumulated")
+        assert rec.reference == "blocks.0/Tensor.mul_0"
+        assert rec.relation.startswith("equal up to folding")
+        assert rec.covers == ("blocks.0.fc2", "blocks.0/Tensor.mul_0")
+        assert rec.metrics["max_abs"] < 1e-5
+
+
+def test_a_fault_under_a_folded_bias_is_still_named(encoder, tmp_path):
+    """The folding relations must not hide a real fault: q_proj's weight perturbed in the
+    simplified graph is named there."""
+    model, x, onx, sim, hi = encoder
+    weight = next(i for n in onnx.load(str(sim.path)).graph.node if n.op_type == "Gemm"
+                  for i in n.input[1:2] if "blocks.0/attn/q_proj" in i)
+    bad = _perturb(sim.path, tmp_path / "bad.onnx", weight)
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.reference == "blocks.0.attn.q_proj", rep.summary()
+    assert first.mode == "isolated"
