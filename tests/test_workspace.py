@@ -314,13 +314,15 @@ def test_manifest_out_of_step_after_a_folder_is_deleted(tmp_path):
     a = _commit(ws)
     b = _commit(ws, stage="simplify", parent=a)
     shutil.rmtree(b.dir)
-    with pytest.warns(UserWarning, match="manifest-out-of-step"):
+    with pytest.warns(UserWarning, match="artifact-folder-missing"):
         ws2 = Workspace(ws.path)
-    assert [p.code for p in ws2.problems] == ["manifest-out-of-step"]
+    assert [p.code for p in ws2.problems] == ["artifact-folder-missing"]
     assert b.id in ws2.problems[0].message
     assert [x.id for x in ws2] == [a.id]
     assert [r["id"] for r in _manifest(ws2)["artifacts"]] == [a.id]
+    assert [r["id"] for r in _manifest(ws2)["lost"]] == [b.id]  # the record is never dropped
     _open_quietly(ws.path)
+    assert [r["id"] for r in _manifest(ws2)["lost"]] == [b.id]
 
 
 def test_manifest_out_of_step_when_it_lists_fewer(tmp_path):
@@ -524,3 +526,102 @@ def test_as_workspace_from_path_and_bad_type(tmp_path):
     with pytest.raises(InputError) as e:
         as_workspace(42)
     assert "int" in e.value.message and e.value.hint
+
+
+# -- reopening keeps every artifact a record vouches for; killed stages cleaned ------------
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt", "wrong-id", "folder"])
+def test_an_artifact_with_a_bad_sidecar_is_restored_from_the_manifest(tmp_path, damage):
+    ws = Workspace(tmp_path / "ws")
+    a = _commit(ws)
+    b = _commit(ws, stage="simplify", parent=a)
+    side = b.dir / "artifact.json"
+    if damage == "missing":
+        side.unlink()
+    elif damage == "corrupt":
+        side.write_text('{"id": "0002-simpl')
+    elif damage == "wrong-id":
+        rec = json.loads(side.read_text())
+        side.write_text(json.dumps(dict(rec, id="0001-export")))
+    else:  # the sidecar's name taken by a folder
+        side.unlink()
+        side.mkdir()
+    with pytest.warns(UserWarning, match="artifact-record-restored"):
+        ws2 = Workspace(ws.path)
+    assert [x.id for x in ws2] == [a.id, b.id]
+    assert ws2.get(b.id).parent_id == a.id and ws2.verify() == []
+    assert [p.code for p in ws2.problems] == ["artifact-record-restored"]
+    assert [r["id"] for r in _manifest(ws2)["artifacts"]] == [a.id, b.id]
+    if damage != "folder":  # the sidecar is rewritten from the manifest's record
+        assert json.loads(side.read_text())["id"] == b.id
+        _open_quietly(ws.path)
+
+
+def test_a_folder_neither_record_vouches_for_is_reported_and_left_alone(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    a = _commit(ws)
+    stray = ws.path / "0002-mystery"
+    stray.mkdir()
+    (stray / "artifact.json").write_text("not json")
+    with pytest.warns(UserWarning, match="artifact-record-unreadable"):
+        ws2 = Workspace(ws.path)
+    assert [x.id for x in ws2] == [a.id]
+    assert "0002-mystery" in ws2.problems[0].message and ws2.problems[0].hint
+    assert (stray / "artifact.json").read_text() == "not json"
+
+
+def test_a_manifest_that_is_a_folder_is_set_aside_not_an_oserror(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    a = _commit(ws)
+    ws.manifest_path.unlink()
+    ws.manifest_path.mkdir()
+    with pytest.warns(UserWarning, match="manifest-corrupt"):
+        ws2 = Workspace(ws.path)
+    assert [x.id for x in ws2] == [a.id]
+    assert ws2.manifest_path.is_file()
+
+
+def test_a_killed_stage_leaves_no_staging_folder_after_reopening(tmp_path):
+    import subprocess
+    import sys
+
+    ws = Workspace(tmp_path / "ws")
+    a = _commit(ws)
+    script = ("import os, sys, workbench as wb\n"
+              "ws = wb.Workspace(sys.argv[1])\n"
+              "with ws.staging() as d:\n"
+              "    (d / 'model.onnx').write_bytes(b'half')\n"
+              "    os.kill(os.getpid(), 9)\n")
+    run = subprocess.run([sys.executable, "-c", script, str(ws.path)], capture_output=True)
+    assert run.returncode == -9
+    assert len(list(ws.path.glob(".staging-*"))) == 2  # the folder and its lock
+    with pytest.warns(UserWarning, match="staging-removed"):
+        ws2 = Workspace(ws.path)
+    assert list(ws.path.glob(".staging-*")) == []
+    assert [x.id for x in ws2] == [a.id]
+
+
+def test_a_live_stage_s_staging_folder_survives_a_reopen(tmp_path):
+    ws = Workspace(tmp_path / "ws")
+    with ws.staging() as d:
+        (d / "model.onnx").write_bytes(b"x")
+        ws2 = _open_quietly(ws.path)  # another process opening it meanwhile
+        assert d.is_dir() and (d / "model.onnx").read_bytes() == b"x"
+        art = ws.commit(d, stage="export", format="onnx", main="model.onnx")
+    assert art.id in [x.id for x in Workspace(ws.path)] and ws2.problems == []
+    assert list(ws.path.glob(".staging-*")) == []
+
+
+def test_an_old_pnnx_temp_folder_is_listed(tmp_path):
+    import os
+
+    ws = Workspace(tmp_path / "ws")
+    old = ws.path / "wb-pnnx-abc123"
+    old.mkdir()
+    os.utime(old, (0, 0))
+    (ws.path / "wb-pnnx-fresh").mkdir()
+    with pytest.warns(UserWarning, match="leftover-temp-folder"):
+        ws2 = Workspace(ws.path)
+    assert [p.code for p in ws2.problems] == ["leftover-temp-folder"]
+    assert "wb-pnnx-abc123" in ws2.problems[0].message and "rmtree" in ws2.problems[0].hint

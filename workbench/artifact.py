@@ -258,21 +258,26 @@ class Workspace:
         self.problems.append(diag)
         warnings.warn(f"{code}: {message}", stacklevel=3)
 
-    def _scan_sidecars(self) -> dict[str, Artifact]:
+    def _scan_sidecars(self, report: bool = True) -> dict[str, Artifact]:
+        """Artifacts whose folder holds a readable ``artifact.json`` naming that folder."""
         found: dict[str, Artifact] = {}
         for side in sorted(self.path.glob(f"*/{SIDECAR}")):
             try:
                 rec = json.loads(side.read_text(encoding="utf-8"))
                 art = Artifact.from_record(rec, side.parent, self)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                self._report("artifact-record-unreadable",
-                             f"{side} cannot be read ({e}); that artifact is left out",
-                             "inspect or remove the folder by hand")
+                if art.id != side.parent.name:
+                    raise ValueError(f"it names artifact {art.id!r}, not its folder's")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                if report:
+                    self._sidecar_errors[side.parent.name] = str(e)
                 continue
             found[art.id] = art
         return found
 
     def _load(self) -> None:
+        self._sidecar_errors: dict[str, str] = {}
+        self._lost: list[dict[str, Any]] = []
+        self._clean_leftovers()
         on_disk = self._scan_sidecars()
         manifest: dict[str, Any] | None = None
         if self.manifest_path.exists():
@@ -283,7 +288,7 @@ class Workspace:
                     raise ValueError("no 'artifacts' list")
                 if not all(isinstance(a, dict) and "id" in a for a in manifest["artifacts"]):
                     raise ValueError("an entry of 'artifacts' is not an artifact record")
-            except ValueError as e:
+            except (ValueError, OSError) as e:  # OSError: manifest.json is a folder, say
                 backup = self.manifest_path.with_name(
                     f"manifest.json.corrupt-{_dt.datetime.now():%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}")
                 os.replace(self.manifest_path, backup)
@@ -306,17 +311,102 @@ class Workspace:
                          f"{self.manifest_path} was missing; rebuilt from {len(on_disk)} "
                          "artifact record(s)")
         self._artifacts = on_disk
+        changed = manifest is None and (bool(on_disk) or not self.manifest_path.exists())
         if manifest is not None:
-            listed = {a.get("id") for a in manifest.get("artifacts", [])}
-            if listed != set(on_disk):
-                gone, extra = sorted(listed - set(on_disk)), sorted(set(on_disk) - listed)
-                self._report("manifest-out-of-step",
-                             f"manifest lists {len(listed)} artifact(s), folders hold "
-                             f"{len(on_disk)}; missing folders: {gone or 'none'}, "
-                             f"unlisted folders: {extra or 'none'}; manifest rebuilt")
-                manifest = None
-        if manifest is None and (on_disk or not self.manifest_path.exists()):
+            changed |= self._reconcile(manifest)
+        for folder, why in sorted(self._sidecar_errors.items()):
+            if folder not in self._artifacts:  # neither record vouches for it: left alone
+                self._report("artifact-record-unreadable",
+                             f"{self.path / folder / SIDECAR} cannot be read ({why}) and the "
+                             "manifest has no record of it; the folder is left as it is",
+                             "inspect the folder; remove it by hand if it is not wanted")
+        if changed:
             self._write_manifest()
+
+    def _reconcile(self, manifest: dict[str, Any]) -> bool:
+        """Fold the manifest's records into the sidecars' view; True if anything changed.
+
+        Either record vouches for an artifact: a folder whose ``artifact.json`` is missing,
+        unreadable or names another id is restored from the manifest (and its sidecar
+        rewritten); a record whose folder is gone is kept under ``lost`` in the manifest.
+        """
+        changed = False
+        kept_lost = manifest.get("lost") if isinstance(manifest.get("lost"), list) else []
+        self._lost = [r for r in kept_lost if isinstance(r, dict)]
+        for rec in manifest["artifacts"]:
+            art_id = rec.get("id")
+            if not isinstance(art_id, str) or art_id in self._artifacts:
+                continue
+            folder = self.path / art_id
+            if "/" in art_id or art_id.startswith(".") or not folder.is_dir():
+                self._lost.append(rec)
+                self._report("artifact-folder-missing",
+                             f"manifest lists artifact {art_id!r} but its folder is gone; its "
+                             "record is kept under 'lost' in manifest.json",
+                             "restore the folder from a copy if you need the artifact")
+                changed = True
+                continue
+            try:
+                art = Artifact.from_record(rec, folder, self)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                self._lost.append(rec)
+                self._report("artifact-record-unreadable",
+                             f"neither {folder / SIDECAR} nor the manifest's record of "
+                             f"{art_id!r} can be read ({e}); the record is kept under 'lost'",
+                             "inspect the folder; remove it by hand if it is not wanted")
+                changed = True
+                continue
+            self._artifacts[art_id] = art
+            try:
+                atomic_write_text(folder / SIDECAR, json.dumps(rec, indent=2, default=str))
+                rewritten = "; its artifact.json rewritten"
+            except OSError as e:  # e.g. a folder in its place: the manifest still holds it
+                rewritten = f"; artifact.json could not be rewritten ({e.strerror or e})"
+            self._report("artifact-record-restored",
+                         f"{folder / SIDECAR} was missing or unreadable "
+                         f"({self._sidecar_errors.get(art_id, 'missing')}); restored from "
+                         f"manifest.json{rewritten}", "check the artifact with ws.verify()")
+            changed = True
+        listed = {a.get("id") for a in manifest["artifacts"]}
+        unlisted = sorted(set(self._artifacts) - listed)
+        if unlisted:
+            self._report("manifest-out-of-step",
+                         f"artifact folder(s) {unlisted} hold records the manifest did not "
+                         "list (written by a process that stopped before updating it); added",
+                         "nothing to do")
+            changed = True
+        self._artifacts = dict(sorted(self._artifacts.items()))
+        return changed
+
+    def _clean_leftovers(self) -> None:
+        """Remove staging folders of stages that were killed; list old pnnx temp folders.
+
+        A live stage holds an flock on ``.staging-<id>.lock``; a folder whose lock can be
+        taken belongs to no running process. pnnx's temporary folders hold no lock: those
+        untouched for an hour are listed in ``problems``, not removed.
+        """
+        for d in self.path.glob(".staging-*"):
+            if not d.is_dir():
+                continue
+            lock = d.with_name(d.name + ".lock")
+            try:
+                with open(lock, "a+") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a stage is writing there now
+            shutil.rmtree(d, ignore_errors=True)
+            lock.unlink(missing_ok=True)
+            self._report("staging-removed", f"removed {d.name}, left by a stage that was "
+                         "stopped before it finished", "nothing to do")
+        for lock in self.path.glob(".staging-*.lock"):
+            if not lock.with_suffix("").exists():
+                lock.unlink(missing_ok=True)
+        now = time.time()
+        for d in self.path.glob("wb-pnnx-*"):
+            if d.is_dir() and now - d.stat().st_mtime > 3600:
+                self._report("leftover-temp-folder",
+                             f"{d} is a pnnx temporary folder left by a conversion that was "
+                             "stopped", f"remove it: shutil.rmtree({str(d)!r})")
 
     def _write_manifest(self) -> None:
         from .environment import lock_status
@@ -324,6 +414,8 @@ class Workspace:
         doc = {"version": MANIFEST_VERSION, "workspace": str(self.path), "updated": _now(),
                "environment": lock_status().to_record(),
                "artifacts": [a.to_record() for a in self._artifacts.values()]}
+        if getattr(self, "_lost", None):
+            doc["lost"] = self._lost  # records whose folders are gone: never dropped
         atomic_write_text(self.manifest_path, json.dumps(doc, indent=2, default=str))
 
     # -- reading ---------------------------------------------------------------------------
@@ -367,12 +459,16 @@ class Workspace:
     def staging(self) -> Iterator[Path]:
         """A fresh folder inside the workspace for a stage to write into before ``commit``."""
         d = self.path / f".staging-{uuid.uuid4().hex}"
-        d.mkdir()
-        try:
-            yield d
-        finally:
-            if d.exists():
-                shutil.rmtree(d, ignore_errors=True)
+        # held while the stage runs: reopening the workspace leaves a live stage's folder be
+        with open(d.with_name(d.name + ".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            d.mkdir()
+            try:
+                yield d
+            finally:
+                if d.exists():
+                    shutil.rmtree(d, ignore_errors=True)
+                os.unlink(lock.name)
 
     def commit(self, staging: Path, *, stage: str, format: str, main: str,
                parent: Artifact | None = None, params: dict[str, Any] | None = None,
@@ -389,7 +485,7 @@ class Workspace:
         safe_stage = re.sub(r"[^a-z0-9]+", "-", stage.lower()).strip("-") or "stage"
         with self._lock():
             # another process may have committed since we loaded: re-read the sidecars
-            for art_id, art in self._scan_sidecars().items():
+            for art_id, art in self._scan_sidecars(report=False).items():
                 self._artifacts.setdefault(art_id, art)  # keep the objects callers hold
             n = 1 + max((int(i.split("-", 1)[0]) for i in self._artifacts
                          if i.split("-", 1)[0].isdigit()), default=0)
