@@ -76,6 +76,17 @@ def pnnx_cause(message: str) -> str | None:
     return None
 
 
+def _pnnx_log_reasons(ws: Path) -> list[str]:
+    """The 'not supported' lines of every pnnx.log the workspace kept (a pnnx artifact)."""
+    reasons: list[str] = []
+    for log in ws.rglob("pnnx.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if re.search(r"not supported|unsupported", line, re.I) and line not in reasons:
+                reasons.append(line[:200])
+    return reasons[:5]
+
+
 def _compare_outputs(ref: list[Any], got: dict[str, Any], how: dict[str, Any]) -> dict[str, Any]:
     """Outputs compared as the case compares them; also whether another order would pass."""
     import numpy as np
@@ -268,6 +279,11 @@ def _through_workbench(res: dict[str, Any], model: Any, inputs: tuple,
             crashed = type(e).__name__ == "BackendCrashed"
             res["outcome"] = "crashed" if crashed else "refused"
             res["error"] = _error(e, stage)
+            reasons = _pnnx_log_reasons(Path(ws))
+            if reasons:  # pnnx's own words, where a kept pnnx artifact holds its log
+                told = f"{res['error']['message']}\n{res['error']['hint']}"
+                res["error"]["pnnx_log_reasons"] = reasons
+                res["error"]["names_pnnx_reason"] = any(r in told for r in reasons)
             if not getattr(e, "hint", None) and not isinstance(e, wb.WorkbenchError):
                 res["error"]["traceback"] = traceback.format_exc()[-2000:]
             return res

@@ -187,7 +187,7 @@ def failure_group(r: dict[str, Any]) -> str:
     e = r.get("error") or {}
     if r["outcome"] in ("needs torchvision/torchaudio", "timeout", "skipped"):
         return r["outcome"]
-    cause = e.get("cause")
+    cause = (e.get("pnnx_log_reasons") or [None])[0] or e.get("cause")
     what = reason_group(cause) if cause else reason_group(e.get("first_line", ""))
     return f"{r['outcome']} [{e.get('stage')}] {e.get('class')}: {cut(what, 110)}"
 
@@ -231,9 +231,12 @@ def print_report(results: list[dict[str, Any]], wall: float, jobs: int, found: i
     hinted = sum(1 for r in errors if (r.get("error") or {}).get("hint"))
     print(f"totals over {n} case(s): " + ", ".join(f"{o} {counts.get(o, 0)}" for o in OUTCOMES
                                                  if counts.get(o, 0) or o != "skipped"))
+    logged = [r for r in errors if (r.get("error") or {}).get("pnnx_log_reasons")]
     print(f"errors with a hint: {hinted}/{len(errors)} refused or crashed "
           f"({sum(1 for r in errors if (r.get('error') or {}).get('cause'))} quote a pnnx "
-          "reason); mismatches carry no error at all")
+          f"reason; of {len(logged)} whose kept pnnx.log gives one, "
+          f"{sum(1 for r in logged if r['error'].get('names_pnnx_reason'))} name it); "
+          "mismatches carry no error at all")
     passing = [r for r in results if r["outcome"] == "pass"]
     diag_cases = [r["case"] for r in passing if any(d.startswith("error")
                                                     for d in r.get("to_ncnn_diagnostics", []))]
@@ -317,6 +320,22 @@ def print_report(results: list[dict[str, Any]], wall: float, jobs: int, found: i
           f"{'targets met' if met else 'targets not met'}{subset}")
 
 
+def engine_state() -> str:
+    """The workbench's commit, and its engine files changed since (the tree is shared)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
+                                "workbench"], capture_output=True, text=True,
+                               timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "workbench: git state unknown"
+    changed = [ln[3:] for ln in dirty if ln.strip()]
+    return (f"workbench at {head or '?'}"
+            + (f", uncommitted changes in {', '.join(changed)}" if changed else ", clean"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ncnn", help="Tencent/ncnn work tree or git directory "
@@ -353,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             cases = cases[: args.limit]
         print(f"corpus: {corpus} ({found} cases; running {len(cases)}, {jobs} at a time, "
               f"timeout {args.timeout:g} s each); load average "
-              f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+              f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}\n{engine_state()}")
         t0 = time.perf_counter()
         results: list[dict[str, Any]] = []
         ctx = case_context()
