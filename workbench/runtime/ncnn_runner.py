@@ -280,8 +280,17 @@ class NcnnRunner(Runner):
         return spec.shape if spec is not None else None
 
     def feed(self, inputs: Any) -> dict[str, Any]:
-        """Inputs checked against the declared ones (names, count, rank, channels, dtype) and
-        made C-contiguous numpy arrays in the shape ncnn is handed (``shapes.feed_shape``)."""
+        """Inputs checked against the declared ones, before native code sees them.
+
+        Args:
+            inputs: a dict by input name, a tuple in input order, or one array.
+
+        Returns:
+            {input name: C-contiguous float32 or int32 array} in the shape ncnn is handed
+            (``shapes.feed_shape``). Raises InputError naming the input, what the conversion
+            declared and what came (count, names, rank, channels or features, dtype), with a
+            hint for that cause.
+        """
         import numpy as np
 
         names = self.input_names
@@ -404,7 +413,15 @@ class NcnnRunner(Runner):
 
     def run_blobs(self, blobs: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
         """Feed any blobs (model inputs or intermediate ones, e.g. reference values) and
-        extract ``wanted`` blobs from one extractor: what isolated comparison needs."""
+        extract ``wanted`` blobs from one extractor: what isolated comparison needs.
+
+        Args:
+            blobs: {blob name: array}; model inputs as ``feed`` returns them.
+            wanted: the blobs to extract.
+
+        Returns:
+            {blob name: array} as ncnn holds each (no reshaping to torch shapes).
+        """
         import numpy as np
 
         known = set(self.describe().get("blobs", ()))
