@@ -404,6 +404,7 @@ def _fp16_not_exercised() -> Diagnostic:
         f"bit-identical to its fp32 run: on this CPU ({platform.machine()}) ncnn computed "
         "every layer of this model in fp32, so no fp16 error was measured (max_abs_fp16 is "
         "None)",
-        "fp16 must be measured on the target (an ARM CPU with fp16 arithmetic, "
-        "ncnn.cpu_support_arm_asimdhp(), or a Vulkan GPU) or emulated; fp16 weights can be "
-        "measured here: wb.to_ncnn(model, inputs, fp16=True).metrics['max_abs']")
+        "ncnn on this CPU computed in fp32: fp16 must be measured on the target (an ARM CPU "
+        "with fp16 arithmetic, ncnn.cpu_support_arm_asimdhp(), or a Vulkan GPU) or emulated; "
+        "fp16 weights can be measured here: wb.to_ncnn(model, inputs, fp16=True)"
+        ".metrics['max_abs']")
