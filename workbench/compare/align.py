@@ -12,6 +12,7 @@ scored on a fixed sample of elements, so alignment stays cheap on large tensors.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from dataclasses import dataclass, field
@@ -215,7 +216,10 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     # relu#1); 'layer1/Tensor.add_0' was called by layer1; 'F.interpolate_0' by the model
     ref_module = [m if (m := call_module(n)) in modules else (n.split("/")[0] if "/" in n
                                                               else "") for n in ref_names]
-    leaves = {m for n, m in zip(ref_names, ref_module, strict=True) if call_module(n) == m}
+    calls: dict[str, list[int]] = {}  # leaf module -> the indices of its calls
+    for j, (n, m) in enumerate(zip(ref_names, ref_module, strict=True)):
+        if call_module(n) == m:
+            calls.setdefault(m, []).append(j)
     # a reference tensor is scored against many candidate tensors
     samples = {} if ref_samples is None else ref_samples
 
@@ -257,13 +261,14 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             got = (cand_samples or {}).get(name) or _sample(arr)
             return sorted((_score(ref_sample(j), got), j) for j in choices)
 
-        if t.hint is not None and t.hint in leaves and (t.read_by_own or t.internal):
+        if t.hint is not None and t.hint in calls and (t.read_by_own or t.internal):
             # a step inside a leaf module: torch kept no tensor of it, and the module's
             # output is not its value. Equal to what came before (the module's input,
             # reshaped), it is that; otherwise attributed to the module.
-            call = next((j for j in range(low, len(ref_names)) if ref_module[j] == t.hint), None)
-            before = [j for j in range(low, len(ref_names) if call is None else call)
-                      if ref_keys[j] == key][-WINDOW:]
+            own = calls[t.hint]
+            k = bisect.bisect_left(own, low)
+            end = own[k] if k < len(own) else min(len(ref_names), low + WINDOW)
+            before = [j for j in range(max(low, end - WINDOW), end) if ref_keys[j] == key]
             best = scored(before)[:1]
             if best and best[0][0] <= TIGHT:
                 j = best[0][1]
