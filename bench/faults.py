@@ -188,9 +188,13 @@ class Located:
     relation: str  # "as stored", "transposed", "scaled per output channel", "permuted"
 
 
-def locate(w: Any, stores: list[Store]) -> Located | None:
-    """Where the torch weight ``w`` (numpy) sits among ``stores``, and how."""
+def locate(w: Any, stores: list[Store], name: str = "") -> Located | None:
+    """Where the torch weight ``w`` (numpy) sits among ``stores``, and how; a store named
+    ``name`` (the parameter's qualified name, as the exporter keeps it unless it folded the
+    weight) is tried first."""
     import numpy as np
+
+    stores = sorted(stores, key=lambda s: s.label != name)
 
     flat = w.reshape(-1).astype(np.float32)
     views = [("as stored", np.arange(flat.size))]
@@ -449,15 +453,15 @@ def first_changed(kind: str, path: Path, clean: dict[str, Any], bad: dict[str, A
     return ""
 
 
-def readers(kind: str, path: Path, loc: Located) -> tuple[set[str], list[str]]:
-    """(names, output tensors) of the nodes (ONNX) or the layer (ncnn) that read the edited
-    weight: an ONNX weight reaches its op through nodes of constants only (a Transpose of
-    it, an Identity)."""
+def readers(kind: str, path: Path, loc: Located) -> tuple[set[str], list[str], str]:
+    """(names, output tensors, op types) of the nodes (ONNX) or the layer (ncnn) that read
+    the edited weight: an ONNX weight reaches its op through nodes of constants only (a
+    Transpose of it, an Identity)."""
     if kind == "ncnn":
         from workbench.params import parse_ncnn_param
 
         layer = parse_ncnn_param(path).layer(loc.store.layer)
-        return {layer.name}, list(layer.tops)
+        return {layer.name}, list(layer.tops), layer.type
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
@@ -465,6 +469,7 @@ def readers(kind: str, path: Path, loc: Located) -> tuple[set[str], list[str]]:
     reached = {loc.store.label.removeprefix("Constant:")}
     names: set[str] = set()
     tensors: list[str] = []
+    types: list[str] = []
     for node in graph.node:
         if node.op_type == "Constant":
             consts.update(node.output)
@@ -476,9 +481,10 @@ def readers(kind: str, path: Path, loc: Located) -> tuple[set[str], list[str]]:
             else:
                 names.add(node.name or node.output[0])
                 tensors += [o for o in node.output if o]
+                types.append(node.op_type)
         elif node.input and all(not i or i in consts for i in node.input):
             consts.update(node.output)
-    return names, tensors
+    return names, tensors, "/".join(dict.fromkeys(types))
 
 
 def tensor_status(rep: Any, name: str) -> str:
@@ -576,6 +582,7 @@ class Trial:
     named: dict[str, Any] | None = None
     named_accumulated: dict[str, Any] | None = None
     own: list[dict[str, Any]] = field(default_factory=list)  # records naming the module
+    reader_op: str = ""  # the op type(s) reading the weight
     reader: str = ""  # how the tensor(s) of the op reading the weight were placed
     reader_clean: str = ""  # the same, in the clean comparison
     aligned_fraction: float = 0.0
@@ -735,7 +742,7 @@ def _one_trial(trial: Trial, model: Any, x: tuple, targets: list[Target],
     loc = target = None
     for i in order:
         t = targets[i]
-        loc = locate(params[t.module], stores)
+        loc = locate(params[t.module], stores, f"{t.module}.{t.param}")
         if loc is not None:
             target = t
             break
@@ -759,7 +766,7 @@ def _one_trial(trial: Trial, model: Any, x: tuple, targets: list[Target],
     # the edit changes the op that reads the weight first, nothing before it
     try:
         changed = first_changed(kind, cand, clean_values, capture(kind, cand, x))
-        expect, _ = readers(kind, path, loc)
+        expect, _, _ = readers(kind, path, loc)
         trial.verified = "yes" if changed in expect else (
             f"no: first changed {changed or 'nothing'}, expected {sorted(expect)}")
     except Exception as e:
@@ -775,7 +782,7 @@ def _one_trial(trial: Trial, model: Any, x: tuple, targets: list[Target],
                   "passed": r.metrics.get("passed"), "max_abs": r.metrics.get("max_abs"),
                   "tolerance": r.metrics.get("tolerance")}
                  for r in rep.records if blames(rep, r, target.module)]
-    _, outs = readers(kind, path, loc)
+    _, outs, trial.reader_op = readers(kind, path, loc)
     trial.reader = "; ".join(f"{o}: {tensor_status(rep, o)}" for o in outs[:2])
     trial.reader_clean = "; ".join(f"{o}: {tensor_status(clean_rep, o)}" for o in outs[:2])
     if not trial.hit:
@@ -809,17 +816,19 @@ def miss_cause(trial: Trial, rep: Any, first: Any, clean_rep: Any, module: str,
         reader = trial.reader.split(": ", 1)[-1]
         clean = trial.reader_clean.split(": ", 1)[-1]
         if reader.startswith("aligned to"):
-            return (f"the op reading the weight is aligned to another module without covers "
-                    f"(fused/folded); named {first.op_type}{where}{tag}")
+            return (f"the {trial.reader_op} reading the weight is aligned to another module "
+                    f"without covers (fused/folded); named {first.op_type}{where}{tag}")
         if reader.startswith("unaligned") and clean.startswith("aligned"):
             return (f"the faulty tensor lost its alignment (the value match failed; clean: "
                     f"aligned); named {first.op_type}{where}{tag}")
         if reader.startswith("unaligned"):
-            return (f"the op reading the weight is never aligned ({reason_group(reader)}); "
-                    f"named {first.op_type}{where}{tag}")
+            return (f"the {trial.reader_op} reading the weight is never aligned "
+                    f"({reason_group(reader)}); named {first.op_type}{where}{tag}")
         if reader.startswith("attributed"):
-            return f"the op reading the weight is attributed, not measured; named {first.op_type}{where}{tag}"
-        return f"no tensor aligned to the perturbed module ({reader}); named {first.op_type}{where}{tag}"
+            return (f"the {trial.reader_op} reading the weight is attributed, not measured; "
+                    f"named {first.op_type}{where}{tag}")
+        return (f"no tensor aligned to the perturbed module ({reader}); named "
+                f"{first.op_type}{where}{tag}")
     if all(o["passed"] for o in own):
         return f"the module's own tensor passed; named {first.op_type}{where}{tag}"
     return f"the module's tensor fails too, but an earlier record was named{where}{tag}"
@@ -892,7 +901,8 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
                   f"{f', byte {t.offset}' if t.offset >= 0 else ''}); edit verified: "
                   f"{t.verified}; torch effect {t.torch_effect:.3g}x tolerance")
             print(f"      the module's own records: {own}")
-            print(f"      the op reading the weight: {t.reader}; clean: {t.reader_clean}")
+            print(f"      the {t.reader_op} reading the weight: {t.reader}; clean: "
+                  f"{t.reader_clean}")
         print(f"      cause: {t.cause}")
     causes = Counter(re.sub(r"named \S+", "named …", t.cause) for t in misses)
     if causes:
@@ -912,6 +922,10 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         print(f"  {c.model} / {c.kind}: aligned {f['aligned_fraction']:.3f} ({f['pairs']}/"
               f"{f['considered']}, {f['attributed']} attributed, {f['unexplained']} "
               f"unexplained): {'; '.join(f'{n}x {r}' for r, n in f['unaligned_reasons'].items())}")
+    print("\nwhere the weights were found (relation to the torch weight):")
+    for kind in kinds:
+        rel = Counter(t.relation for t in trials if t.kind == kind and t.relation)
+        print(f"  {kind}: " + ("; ".join(f"{n}x {r}" for r, n in rel.most_common()) or "-"))
     subs = [t for t in trials if t.substitute_for]
     if subs:
         print(f"\nweights not found in the candidate (folded), another module taken ({len(subs)}):")
