@@ -52,6 +52,7 @@ import json
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -597,6 +598,7 @@ class Clean:
     kind: str
     false_alarm: bool = False
     ok: bool = True
+    summary: str = ""  # the report's summary line, kept for a false alarm
     named: dict[str, Any] | None = None
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
@@ -689,6 +691,8 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
             clean.ok = bool(clean_rep.ok)
             clean.false_alarm = div is not None or not clean.ok
             clean.named = describe(clean_rep, div)
+            if clean.false_alarm:
+                clean.summary = clean_rep.summary()
             clean.figures = alignment_figures(clean_rep)
         except Exception as e:
             clean.error = f"{type(e).__name__}: {_first(e)}"
@@ -835,6 +839,23 @@ def miss_cause(trial: Trial, rep: Any, first: Any, clean_rep: Any, module: str,
 
 
 # -- report -------------------------------------------------------------------------------------
+def engine_state() -> str:
+    """The workbench's commit, and its engine files changed since (the tree is shared)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %cd",
+                               "--date=format:%H:%M"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
+                                "workbench"], capture_output=True, text=True,
+                               timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "workbench: git state unknown"
+    changed = [ln[3:] for ln in dirty if ln.strip()]
+    return (f"workbench at {head or '?'}"
+            + (f", uncommitted changes in {', '.join(changed)}" if changed else ", clean"))
+
+
 def fmt_named(n: dict[str, Any] | None) -> str:
     if not n:
         return "nothing"
@@ -914,6 +935,8 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
     for c in alarms:
         print(f"  {c.model} / {c.kind}: {c.error or fmt_named(c.named)}"
               f"{'' if c.ok or c.error else ' (rep.ok False)'}")
+        if c.summary:
+            print(f"      summary: {c.summary}")
     low = [c for c in cleans if c.figures and (c.figures["aligned_fraction"] < ALIGNED
                                                 or c.figures["unexplained"])]
     print(f"\ncandidates with aligned < {ALIGNED} or tensors unexplained ({len(low)}):")
@@ -976,6 +999,7 @@ def main(argv: list[str] | None = None) -> int:
     trials: list[Trial] = []
     cleans: list[Clean] = []
     notes: list[str] = []
+    print(engine_state(), flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="wb-bench-faults-") as tmp:
             bar = tqdm(total=len(names) * len(kinds) * (depths + 1), desc="faults",
