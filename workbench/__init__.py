@@ -9,11 +9,14 @@ from __future__ import annotations
 from ._lazy import lazy_attributes
 from .artifact import Artifact, Diagnostic, Workspace
 from .errors import (
+    BackendCrashed,
+    BackendTimeout,
     ExportError,
     InputError,
     ManifestError,
     MissingOpError,
     ModelFileError,
+    RemoteError,
     SimplifyError,
     WorkbenchError,
     WorkspaceError,
@@ -30,7 +33,6 @@ _LAZY = {
     "compare": ("workbench.compare", None),  # the package is callable: wb.compare(...)
     "CompareReport": ("workbench.compare.report", "CompareReport"),
     "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
-    "BackendCrashed": ("workbench.runtime.worker", "BackendCrashed"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),
     "GraphSummary": ("workbench.graph", "GraphSummary"),
@@ -45,7 +47,8 @@ _LAZY = {
 
 __all__ = [
     "Artifact", "Diagnostic", "Workspace", "WorkbenchError", "InputError", "ModelFileError",
-    "WorkspaceError", "ManifestError", "MissingOpError", "ExportError", "SimplifyError", *_LAZY,
+    "WorkspaceError", "ManifestError", "MissingOpError", "ExportError", "SimplifyError",
+    "BackendCrashed", "BackendTimeout", "RemoteError", *_LAZY,
 ]
 
 

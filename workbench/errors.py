@@ -41,3 +41,28 @@ class SimplifyError(WorkbenchError):
 
 class MissingOpError(WorkbenchError):
     """A backend has no implementation of an op the model uses (a custom domain, a layer)."""
+
+
+class BackendCrashed(WorkbenchError):
+    """The worker process running a native backend died (segfault, abort, SIGFPE...)."""
+
+    def __init__(self, message: str, hint: str = "", *, backend: str = "",
+                 signal_name: str | None = None, log_tail: str = "") -> None:
+        super().__init__(message, hint)
+        self.backend = backend
+        self.signal = signal_name
+        self.log_tail = log_tail
+
+
+class BackendTimeout(WorkbenchError):
+    """The worker running a native backend stalled (stopped, or no progress) or did not
+    answer within the call's timeout; it was replaced by a fresh one."""
+
+
+class RemoteError(WorkbenchError):
+    """An ordinary Python error raised inside the worker, carried back by type name
+    (``kind``)."""
+
+    def __init__(self, message: str, hint: str = "", *, kind: str = "") -> None:
+        super().__init__(message, hint)
+        self.kind = kind

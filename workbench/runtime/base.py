@@ -28,6 +28,25 @@ class Runner:
         return self._described
 
     @property
+    def worker_pid(self) -> int | None:
+        """The process that runs this runner's model: the worker's pid once it has been
+        used, None when the runner runs in this process (``isolated=False``)."""
+        return self._remote.pid if self.isolated and self._remote is not None else None
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds one call to the worker may take before it is abandoned (a fresh worker
+        takes over); None in-process. Settable: ``runner.timeout = 1200``."""
+        return self._remote.timeout if self.isolated and self._remote is not None else None
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        from .worker import check_timeout
+
+        if self.isolated and self._remote is not None:
+            self._remote.timeout = check_timeout(seconds)
+
+    @property
     def input_names(self) -> list[str]:
         return [i["name"] for i in self.describe()["inputs"]]
 

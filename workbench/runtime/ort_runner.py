@@ -20,7 +20,20 @@ class OrtRunner(Runner):
     name = "onnxruntime"
 
     def __init__(self, source: Any, isolated: bool = True, libraries: Any = (),
-                 custom_ops: bytes | None = None, num_threads: int = 0) -> None:
+                 custom_ops: bytes | None = None, num_threads: int = 0,
+                 timeout: float | None = None) -> None:
+        """An ONNX model in onnxruntime's CPU provider.
+
+        Args:
+            source: an Artifact or a path to a .onnx file.
+            isolated: run in the crash-isolating worker process (a segfault becomes
+                BackendCrashed); False runs in this process.
+            libraries: custom-op libraries (.so) to register with the session.
+            custom_ops: used by the worker only (the twin's shipped @wb.custom_op kernels).
+            num_threads: intra-op threads; 0 lets ONNX Runtime choose.
+            timeout: seconds one run may take in the worker before it is abandoned and the
+                worker replaced (BackendTimeout); default scales with the model's size.
+        """
         from ..onnx_io import check_model_file
         from ..stages import custom_ops as cops
 
@@ -47,7 +60,8 @@ class OrtRunner(Runner):
             self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
                                         (str(self.path),), {"libraries": self.libraries,
                                                             "num_threads": num_threads,
-                                                            **ship}, self.name)
+                                                            **ship}, self.name,
+                                        timeout=timeout)
 
     @property
     def session(self):

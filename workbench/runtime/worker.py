@@ -22,191 +22,25 @@ from __future__ import annotations
 import atexit
 import importlib
 import itertools
-import mmap
 import os
 import shutil
 import signal
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
 
-from ..errors import WorkbenchError
+from ..errors import BackendCrashed, BackendTimeout, RemoteError, WorkbenchError
+from .transfer import Packer, SharedFile, _shm_dir, pack, unpack
 
-
-class BackendCrashed(WorkbenchError):
-    """The worker process running a native backend died (segfault, abort, SIGFPE...)."""
-
-    def __init__(self, message: str, hint: str = "", *, backend: str = "",
-                 signal_name: str | None = None, log_tail: str = "") -> None:
-        super().__init__(message, hint)
-        self.backend = backend
-        self.signal = signal_name
-        self.log_tail = log_tail
+__all__ = ["BackendCrashed", "BackendTimeout", "RemoteError", "Packer", "SharedFile", "pack",
+           "unpack", "Worker", "RemoteHandle", "worker"]
 
 
 class _TwinMissing(Exception):
     """The worker no longer holds a runner's twin (dropped); the handle builds it again."""
-
-
-class RemoteError(WorkbenchError):
-    """An ordinary Python error raised inside the worker, carried back by type name."""
-
-
-def _shm_dir() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-_ALIGN = 64  # each array starts on a cache line (and any dtype's alignment)
-
-
-class SharedFile:
-    """A file in /dev/shm whose arrays are views of one mapping of it, made with all its
-    pages mapped at once (MAP_POPULATE): faulting 100+ MB in 4 kB at a time cost about as
-    much as a ResNet-50 capture itself. The mapping lives as long as any array viewing it
-    (numpy points every view, and every view of a view, at the array that holds the
-    memory) and no longer, so ``in_use`` says whether one is alive; once none is, the file
-    may be written over. The file is grown, never shrunk: used again, it keeps its pages.
-
-    ``keep``: the mapping stays after its arrays are gone, so the next run maps nothing
-    (~10 ms per 100 MB here). It costs no memory (the file's pages exist either way), but
-    this process's resident set counts them while mapped."""
-
-    def __init__(self, path: str, keep: bool = False) -> None:
-        self.path = path
-        self.keep = keep
-        self._root: Any = None  # weak reference to the uint8 array over the mapping
-        self._kept: Any = None  # the same array, held, when keep
-
-    def map(self, size: int) -> Any:
-        """A uint8 array over the first ``size`` bytes of the file (grown if shorter): the
-        live mapping if it is long enough, else a new one. Hold it while viewing it."""
-        import numpy as np
-
-        root = self._root() if self._root is not None else None
-        if root is not None and len(root) >= size:
-            self._kept = root if self.keep else None
-            return root
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            if not size:
-                return np.empty(0, np.uint8)
-            # only the bytes asked for: a file used again may be longer than this run's
-            # results, and every page mapped here counts in this process's resident set
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            root = np.frombuffer(mmap.mmap(fd, size, flags=flags), np.uint8)
-        finally:
-            os.close(fd)
-        self._root = weakref.ref(root)
-        self._kept = root if self.keep else None
-        return root
-
-    def in_use(self) -> bool:
-        """Whether an array of this file is still alive somewhere."""
-        import sys
-
-        root = self._root() if self._root is not None else None
-        if root is None:
-            return False
-        # held here (kept), by `root` and by getrefcount's argument: any more is a view
-        return self._kept is None or sys.getrefcount(root) > 3
-
-
-def _view(root: Any, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
-    import numpy as np
-
-    dt = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    if not count:
-        return np.empty(shape, dt)
-    return root[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
-
-
-class Packer:
-    """Writes a run's arrays back to back into a SharedFile, each aligned to 64 bytes.
-
-    A runner may ask ``alloc`` for its result arrays and have the backend write there
-    (ONNX Runtime, through an IO binding), so the file is the reply with no copy.
-    ``index`` lists the results and writes in any the runner made elsewhere (ncnn's Mats)
-    with one pwrite each; an array given under several names (ncnn's Split tops are their
-    bottom) is written once. ``size_hint`` (the last run's size) sizes the file up front."""
-
-    def __init__(self, file: SharedFile, size_hint: int = 0) -> None:
-        self.file = file
-        self.hint = size_hint
-        self.root: Any = None  # the mapping alloc() hands out views of
-        self.end = 0
-        self.owned: dict[int, tuple[int, str, tuple]] = {}  # id(view) -> its index entry
-        self.views: list[Any] = []  # kept so that their ids stay unique until index()
-
-    def alloc(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """A writable array in the file, for the backend to fill."""
-        import numpy as np
-
-        dt = np.dtype(dtype)
-        shape = tuple(int(d) for d in shape)
-        offset = self.end
-        self.end += -(-int(np.prod(shape, dtype=np.int64)) * dt.itemsize // _ALIGN) * _ALIGN
-        if self.root is None or len(self.root) < self.end:  # grow ahead, not per array
-            self.root = self.file.map(max(self.end, self.hint, 2 * (
-                0 if self.root is None else len(self.root))))
-        view = _view(self.root, offset, dt, shape)
-        self.owned[id(view)] = (offset, dt.str, shape)
-        self.views.append(view)
-        return view
-
-    def index(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        """The index ``unpack`` reads ``arrays`` back with. Arrays made elsewhere are
-        written with pwrite, not through a mapping: a writer that maps the file holds its
-        pages in its own resident set too, on top of the reader's."""
-        import numpy as np
-
-        index, seen = {}, {}
-        fd = None
-        try:
-            for name, value in arrays.items():
-                entry = self.owned.get(id(value)) or seen.get(id(value))
-                if entry is None:
-                    arr = np.asarray(value)
-                    if arr.dtype.hasobject:
-                        raise TypeError(f"{name!r} holds Python objects ({arr.dtype}), "
-                                        "not numbers")
-                    if fd is None:
-                        fd = os.open(self.file.path, os.O_RDWR | os.O_CREAT, 0o600)
-                    entry = (self.end, arr.dtype.str, arr.shape)
-                    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-                    done = 0
-                    while done < raw.nbytes:
-                        done += os.pwrite(fd, raw[done:], self.end + done)
-                    self.end += -(-raw.nbytes // _ALIGN) * _ALIGN
-                seen[id(value)] = entry
-                index[name] = entry
-            if fd is not None and os.fstat(fd).st_size < self.end:
-                os.ftruncate(fd, self.end)
-        finally:
-            if fd is not None:
-                os.close(fd)
-        self.views.clear()
-        self.root = None
-        return {"arrays": index, "size": self.end}
-
-
-def pack(file: SharedFile | str, arrays: dict[str, Any]) -> dict[str, Any]:
-    """Write ``arrays`` into ``file`` -> the index ``unpack`` reads them back with."""
-    return Packer(file if isinstance(file, SharedFile) else SharedFile(file)).index(arrays)
-
-
-def unpack(file: SharedFile | str, index: dict[str, Any]) -> dict[str, Any]:
-    """The arrays ``pack`` wrote, as views of the file mapped in memory (no copy, and the
-    pages of the file, no new ones). They keep the mapping alive; writes to them reach the
-    file, which is written over only once none of them is alive (see Arenas)."""
-    file = file if isinstance(file, SharedFile) else SharedFile(file)
-    root = file.map(index["size"])
-    return {name: _view(root, offset, dtype, tuple(shape))
-            for name, (offset, dtype, shape) in index["arrays"].items()}
 
 
 # -- the worker process -------------------------------------------------------------------------
@@ -317,8 +151,14 @@ class Worker:
     threads at once: each waits for the reply with its own id, which a reader thread hands
     out; when the process dies, every call waiting on it raises BackendCrashed."""
 
+    # a call whose worker is stopped (SIGSTOP, a debugger) for this long, or uses no CPU for
+    # STALL_SECONDS while the call waits, is abandoned: the worker is replaced
+    STOPPED_SECONDS = 3.0
+    STALL_SECONDS = 60.0
+
     def __init__(self) -> None:
         self._lock = threading.Lock()  # starting the process, sending, settling a death
+        self._abandoned: dict[int, str] = {}  # generation -> why the workbench killed it
         self._proc = None
         self._conn = None
         self._ids = itertools.count(1)
@@ -336,6 +176,7 @@ class Worker:
         import sys
         from multiprocessing.connection import Connection
 
+        self.ensure_dir()
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         with open(self.log, "wb") as log:  # native prints land here, not in the kernel
@@ -358,7 +199,16 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def call(self, msg: dict[str, Any], backend: str) -> dict[str, Any]:
+    def ensure_dir(self) -> None:
+        """The folder runs travel through, made again if something removed it (a tmp
+        cleaner, another job wiping /dev/shm): mappings already made live on regardless."""
+        if not self.dir.is_dir():
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def call(self, msg: dict[str, Any], backend: str,
+             timeout: float | None = None) -> dict[str, Any]:
+        """Send ``msg`` and wait for its reply: BackendCrashed if the worker dies,
+        BackendTimeout if it stalls or ``timeout`` seconds pass (the worker is replaced)."""
         from concurrent.futures import Future
 
         future: Future = Future()
@@ -376,7 +226,8 @@ class Worker:
                 self._conn.send({**msg, "id": mid})
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # the process is gone: the reader settles this call with the crash
-        reply = future.result()
+            proc, generation = self._proc, self.generation
+        reply = self._wait(future, proc, generation, backend, timeout)
         if not reply["ok"]:
             if reply["type"] == "TwinMissing":
                 raise _TwinMissing()
@@ -387,8 +238,47 @@ class Worker:
                 raise klass(reply["message"], reply["hint"])
             raise RemoteError(f"{backend} raised {reply['type']}: {reply['message']}",
                               reply["hint"] or "the model or the inputs are not what the "
-                              "backend expects")
+                              "backend expects", kind=reply["type"])
         return reply
+
+    def _wait(self, future: Any, proc: Any, generation: int, backend: str,
+              timeout: float | None) -> dict[str, Any]:
+        """The reply, watching the worker meanwhile (the heartbeat): its state and CPU time
+        are read from /proc each second. Stopped, or no CPU used for STALL_SECONDS, or past
+        ``timeout``: the worker is killed (every call waiting on it fails) and the next
+        call starts a fresh one."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        start = time.monotonic()
+        cpu, progress, stopped_since = None, start, None
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except FutureTimeout:
+                pass
+            now = time.monotonic()
+            state, used = _proc_stat(proc.pid)
+            if used != cpu:
+                cpu, progress = used, now
+            stopped_since = (stopped_since or now) if state in ("T", "t") else None
+            why = None
+            if stopped_since is not None and now - stopped_since >= self.STOPPED_SECONDS:
+                why = f"is stopped (state {state}: SIGSTOP or a debugger)"
+            elif now - progress >= self.STALL_SECONDS:
+                why = f"used no CPU for {now - progress:.0f} s while a call waited"
+            elif timeout is not None and now - start >= timeout:
+                why = f"did not answer within timeout={timeout:g} s"
+            if why is not None:
+                self._abandon(proc, generation, why)
+                return future.result()  # the reader settles it with BackendTimeout
+
+    def _abandon(self, proc: Any, generation: int, why: str) -> None:
+        with self._lock:
+            self._abandoned[generation] = why
+        try:
+            proc.kill()  # SIGKILL reaches a stopped process too
+        except OSError:
+            pass
 
     def _read(self, conn: Any, proc: Any, generation: int) -> None:
         """Hand each reply to the call waiting for it; when the process dies, fail every
@@ -412,8 +302,10 @@ class Worker:
                     conn.close()
             if orphans:
                 code, sig, tail = self._death(proc)
+                why = self._abandoned.pop(generation, None)
                 for _, (future, backend, _) in orphans:
-                    future.set_exception(self._crashed(backend, code, sig, tail))
+                    future.set_exception(self._crashed(backend, code, sig, tail) if why is None
+                                         else self._timed_out(backend, why, proc.pid))
 
     def _death(self, proc: Any) -> tuple[int | None, str | None, str]:
         """The dead process's exit code, signal name and last log lines."""
@@ -446,6 +338,14 @@ class Worker:
             "starts a new worker",
             backend=backend, signal_name=sig, log_tail=tail)
 
+    @staticmethod
+    def _timed_out(backend: str, why: str, pid: int) -> BackendTimeout:
+        return BackendTimeout(
+            f"{backend}: its worker process (pid {pid}) {why}; it was stopped and this "
+            "call abandoned (this process is unharmed)",
+            "the next run starts a fresh worker. A large model may need longer: pass "
+            "timeout= (seconds) to the runner or to wb.compare, or set runner.timeout")
+
     def close(self) -> None:
         if self.alive:
             self._proc.terminate()
@@ -474,8 +374,12 @@ def _forget(key: int) -> None:
 class RemoteHandle:
     """A runner's twin in the worker: created lazily, re-created after a crash."""
 
-    def __init__(self, cls: str, args: tuple, kwargs: dict[str, Any], backend: str) -> None:
+    def __init__(self, cls: str, args: tuple, kwargs: dict[str, Any], backend: str,
+                 timeout: float | None = None) -> None:
         self.cls, self.args, self.kwargs, self.backend = cls, args, kwargs, backend
+        # per call, in seconds; by default generous and scaled with the model's files
+        self.timeout = default_timeout(args[0] if args else None) if timeout is None \
+            else check_timeout(timeout)
         self.key = next(_KEYS)
         self._generation = -1
         self._describe: dict[str, Any] | None = None
@@ -485,6 +389,14 @@ class RemoteHandle:
         # when the runner that owns this handle goes, its twin in the worker goes too
         weakref.finalize(self, _forget, self.key)
 
+    @property
+    def pid(self) -> int | None:
+        """The worker process holding this handle's twin (None before its first use)."""
+        w = _WORKER
+        if w is None or self._generation != w.generation or not w.alive:
+            return None
+        return w.pid
+
     def describe(self) -> dict[str, Any]:
         self._ensure()
         return self._describe
@@ -493,7 +405,8 @@ class RemoteHandle:
         w = worker()
         if self._generation != w.generation or not w.alive:
             reply = w.call({"op": "create", "key": self.key, "cls": self.cls,
-                            "args": self.args, "kwargs": self.kwargs}, self.backend)
+                            "args": self.args, "kwargs": self.kwargs}, self.backend,
+                           self.timeout)
             self._describe = reply["describe"]
             self._generation = w.generation
 
@@ -502,6 +415,17 @@ class RemoteHandle:
         handle keeps mapped and writes over (see Arenas), not as pickles through the pipe."""
         self._ensure()
         w = worker()
+        for attempt in (1, 2):  # twice: once more if the folder vanished mid-run
+            w.ensure_dir()
+            try:
+                return self._execute(w, feed, capture)
+            except (FileNotFoundError, RemoteError) as e:
+                gone = isinstance(e, FileNotFoundError) or e.kind == "FileNotFoundError"
+                if attempt == 2 or not gone or w.dir.is_dir():
+                    raise
+        raise AssertionError("unreachable")
+
+    def _execute(self, w: Worker, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
         with self._arenas.lock:
             inputs = self._arenas.inputs(w)
             out = self._arenas.free_output(w)
@@ -511,11 +435,11 @@ class RemoteHandle:
                    "index": pack(inputs, feed), "capture": capture, "outputs": out.path,
                    "size_hint": self._arenas.sizes.get(kind, 0), "keep": out.keep}
             try:
-                reply = w.call(msg, self.backend)
+                reply = w.call(msg, self.backend, self.timeout)
             except _TwinMissing:
                 self._generation = -1
                 self._ensure()
-                reply = w.call(msg, self.backend)
+                reply = w.call(msg, self.backend, self.timeout)
             self._arenas.sizes[kind] = reply["outputs"]["size"]
             return unpack(out, reply["outputs"])
 
@@ -572,3 +496,39 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _proc_stat(pid: int) -> tuple[str, int | None]:
+    """A process's state letter and CPU time (user + system, in clock ticks) from
+    /proc/<pid>/stat; ("?", None) where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "?", None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
+def check_timeout(timeout: Any) -> float:
+    """``timeout`` as seconds > 0, or InputError."""
+    from ..errors import InputError
+
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InputError(f"timeout={timeout!r} is not a number of seconds > 0",
+                         "e.g. timeout=600 for a model that takes minutes per run")
+    return float(timeout)
+
+
+def default_timeout(model: Any) -> float:
+    """Seconds a call may take before it is abandoned: 300 plus 2 per MB of the model's
+    files (the .onnx or .ncnn.param and what sits beside it), generous on purpose: a
+    stalled worker is caught sooner by the heartbeat."""
+    size = 0
+    try:
+        path = Path(model)
+        stem = path.name.split(".")[0]
+        size = sum(p.stat().st_size for p in path.parent.glob(f"{stem}*") if p.is_file())
+    except (TypeError, OSError, ValueError):
+        pass
+    return 300.0 + 2.0 * size / 1e6
