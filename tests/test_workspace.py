@@ -625,3 +625,11 @@ def test_an_old_pnnx_temp_folder_is_listed(tmp_path):
         ws2 = Workspace(ws.path)
     assert [p.code for p in ws2.problems] == ["leftover-temp-folder"]
     assert "wb-pnnx-abc123" in ws2.problems[0].message and "rmtree" in ws2.problems[0].hint
+
+
+def test_a_folder_in_place_of_the_lock_file_is_a_workspace_error(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / ".lock").mkdir()
+    with pytest.raises(WorkspaceError) as e:
+        Workspace(tmp_path / "ws")
+    assert ".lock cannot be opened" in e.value.message and "remove" in e.value.hint

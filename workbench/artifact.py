@@ -246,7 +246,14 @@ class Workspace:
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
-        with open(self.path / ".lock", "a+") as f:
+        try:
+            f = open(self.path / ".lock", "a+")  # noqa: SIM115 - closed below
+        except OSError as e:  # a folder in its place, no permission...
+            raise WorkspaceError(
+                f"workspace {str(self.path)!r}: its lock file .lock cannot be opened "
+                f"({e.strerror or e})", "remove whatever is at .lock in the workspace folder "
+                "(the workbench makes it again), or use another folder") from e
+        with f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 yield

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .artifact import Diagnostic
-from .errors import ModelFileError
+from .errors import ModelFileError, WorkbenchError
 
 if TYPE_CHECKING:
     import onnx
@@ -252,10 +252,62 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
             track_session(sess)
         return sess
     except Exception as e:
-        m = re.search(r"([\w.]*):(\w+)\((-?\d+)\) is not a registered function/op", str(e))
-        if m is None:
+        if isinstance(e, WorkbenchError):  # ours, already explained
             raise
-        raise _missing_op(model, m.group(1), m.group(2)) from None
+        m = re.search(r"([\w.]*):(\w+)\((-?\d+)\) is not a registered function/op", str(e))
+        if m is not None:
+            raise _missing_op(model, m.group(1), m.group(2)) from None
+        raise explain_ort_load_error(str(e), path) from None
+
+
+# What onnxruntime says when it refuses a model -> (what went wrong, what to do). Measured
+# with onnxruntime 1.32 on hand-broken models (tests/test_onnx_errors.py); an unknown message
+# still becomes a ModelFileError, with the generic advice.
+_ORT_LOAD_ERRORS = [
+    (r"graph is not acyclic", "the graph has a cycle: a node consumes a value that a later "
+     "node produces", "if you edited the graph, check which node feeds which; "
+     "onnx.checker.check_model(model, full_check=True) names the node"),
+    (r"Node input '([^']*)' is not a graph input, initializer, or output of a previous node",
+     "node input {0!r} is produced by nothing: no graph input, initializer or earlier node "
+     "has that name", "an initializer was removed or renamed, or the nodes are out of "
+     "order (they must be topologically sorted); restore or rename it"),
+    (r"No Op registered for (\w+) with domain_version of (\d+)",
+     "ONNX Runtime has no op {0} at opset {1} of the standard domain",
+     "check the op's spelling and the model's opset: the op may need a newer opset "
+     "(onnx.defs.get_schema('{0}').since_version says which), or belong to a custom domain"),
+    (r"Type parameter \((\w+)\) of Optype \((\w+)\) bound to different types "
+     r"\(([^)]*\)?) and ([^)]*\)?)",
+     "the inputs of a {1} node have different types ({2} and {3}) where the op needs one",
+     "insert a Cast so both inputs have one type (an initializer's dtype may differ from the "
+     "activations')"),
+    (r"Unrecognized attribute: (\w+) for operator (\w+)",
+     "a {1} node has attribute {0!r}, which {1} does not have at this opset",
+     "remove the attribute, or use the opset that defines it"),
+    (r"Duplicate definition of name \(([^)]*)\)",
+     "two nodes (or a node and an input) produce the same value name {0!r}",
+     "rename one of them: every value in an ONNX graph is defined once"),
+    (r"ShapeInferenceError\]\s*(.*)",
+     "shape inference failed: {0}", "the shapes of a node's inputs do not fit together; "
+     "check the initializers' shapes against the inputs they meet"),
+    (r"official support for domain ([\w.]+) is till opset (\d+)",
+     "the model uses a newer opset of {0} than this onnxruntime supports (up to {1})",
+     "export at opset {1} or lower, or convert: onnx.version_converter.convert_version"),
+]
+
+
+def explain_ort_load_error(message: str, path: Path | None) -> ModelFileError:
+    """A hinted ModelFileError for onnxruntime's refusal ``message`` to load a model."""
+    name = repr(str(path)) if path is not None else "the model"
+    for pattern, what, hint in _ORT_LOAD_ERRORS:
+        m = re.search(pattern, message)
+        if m:
+            groups = [g.strip() for g in m.groups()]
+            return ModelFileError(f"onnxruntime cannot load {name}: {what.format(*groups)}",
+                                  hint.format(*groups))
+    tail = message.split(" : ")[-1].strip()[:400]
+    return ModelFileError(f"onnxruntime cannot load {name}: {tail}",
+                          "run onnx.checker.check_model(path, full_check=True) to find what "
+                          "it objects to; re-export if the file was edited by hand")
 
 
 def _libraries(model: onnx.ModelProto, libraries: Any) -> list[str]:

@@ -100,9 +100,16 @@ def split_inputs(inputs: Any, names: list[str], model: str) -> list[Any]:
 
 
 def to_numpy(v: Any) -> Any:
+    """A numpy array of ``v`` (a torch tensor, an array, a list). A bfloat16 tensor, which
+    numpy has no dtype for, becomes float32: exact, as bfloat16 is float32 cut short."""
     import numpy as np
 
-    return v.detach().cpu().numpy() if hasattr(v, "detach") else np.asarray(v)
+    if hasattr(v, "detach"):
+        v = v.detach().cpu()
+        if str(v.dtype) == "torch.bfloat16":
+            v = v.float()
+        return v.numpy()
+    return np.asarray(v)
 
 
 def _mallopt(*settings: tuple[int, int]) -> None:
