@@ -109,3 +109,19 @@ def test_console_script_is_installed():
     assert exe.exists()
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
     assert all(cmd in out for cmd in ("demo", "inspect", "export"))
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("def make():\n    raise RuntimeError('no weights here')\n",
+     "make() raised RuntimeError: no weights here (at "),
+    ("x = 1 / 0\ndef make():\n    pass\n", "importing '"),
+    ("def make(:\n", "raised SyntaxError"),
+])
+def test_export_factory_that_raises_is_an_error_not_a_traceback(tmp_path, capsys, body,
+                                                                expected):
+    src = tmp_path / "broken.py"
+    src.write_text(body)
+    assert main(["export", f"{src}:make", "--input", "1x3", "--out", str(tmp_path / "ws")]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert "hint:" in err

@@ -54,11 +54,29 @@ def load_factory(spec: str) -> Any:
         raise InputError(f"model {spec!r}: cannot import {mod_name!r} ({e})",
                          "run from the folder that holds it, or give a path to a .py file"
                          ) from e
+    except Exception as e:  # the module's own code failed as it was imported
+        raise InputError(f"model {spec!r}: importing {mod_name!r} raised "
+                         f"{type(e).__name__}: {e}{_where(e)}",
+                         f"fix {mod_name} (run `python -c 'import {mod_name}'` to see the "
+                         "whole traceback)") from e
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise InputError(f"model {spec!r}: {mod_name} has no callable {attr!r}",
                          f"define def {attr}(): return MyNet() in {mod_name}")
-    return factory()
+    try:
+        return factory()
+    except Exception as e:
+        raise InputError(f"model {spec!r}: {attr}() raised {type(e).__name__}: {e}{_where(e)}",
+                         f"{attr}() must build the model and return it; call it in Python to "
+                         "see the whole traceback") from e
+
+
+def _where(e: BaseException) -> str:
+    """' (at file:line)' of the innermost frame of ``e``'s traceback, or ''."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
