@@ -120,6 +120,9 @@ def test_too_little_explained_is_not_ok_though_what_was_compared_passes(tmp_path
     assert "NOT OK: only 100% of 2 tensors aligned or attributed (threshold 101%)" in \
         strict.summary()
     assert "all within tolerance" not in strict.summary()
+    assert "what was compared is within tolerance" in strict.summary()
+    with pytest.raises(wb.InputError, match="min_explained"):
+        wb.compare(model, [onx], (x,), progress=False, min_explained="half")
 
 
 # -- a model that writes into its input ---------------------------------------------------------
@@ -320,4 +323,21 @@ def test_a_fault_under_a_folded_bias_is_still_named(encoder, tmp_path):
     rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
     first = rep.first_divergence
     assert first is not None and first.reference == "blocks.0.attn.q_proj", rep.summary()
-    assert first.mode == "isolated"
+    # the Gemm that holds the weight, not the reshaped input named for the Linear
+    assert first.mode == "isolated" and first.op_type == "Gemm" and first.relation == "equal"
+    failing = {r.reference for r in rep.records if r.mode == "isolated"
+               and not r.metrics["passed"]}
+    assert failing == {"blocks.0.attn.q_proj"}, failing
+
+
+def test_a_fault_in_a_linear_with_a_folded_scale_is_named_there(encoder, tmp_path):
+    model, x, onx, sim, hi = encoder
+    weight = next(i for n in onnx.load(str(sim.path)).graph.node if n.op_type == "Gemm"
+                  for i in n.input[1:2] if "blocks.0/fc2" in i)
+    bad = _perturb(sim.path, tmp_path / "bad.onnx", weight)
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.mode == "isolated", rep.summary()
+    # the Linear itself, or the folded op that covers it
+    assert "blocks.0.fc2" in (first.reference, *first.covers), (first.reference, first.covers)
+    assert first.name == "/blocks/blocks.0/fc2/Add_output_0"

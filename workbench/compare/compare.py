@@ -248,6 +248,11 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         raise InputError(f"mode={mode!r} is not one of {MODES}",
                          "'accumulated' runs each backend end to end; 'isolated' feeds each op "
                          "reference inputs; 'both'")
+    if isinstance(min_explained, bool) or not isinstance(min_explained, (int, float)) \
+            or not 0 <= min_explained < float("inf"):
+        raise InputError(f"min_explained={min_explained!r}: expected a share from 0 to 1",
+                         "e.g. min_explained=0.5: below half of a candidate's tensors "
+                         "aligned or attributed, its comparison is not ok")
     ref_runner = runner_for(reference)  # an nn.Module becomes a TorchRunner
     if not isinstance(candidates, (list, tuple)):
         candidates = [candidates]

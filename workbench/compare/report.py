@@ -104,14 +104,16 @@ class CompareReport:
             worst = max(recs, key=lambda r: r.metrics["max_abs"] or 0.0)
             div = divergences.get(cand.name)
             if div:
-                tail = (f"first divergence at {div.reference} ({div.op_type} {div.name}, "
-                        f"{div.mode} max abs {div.metrics['max_abs']:.3g})")
+                covers = f" covering {', '.join(div.covers)}" if div.covers else ""
+                tail = (f"first divergence at {div.reference}{covers} ({div.op_type} "
+                        f"{div.name}, {div.mode} max abs {div.metrics['max_abs']:.3g})")
             elif not v.passed:
                 tail = "over tolerance only where not exactly related; no op named"
-            else:
-                tail = "all within tolerance"
-            if v.reasons:  # never "all within tolerance" over too little compared
-                tail = f"NOT OK: {why}; {tail.replace('all', 'what was compared is', 1)}"
+            else:  # never "all within tolerance" over too little compared
+                tail = "what was compared is within tolerance" if v.reasons else \
+                    "all within tolerance"
+            if v.reasons:
+                tail = f"NOT OK: {why}; {tail}"
             lines.append(f"{cand.name}: {aligned}, worst max abs "
                          f"{worst.metrics['max_abs']:.3g} at {worst.reference}; {tail}{note}")
         return "\n".join(lines)
