@@ -47,19 +47,46 @@ BACKENDS: dict[str, Callable[[Any], Any]] = {
 _PACKAGES = {"onnxslim": "onnxslim", "onnxsim": "onnxsim", "onnxscript": "onnxscript"}
 
 
+# Diagnostics that mean an artifact is not a valid model: a later stage refuses it rather
+# than carry on with misleading results and hints.
+INVALID_MODEL = ("onnx-checker", "ort-failed")
+
+
 def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str) -> Artifact:
-    """An ONNX Artifact from an Artifact or a path (imported into the workspace)."""
+    """An ONNX Artifact from an Artifact or a path (imported into the workspace), refused
+    with an InputError when it is not a valid model: an artifact whose own stage reported
+    one of INVALID_MODEL, a file that onnx.checker rejects."""
     if isinstance(source, Artifact):
         if source.format != "onnx":
             raise InputError(f"{stage} takes an ONNX model; artifact {source.id} is "
                              f"{source.format}", "pass the ONNX artifact from export or simplify")
+        bad = next((d for d in source.diagnostics
+                    if d.level == "error" and d.code in INVALID_MODEL), None)
+        if bad is not None:
+            raise InputError(
+                f"{stage} refuses artifact {source.id}: its {source.stage} stage reported "
+                f"{bad.code}: {bad.message.splitlines()[0][:300]}",
+                f"fix what {source.stage} reported first"
+                + (f" ({bad.hint.splitlines()[0]})" if bad.hint else "")
+                + f", then run {stage} on the new artifact")
         return source
     if isinstance(source, (str, Path)):
-        from ..onnx_io import check_model_file
+        import onnx
+
+        from ..onnx_io import check_model_file, load_onnx
 
         if check_model_file(source) != "onnx":
             raise InputError(f"{stage} takes an ONNX model; {str(source)!r} is not .onnx",
                              "pass a .onnx file or the artifact wb.export returned")
+        load_onnx(source, external_data=False)  # not ONNX, truncated: a ModelFileError
+        try:
+            onnx.checker.check_model(str(source))
+        except onnx.checker.ValidationError as e:
+            raise InputError(
+                f"{stage} refuses {str(source)!r}: onnx.checker rejects it: "
+                f"{str(e).strip().splitlines()[0][:300]}",
+                "the file is not a valid ONNX model; fix it (or export it again), then "
+                f"run {stage}") from None
         return as_workspace(workspace).import_file(source)
     raise InputError(f"{stage} takes an Artifact or a path to a .onnx file, got "
                      f"{type(source).__name__}", "e.g. wb.simplify(wb.export(model, (x,)))")
