@@ -276,8 +276,9 @@ def _through_workbench(res: dict[str, Any], model: Any, inputs: tuple,
             got = wb.runtime.NcnnRunner(art).run(inputs)
             mutated("NcnnRunner.run")
         except BaseException as e:
-            crashed = type(e).__name__ == "BackendCrashed"
-            res["outcome"] = "crashed" if crashed else "refused"
+            kind = type(e).__name__  # ncnn died or hung in the workbench's worker
+            res["outcome"] = {"BackendCrashed": "crashed", "BackendTimeout": "timeout"}.get(
+                kind, "refused")
             res["error"] = _error(e, stage)
             reasons = _pnnx_log_reasons(Path(ws))
             if reasons:  # pnnx's own words, where a kept pnnx artifact holds its log

@@ -31,7 +31,7 @@ fraction, ``rep.ok`` and how many candidate tensors were aligned / attributed / 
 Outcomes: pass; mismatch (outputs differ); refused (an error raised by to_ncnn, the runner
 or the capture of the case; listed with its class, first line and whether it has a hint);
 needs torchvision/torchaudio (not installable here); crashed (the child died by a signal,
-or ncnn crashed in the worker: BackendCrashed); timeout; skipped (test() returned without
+or ncnn crashed in the worker: BackendCrashed); timeout (the case, or BackendTimeout); skipped (test() returned without
 tracing a model, e.g. a torch-version gate).
 
 Targets (issue 16): >= 232 of 246 pass; every other case a hinted error naming its real
