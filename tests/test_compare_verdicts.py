@@ -71,6 +71,23 @@ def test_rank6_against_rank4_does_not_abort_the_comparison(tmp_path):
     assert "[1, 1, 1, 7, 7, 24]" in reshaped[0].relation or "[1, 7, 7, 24]" in reshaped[0].relation
 
 
+def test_a_swin_transformer_compares_clean_through_its_window_partitions(tmp_path):
+    """transformers' Swin (zoo, seeded): window partitions pair rank-6 with rank-4 tensors,
+    and the shifted windows add a mask of -100 to the attention scores, a step within 5%
+    of the mask itself: measured as one shape, and the step not taken for the mask."""
+    from workbench import zoo
+
+    model, x = zoo.get("swin")
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [onx], x, mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    assert any("axes of size 1 differ" in r.relation for r in rep.records)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 1.0 and not rep.unmeasured[name]
+    scores = [t for t in rep.attributed[name] if "blocks.1/attention/Add_1_output_0" in t]
+    assert scores, "the masked scores are a step inside the attention"
+
+
 # -- nothing compared ---------------------------------------------------------------------------
 class Small(nn.Module):
     def __init__(self):

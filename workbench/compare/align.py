@@ -296,9 +296,11 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             own = next(s for s, k in scores if k == structural)
             if own <= TIGHT:  # the module's own output wins a tie with what follows it
                 best, j = own, structural
-        if best > ACCEPT and t.internal:
+        if best > TIGHT and t.internal:
             # a step of an op the exporter lowered (attention, GELU...): torch ran it as one
-            # call, so no torch tensor exists to align with. Attributed, not counted.
+            # call, so no torch tensor exists to align with. Attributed, not counted. Only
+            # an equal tensor is the step's: a nearby one within ACCEPT is not (the scores
+            # before a softmax are within 5% of the mask added to them).
             _attribute(out, t, t.hint or "")
             continue
         if not choices:
