@@ -537,7 +537,8 @@ def describe(rep: Any, rec: Any) -> dict[str, Any] | None:
         return None
     m = rec.metrics
     al = rep.alignments.get(rec.candidate)
-    relation = al.relation(rec.name) if al is not None and hasattr(al, "relation") else "equal"
+    relation = getattr(rec, "relation", None) or (
+        al.relation(rec.name) if al is not None and hasattr(al, "relation") else "equal")
     return {"reference": rec.reference, "tensor": rec.name, "op_type": rec.op_type,
             "mode": rec.mode, "max_abs": m.get("max_abs"), "tolerance": m.get("tolerance"),
             "frac_over_tol": m.get("frac_over_tol"), "covers": list(covers_of(rep, rec)),
