@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import workbench as wb  # noqa: E402
-from workbench.stages import custom_ops as cops  # noqa: E402
+from workbench import customops as cops  # noqa: E402
 
 ATOL = 1e-4
 
@@ -218,7 +218,7 @@ def test_sessions_made_before_a_new_python_op_are_freed_without_a_crash(my_add_c
     _, _, arts, _ = my_add_case
     script = textwrap.dedent(f"""
         import gc, numpy as np, torch, workbench as wb
-        from workbench.stages import custom_ops as cops
+        from workbench.customops import ort as cops
         wb.custom_op("wbtest::my_add", lambda a, b, alpha=2.0: alpha * a + b,
                      schema="(Tensor a, Tensor b, float alpha=2.0) -> Tensor")
         r = wb.runtime.OrtRunner({str(arts["torchscript"].path)!r}, isolated=False)

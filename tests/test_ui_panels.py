@@ -21,7 +21,6 @@ from workbench.ui.panels import (
     NcnnPanel,
     RaisePanel,
     SimplifyPanel,
-    available,
     error_html,
 )
 
@@ -113,16 +112,16 @@ def test_panel_shows_summary_node_counts_diagnostics_and_preview(pipeline) -> No
     assert "pnnx graph" in ncnn.result_html.value
     cmp_panel = pipeline.panels["compare"]
     assert pipeline.report.summary().splitlines()[0] in cmp_panel.result_html.value
-    if available("workbench.ui.compare_view"):  # the sortable, filterable table
-        assert type(cmp_panel.preview.children[0]).__name__ == "CompareView"
-    if available("workbench.ui.graphview"):  # the graph coloured by accumulated error
-        *_, picker, box = cmp_panel.preview.children
-        assert list(picker.options) == [c.name for c in pipeline.report.candidates]
-        (view,) = box.children
-        assert type(view).__name__ == "GraphView" and view.color_by == "accumulated"
-        assert any(v is not None and v > 0 for v in view.values)
-        picker.value = picker.options[-1]  # the ncnn model's graph
-        assert box.children[0] is not view and type(box.children[0]).__name__ == "GraphView"
+    # the sortable, filterable table
+    assert type(cmp_panel.preview.children[0]).__name__ == "CompareView"
+    # the graph coloured by accumulated error
+    *_, picker, box = cmp_panel.preview.children
+    assert list(picker.options) == [c.name for c in pipeline.report.candidates]
+    (view,) = box.children
+    assert type(view).__name__ == "GraphView" and view.color_by == "accumulated"
+    assert any(v is not None and v > 0 for v in view.values)
+    picker.value = picker.options[-1]  # the ncnn model's graph
+    assert box.children[0] is not view and type(box.children[0]).__name__ == "GraphView"
 
 
 def test_show_code_reproduces_the_export(model_inputs, ws) -> None:

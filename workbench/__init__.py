@@ -38,9 +38,9 @@ _LAZY = {
     "GraphSummary": ("workbench.graph", "GraphSummary"),
     "default_model": ("workbench.models", "default_model"),
     "runtime": ("workbench.runtime", None),
-    "register_symbolic": ("workbench.stages.custom_ops", "register_symbolic"),
-    "custom_op": ("workbench.stages.custom_ops", "custom_op"),
-    "unregister": ("workbench.stages.custom_ops", "unregister"),
+    "register_symbolic": ("workbench.customops", "register_symbolic"),
+    "custom_op": ("workbench.customops", "custom_op"),
+    "unregister": ("workbench.customops", "unregister"),
     "side_by_side": ("workbench.stages.sidebyside", "side_by_side"),
     "ui": ("workbench.ui", None),
 }

@@ -66,3 +66,7 @@ class RemoteError(WorkbenchError):
     def __init__(self, message: str, hint: str = "", *, kind: str = "") -> None:
         super().__init__(message, hint)
         self.kind = kind
+
+
+class CustomOpError(WorkbenchError, ValueError):
+    """A custom-op declaration or registration is not usable as given."""

@@ -230,7 +230,7 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
     model = load_onnx(path, external_data=False) if path is not None else path_or_model
     if path is not None:  # onnxruntime reads the external data itself: check where first
         external_locations(model, path)
-    from .stages.custom_ops import ort_model  # @wb.custom_op ops -> their Python kernels
+    from .customops import ort_model  # @wb.custom_op ops -> their Python kernels
 
     if (rewritten := ort_model(model, path, libraries)) is not None:
         model, path = rewritten, None
@@ -247,7 +247,7 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
         sess = ort.InferenceSession(model.SerializeToString(), so,
                                     providers=["CPUExecutionProvider"])
         if rewritten is not None:  # runs Python kernels: see custom_ops.track_session
-            from .stages.custom_ops import track_session
+            from .customops import track_session
 
             track_session(sess)
         return sess
@@ -332,7 +332,7 @@ def _missing_op(model: onnx.ModelProto, domain: str, op: str) -> Exception:
     opset = next((o.version for o in model.opset_import if o.domain == domain), None)
     nodes = [n.name or n.output[0] for n in model.graph.node
              if n.op_type == op and n.domain == domain][:3]
-    from .stages.custom_ops import missing_ort_hint
+    from .customops import missing_ort_hint
 
     return MissingOpError(
         f"ONNX Runtime has no implementation of {domain or 'ai.onnx'}::{op} (domain "

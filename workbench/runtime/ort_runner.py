@@ -34,8 +34,8 @@ class OrtRunner(Runner):
             timeout: seconds one run may take in the worker before it is abandoned and the
                 worker replaced (BackendTimeout); default scales with the model's size.
         """
+        from .. import customops as cops
         from ..onnx_io import check_model_file
-        from ..stages import custom_ops as cops
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
@@ -51,7 +51,7 @@ class OrtRunner(Runner):
         if custom_ops is not None:  # the twin in the worker: @wb.custom_op kernels it runs
             cops.install(custom_ops)
         # the worker lacks this process's Python custom ops: they travel pickled by value
-        # (None: they cannot, so run here; see stages/custom_ops.py)
+        # (None: they cannot, so run here; see workbench/customops/shipping.py)
         ship = cops.for_worker(self.path) if isolated else {}
         self.isolated = isolated = isolated and ship is not None
         if isolated:

@@ -21,7 +21,7 @@ _LAZY = {
     "RaisePanel": ("workbench.ui.panels", "RaisePanel"),
     "NcnnPanel": ("workbench.ui.panels", "NcnnPanel"),
     "ComparePanel": ("workbench.ui.panels", "ComparePanel"),
-    # UI-B's viewers: mapped here so their module need not edit this file
+    # the viewers: GraphView (the graph coloured by op or error), CompareView (the table)
     "GraphView": ("workbench.ui.graphview", "GraphView"),
     "CompareView": ("workbench.ui.compare_view", "CompareView"),
     "compare_view": ("workbench.ui.compare_view", None),

@@ -9,7 +9,6 @@ read. ``panel.code()`` is the engine call for the current settings, ready to pas
 from __future__ import annotations
 
 import html
-import importlib.util
 import re
 import time
 import traceback
@@ -27,11 +26,6 @@ def _widgets() -> Any:
     import ipywidgets
 
     return ipywidgets
-
-
-def available(module: str) -> bool:
-    """Whether an optional stage module exists in this version of the workbench."""
-    return importlib.util.find_spec(module) is not None
 
 
 def _esc(x: Any) -> str:
@@ -278,16 +272,15 @@ class StagePanel:
         pass
 
     def _show_preview(self, art: Artifact) -> None:
-        """The graph: UI-B's GraphView when present, else the op histogram."""
+        """The graph: a GraphView, or the op histogram if the graph cannot be drawn."""
         w = _widgets()
         view = None
-        if available("workbench.ui.graphview"):
-            try:
-                from .graphview import GraphView
+        try:
+            from .graphview import GraphView
 
-                view = GraphView(art)
-            except Exception:  # the histogram still says what the graph holds
-                view = None
+            view = GraphView(art)
+        except Exception:  # the histogram still says what the graph holds
+            view = None
         if view is None:
             view = w.HTML(histogram_html(art.graph.op_histogram, f"{art.id}: op histogram"))
         self.preview.children = (view,)
@@ -518,10 +511,7 @@ class CustomOpsPanel(StagePanel):
 
     def _show_registered(self) -> None:
         """What is registered in this kernel: symbolics (with opsets) and @wb.custom_op ops."""
-        if not available("workbench.stages.custom_ops"):
-            self.registered.value = ""
-            return
-        from ..stages.custom_ops import registered_ops, registered_symbolics
+        from ..customops import registered_ops, registered_symbolics
 
         syms = ", ".join(f"{n} (opset {', '.join(map(str, o))})"
                          for n, o in registered_symbolics().items()) or "none"
@@ -555,10 +545,7 @@ class CustomOpsPanel(StagePanel):
         return {"name": op, "onnx_op": onnx_op, "opset": self.opset.value}
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        if not available("workbench.stages.custom_ops"):
-            raise WorkbenchError("this workbench has no custom-ops stage yet",
-                                 "upgrade deploy-workbench")
-        from ..stages.custom_ops import register_symbolic
+        from ..customops import register_symbolic
 
         onnx_op = settings["onnx_op"]
         register_symbolic(settings["name"], lambda g, *args: g.op(onnx_op, *args),
@@ -660,9 +647,6 @@ class RaisePanel(StagePanel):
         return {"rules": None if chosen == every else chosen, "target": self.target.value}
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        if not available("workbench.stages.raising"):
-            raise WorkbenchError("this workbench has no raising stage yet",
-                                 "upgrade deploy-workbench")
         from ..stages.raising import raise_ops
 
         if self.source is None:
@@ -831,22 +815,18 @@ class ComparePanel(StagePanel):
     def _render(self, report: Any) -> None:
         w = _widgets()
         self.result_html.value = (f"<pre class='wb-summary'>{_esc(report.summary())}</pre>")
-        view = None
-        if available("workbench.ui.compare_view"):
-            try:
-                from .compare_view import CompareView
+        try:
+            from .compare_view import CompareView
 
-                view = CompareView(report)
-            except Exception:
-                view = None
+            view = CompareView(report)
+        except Exception:  # the report's own HTML table still shows every row
+            view = None
         if view is None:
             view = w.HTML(report._repr_html_())
         self.preview.children = (view, *self._error_graph(report))
 
     def _error_graph(self, report: Any) -> list[Any]:
-        """A candidate's graph coloured by accumulated error (UI-B's GraphView), to pick from."""
-        if not available("workbench.ui.graphview"):
-            return []
+        """A candidate's graph coloured by accumulated error (a GraphView), to pick from."""
         w = _widgets()
         names = [c.name for c in report.candidates]
         color_by = "accumulated"

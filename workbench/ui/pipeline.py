@@ -21,7 +21,6 @@ from .panels import (
     RaisePanel,
     SimplifyPanel,
     StagePanel,
-    available,
     code_block_html,
 )
 
@@ -41,11 +40,9 @@ class Pipeline:
         ws = self.workspace
         panels: dict[str, StagePanel] = {}
         panels["export"] = ExportPanel(model, inputs, workspace=ws, **(export or {}))
-        if available("workbench.stages.custom_ops"):
-            panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
+        panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
         panels["simplify"] = SimplifyPanel(workspace=ws, **(simplify or {}))
-        if available("workbench.stages.raising"):
-            panels["raise"] = RaisePanel(workspace=ws, **(raise_ or {}))
+        panels["raise"] = RaisePanel(workspace=ws, **(raise_ or {}))
         panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **(ncnn or {}))
         panels["compare"] = ComparePanel(model, inputs, workspace=ws, **(compare or {}))
         self.panels = panels
