@@ -8,6 +8,12 @@ narrows the search; the match itself is by shape, topological order (monotone: a
 candidate tensor never maps to an earlier module) and value, which is what also maps a fused
 op (Conv + BatchNorm in ONNX, Conv + ReLU in ncnn) to the last module it covers. Values are
 scored on a fixed sample of elements, so alignment stays cheap on large tensors.
+
+Each candidate tensor ends up aligned (with its relation: equal, or equal up to a folding,
+with the records it covers), attributed (a step inside a module or a lowered op: torch
+computed no such tensor, so nothing is measured against it) or unaligned (with the reason).
+A step is only ever aligned to a tensor it equals: within ACCEPT is not enough for a value
+that may be the module's output less its bias.
 """
 
 from __future__ import annotations
