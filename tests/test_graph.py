@@ -12,6 +12,7 @@ from workbench import onnx_io
 from workbench.artifact import Diagnostic, Workspace
 from workbench.errors import InputError, ModelFileError
 from workbench.graph import GraphSummary, TensorInfo, summarize, summarize_onnx
+from workbench.runtime import ort_session
 
 # -- model builders -------------------------------------------------------------------------
 
@@ -68,7 +69,7 @@ def _add_model(n: int = 32, ir_version: int | None = None) -> tuple[onnx.ModelPr
 
 def _run_add(path, n: int, w: np.ndarray) -> None:
     x = np.full((n, n), 2.0, dtype=np.float32)
-    (y,) = onnx_io.session(path).run(None, {"x": x})
+    (y,) = ort_session.session(path).run(None, {"x": x})
     np.testing.assert_allclose(y, x + w, rtol=0, atol=0)
 
 
@@ -291,7 +292,7 @@ def test_session_runs_a_newer_ir_model_without_rewriting_it(newer_ir_model):
 
 def test_session_on_a_model_proto_does_not_change_it(newer_ir_model):
     _, model, w = newer_ir_model
-    sess = onnx_io.session(model)
+    sess = ort_session.session(model)
     (y,) = sess.run(None, {"x": np.zeros((4, 4), dtype=np.float32)})
     np.testing.assert_array_equal(y, w)
     assert model.ir_version == onnx_io.ort_max_ir_version() + 1

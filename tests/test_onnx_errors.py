@@ -60,7 +60,7 @@ def test_a_model_onnxruntime_refuses_is_a_hinted_model_file_error(tmp_path, case
 
 
 def test_an_unknown_refusal_still_says_what_onnxruntime_said():
-    from workbench.onnx_io import explain_ort_load_error
+    from workbench.runtime.ort_session import explain_ort_load_error
 
     err = explain_ort_load_error("[ONNXRuntimeError] : 1 : FAIL : something new", None)
     assert isinstance(err, wb.ModelFileError)

@@ -471,7 +471,7 @@ def test_import_file_brings_external_data_along(tmp_path):
     import numpy.testing as npt
     from onnx import numpy_helper
 
-    from workbench import onnx_io
+    from workbench.runtime import ort_session
 
     w = np.arange(256, dtype=np.float32).reshape(16, 16)
     graph = helper.make_graph(
@@ -488,7 +488,7 @@ def test_import_file_brings_external_data_along(tmp_path):
     art = ws.import_file(src_dir / "m.onnx")
     assert set(art.files) == {"m.onnx", "m.data"}
     assert art.files["m.data"]["sha256"] == _sha(src_dir / "m.data")
-    (y,) = onnx_io.session(art.path).run(None, {"x": np.zeros((16, 16), np.float32)})
+    (y,) = ort_session.session(art.path).run(None, {"x": np.zeros((16, 16), np.float32)})
     npt.assert_array_equal(y, w)
 
 

@@ -1,4 +1,4 @@
-"""Artifacts, diagnostics and the Workspace that records them.
+"""Artifacts and the Workspace that records them.
 
 A Workspace is a folder: one sub-folder per artifact (its files plus an ``artifact.json``
 sidecar) and a ``manifest.json`` index of every artifact. Writes are atomic (temp file or
@@ -12,12 +12,10 @@ import contextlib
 import datetime as _dt
 import fcntl
 import functools
-import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 import warnings
@@ -26,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .diagnostics import Diagnostic
 from .errors import InputError, ManifestError, ModelFileError, WorkspaceError
+from .fileio import atomic_write_text, sha256_file
 
 if TYPE_CHECKING:
     from .graph import GraphSummary
@@ -63,60 +63,8 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file in the same folder and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-@dataclass
-class Diagnostic:
-    """Something a stage noticed: ``level`` info/warning/error, a stable ``code``, and a hint."""
-
-    level: str
-    code: str
-    message: str
-    hint: str = ""
-    source: str | None = None  # "file.py:12" where the cause lives, when known
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v not in (None, "")}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Diagnostic:
-        return cls(**{k: d.get(k) for k in ("level", "code", "message", "hint", "source")
-                      if k in d})
-
-    def __str__(self) -> str:
-        where = f" [{self.source}]" if self.source else ""
-        hint = f"\n    hint: {self.hint}" if self.hint else ""
-        return f"{self.level}: {self.code}{where}: {self.message}{hint}"
 
 
 @dataclass(eq=False)

@@ -22,7 +22,7 @@ How the pieces reach the backends:
 
 - ONNX Runtime: onnxruntime-extensions runs Python kernels (``onnx_op``), but only in its own
   domain ``ai.onnx.contrib`` and only with int, float and string attributes. So
-  ``ort_model`` (called by ``onnx_io.session``) rewrites, in memory, each node of a
+  ``ort_model`` (called by ``runtime.ort_session.session``) rewrites, in memory, each node of a
   registered op into that domain, its list attributes into JSON strings; the file on disk
   keeps the ``mylib::my_add`` node other runtimes expect. (onnxruntime-extensions crashes
   freeing a session made before a later Python-op registration, so such sessions are pinned:

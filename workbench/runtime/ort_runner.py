@@ -66,7 +66,7 @@ class OrtRunner(Runner):
     @property
     def session(self):
         if self._session is None:
-            from ..onnx_io import session
+            from .ort_session import session
 
             self._session = session(self.path, self.libraries, **self._options())
         return self._session
@@ -157,7 +157,8 @@ class OrtRunner(Runner):
         if self._all_session is None:
             from onnx import helper
 
-            from ..onnx_io import load_onnx, session
+            from ..onnx_io import load_onnx
+            from .ort_session import session
 
             model = load_onnx(self.path)
             known = {o.name for o in model.graph.output}

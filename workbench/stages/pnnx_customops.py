@@ -98,7 +98,7 @@ def _run_shapes(model: Any, names: list[str], inputs: tuple) -> dict[str, tuple[
     import numpy as np
     from onnx import helper
 
-    from ..onnx_io import session
+    from ..runtime.ort_session import session
 
     probe = type(model).FromString(model.SerializeToString())
     have = {o.name for o in probe.graph.output}

@@ -1,0 +1,145 @@
+"""ONNX Runtime sessions: quiet, on the CPU, the IR version lowered in memory when the
+installed onnxruntime cannot read it, custom-op kernels and libraries registered, and every
+refusal to load a model turned into a hinted error."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..customops import ORT_DOMAIN, missing_ort_hint, ort_model, track_session
+from ..errors import ModelFileError, WorkbenchError
+from ..onnx_io import (
+    external_data_files,
+    external_locations,
+    load_external_data,
+    load_onnx,
+    lower_ir_version,
+    ort_max_ir_version,
+)
+
+if TYPE_CHECKING:
+    import onnx
+
+
+def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **options: Any):
+    """An onnxruntime CPU InferenceSession: quiet, IR version lowered in memory if needed,
+    custom-op ``libraries`` registered (onnxruntime-extensions' automatically when the model
+    uses its domain). An op with no implementation raises MissingOpError naming it."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 4  # errors reach the caller as exceptions, not as stderr noise
+    # idle intra-op threads would otherwise spin for tens of ms after each run and take the
+    # CPU from whatever runs next (ncnn, torch, the worker) on a small machine
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    for k, v in options.items():
+        setattr(so, k, v)
+    path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
+    model = load_onnx(path, external_data=False) if path is not None else path_or_model
+    if path is not None:  # onnxruntime reads the external data itself: check where first
+        external_locations(model, path)
+    if (rewritten := ort_model(model, path, libraries)) is not None:
+        model, path = rewritten, None
+    for lib in _libraries(model, libraries):
+        so.register_custom_ops_library(str(lib))
+    try:
+        if path is not None and model.ir_version <= ort_max_ir_version():
+            return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        if model.ir_version > ort_max_ir_version():
+            model = type(model).FromString(model.SerializeToString())
+            lower_ir_version(model)
+        if path is not None and external_data_files(path):
+            load_external_data(model, path)
+        sess = ort.InferenceSession(model.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+        if rewritten is not None:  # runs Python kernels: see custom_ops.track_session
+            track_session(sess)
+        return sess
+    except Exception as e:
+        if isinstance(e, WorkbenchError):  # ours, already explained
+            raise
+        m = re.search(r"([\w.]*):(\w+)\((-?\d+)\) is not a registered function/op", str(e))
+        if m is not None:
+            raise _missing_op(model, m.group(1), m.group(2)) from None
+        raise explain_ort_load_error(str(e), path) from None
+
+
+# What onnxruntime says when it refuses a model -> (what went wrong, what to do). Measured
+# with onnxruntime 1.32 on hand-broken models (tests/test_onnx_errors.py); an unknown message
+# still becomes a ModelFileError, with the generic advice.
+_ORT_LOAD_ERRORS = [
+    (r"graph is not acyclic", "the graph has a cycle: a node consumes a value that a later "
+     "node produces", "if you edited the graph, check which node feeds which; "
+     "onnx.checker.check_model(model, full_check=True) names the node"),
+    (r"Node input '([^']*)' is not a graph input, initializer, or output of a previous node",
+     "node input {0!r} is produced by nothing: no graph input, initializer or earlier node "
+     "has that name", "an initializer was removed or renamed, or the nodes are out of "
+     "order (they must be topologically sorted); restore or rename it"),
+    (r"No Op registered for (\w+) with domain_version of (\d+)",
+     "ONNX Runtime has no op {0} at opset {1} of the standard domain",
+     "check the op's spelling and the model's opset: the op may need a newer opset "
+     "(onnx.defs.get_schema('{0}').since_version says which), or belong to a custom domain"),
+    (r"Type parameter \((\w+)\) of Optype \((\w+)\) bound to different types "
+     r"\(([^)]*\)?) and ([^)]*\)?)",
+     "the inputs of a {1} node have different types ({2} and {3}) where the op needs one",
+     "insert a Cast so both inputs have one type (an initializer's dtype may differ from the "
+     "activations')"),
+    (r"Unrecognized attribute: (\w+) for operator (\w+)",
+     "a {1} node has attribute {0!r}, which {1} does not have at this opset",
+     "remove the attribute, or use the opset that defines it"),
+    (r"Duplicate definition of name \(([^)]*)\)",
+     "two nodes (or a node and an input) produce the same value name {0!r}",
+     "rename one of them: every value in an ONNX graph is defined once"),
+    (r"ShapeInferenceError\]\s*(.*)",
+     "shape inference failed: {0}", "the shapes of a node's inputs do not fit together; "
+     "check the initializers' shapes against the inputs they meet"),
+    (r"official support for domain ([\w.]+) is till opset (\d+)",
+     "the model uses a newer opset of {0} than this onnxruntime supports (up to {1})",
+     "export at opset {1} or lower, or convert: onnx.version_converter.convert_version"),
+]
+
+
+def explain_ort_load_error(message: str, path: Path | None) -> ModelFileError:
+    """A hinted ModelFileError for onnxruntime's refusal ``message`` to load a model."""
+    name = repr(str(path)) if path is not None else "the model"
+    for pattern, what, hint in _ORT_LOAD_ERRORS:
+        m = re.search(pattern, message)
+        if m:
+            groups = [g.strip() for g in m.groups()]
+            return ModelFileError(f"onnxruntime cannot load {name}: {what.format(*groups)}",
+                                  hint.format(*groups))
+    tail = message.split(" : ")[-1].strip()[:400]
+    return ModelFileError(f"onnxruntime cannot load {name}: {tail}",
+                          "run onnx.checker.check_model(path, full_check=True) to find what "
+                          "it objects to; re-export if the file was edited by hand")
+
+
+def _libraries(model: onnx.ModelProto, libraries: Any) -> list[str]:
+    libs = [str(x) for x in ([libraries] if isinstance(libraries, (str, Path)) else libraries)]
+    for lib in libs:
+        if not Path(lib).is_file():
+            raise ModelFileError(f"custom-op library {lib!r} does not exist",
+                                 "pass the path of a shared library built for onnxruntime")
+    if any(o.domain == ORT_DOMAIN for o in model.opset_import):
+        try:
+            from onnxruntime_extensions import get_library_path
+        except ImportError:
+            pass
+        else:
+            libs.append(get_library_path())
+    return libs
+
+
+def _missing_op(model: onnx.ModelProto, domain: str, op: str) -> Exception:
+    from ..errors import MissingOpError
+
+    opset = next((o.version for o in model.opset_import if o.domain == domain), None)
+    nodes = [n.name or n.output[0] for n in model.graph.node
+             if n.op_type == op and n.domain == domain][:3]
+    return MissingOpError(
+        f"ONNX Runtime has no implementation of {domain or 'ai.onnx'}::{op} (domain "
+        f"{domain!r}, opset {opset}); used by node(s) {nodes}",
+        ("for ai.onnx.contrib ops: pip install onnxruntime-extensions"
+         if domain == ORT_DOMAIN else missing_ort_hint(domain, op)))
