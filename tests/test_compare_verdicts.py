@@ -358,3 +358,29 @@ def test_a_fault_in_a_linear_with_a_folded_scale_is_named_there(encoder, tmp_pat
     # the Linear itself, or the folded op that covers it
     assert "blocks.0.fc2" in (first.reference, *first.covers), (first.reference, first.covers)
     assert first.name == "/blocks/blocks.0/fc2/Add_output_0"
+
+
+# -- a graph that runs ops in another order than torch ------------------------------------------
+def test_a_shortcut_run_first_is_still_aligned_and_a_fault_after_it_named(tmp_path):
+    """transformers' ResNet (zoo, seeded), simplified: the downsampling shortcut conv comes
+    before the branch torch ran first, so a named module call can lie behind the order
+    matched so far. Every tensor aligned; a weight perturbed in the branch named there (or
+    by the BatchNorm folded into that conv, which covers it)."""
+    from workbench import zoo
+
+    model, x = zoo.get("resnet")
+    sim = wb.simplify(wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws")))
+    rep = wb.compare(model, [sim], x, mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 1.0 and rep.ok, (rep.summary(), rep.unaligned)
+    graph = onnx.load(str(sim.path)).graph
+    block = "/model/resnet/encoder/stages.1/layers.0/"
+    convs = [n for n in graph.node if n.op_type == "Conv" and n.output[0].startswith(block)]
+    assert "shortcut" in convs[1].output[0]  # the shortcut runs second, torch runs it last
+    branch = next(n for n in convs if "layer.1/" in n.output[0])
+    bad = _perturb(sim.path, tmp_path / "bad.onnx", branch.input[1])
+    rep = wb.compare(model, [bad], x, mode="both", progress=False)
+    first = rep.first_divergence
+    module = "model.resnet.encoder.stages.1.layers.0.layer.1.convolution"
+    assert first is not None and first.name == branch.output[0], rep.summary()
+    assert module in (first.reference, *first.covers)

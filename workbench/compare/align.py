@@ -237,6 +237,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
 
     out = Alignment()
     low = 0  # monotone lower bound in the reference order
+    taken: set[int] = set()  # module calls a named tensor was pinned to
     # torch's output_k is some earlier record returned as it was: name that record instead
     alias: dict[str, str] = {}
     for k, n in enumerate(ref_names):
@@ -288,7 +289,8 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
         choices = [j for j in window if ref_keys[j] == key]
         structural = None  # the record name and shape pin, whatever the values say
         if t.hint is not None:
-            hinted = _hinted(t.hint, key, low, ref_names, ref_keys, ref_module, modules)
+            hinted = _hinted(t.hint, key, low, ref_names, ref_keys, ref_module, modules,
+                             calls, taken)
             if hinted:
                 choices = hinted
                 # the named module itself, unless this is a step inside a lowered module
@@ -321,12 +323,14 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 continue
             j = structural
         out.pairs[t.name] = ref_names[j]
-        if structural is not None and j > structural:
-            folded = ref_names[structural + 1:j + 1]
-            out.relations[t.name] = (f"equal up to folding: {', '.join(folded)} folded into "
-                                     f"{ref_names[structural]}")
-            out.covers[t.name] = tuple(ref_names[structural:j + 1])
-        low = j
+        if structural is not None:
+            taken.update(range(structural, j + 1))
+            if j > structural:
+                folded = ref_names[structural + 1:j + 1]
+                out.relations[t.name] = (f"equal up to folding: {', '.join(folded)} folded "
+                                         f"into {ref_names[structural]}")
+                out.covers[t.name] = tuple(ref_names[structural:j + 1])
+        low = max(low, j)  # a named call found behind low leaves the order where it was
     return out
 
 
@@ -337,17 +341,25 @@ def _attribute(out: Alignment, t: CandidateTensor, module: str) -> None:
 
 
 def _hinted(hint: str, key: tuple[int, ...], low: int, ref_names: list[str],
-            ref_keys: list[tuple[int, ...]], ref_module: list[str], modules: set[str]) -> list[int]:
+            ref_keys: list[tuple[int, ...]], ref_module: list[str], modules: set[str],
+            calls: dict[str, list[int]], taken: set[int]) -> list[int]:
     """Reference tensors a hinted candidate may be: the hinted module's own output (its
-    next call), and for a module, the records that follow it in its parent (a Conv whose
-    value is its BatchNorm's after folding, a Linear with a layer-scale multiply folded in,
-    or its activation's after fusion); for the model itself ("") or a non-leaf module, the
-    calls it made. Model outputs (output_N) repeat other records."""
-    own = [j for j in range(low, len(ref_names)) if ref_keys[j] == key
-           and ref_module[j] == hint and not ref_names[j].startswith("output_")]
-    if not own or not hint or call_module(ref_names[own[0]]) != hint:
+    next call not yet taken; behind the order so far when none is ahead: a simplified
+    graph may run a shortcut conv before the branch torch ran first), and for a module,
+    the records that follow it in its parent (a Conv whose value is its BatchNorm's after
+    folding, a Linear with a layer-scale multiply folded in, or its activation's after
+    fusion); for the model itself ("") or a non-leaf module, the calls it made. Model
+    outputs (output_N) repeat other records."""
+    if hint in calls:
+        free = [j for j in calls[hint] if j not in taken and ref_keys[j] == key]
+        ahead = [j for j in free if j >= low]
+        if not free:
+            return []
+        h = ahead[0] if ahead else free[-1]
+    else:
+        own = [j for j in range(low, len(ref_names)) if ref_keys[j] == key
+               and ref_module[j] == hint and not ref_names[j].startswith("output_")]
         return own[:1] if len(own) == 1 else own
-    h = own[0]
     parent = hint.rsplit(".", 1)[0] if "." in hint else ""
     follow = []
     for j in range(h + 1, min(len(ref_names), h + 3)):
