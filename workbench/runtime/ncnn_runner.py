@@ -165,8 +165,21 @@ class NcnnRunner(Runner):
     main_thread = True  # in the worker: ncnn was 20-50% slower run from another thread
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
-                 isolated: bool = True, custom_ops: bytes | None = None) -> None:
-        from ..stages import custom_ops as cops
+                 isolated: bool = True, custom_ops: bytes | None = None,
+                 timeout: float | None = None) -> None:
+        """An ncnn model (.ncnn.param + .ncnn.bin) in ncnn.
+
+        Args:
+            source: the Artifact wb.to_ncnn returned, or a path to the .ncnn.param.
+            precision: "fp32" (fp16 storage and arithmetic off) or "fp16" (ncnn's defaults).
+            num_threads: ncnn's threads.
+            isolated: run in the crash-isolating worker process (a segfault becomes
+                BackendCrashed); False runs in this process.
+            custom_ops: used by the worker only (the twin's shipped @wb.custom_op layers).
+            timeout: seconds one run may take in the worker before it is abandoned and the
+                worker replaced (BackendTimeout); default scales with the model's size.
+        """
+        from .. import customops as cops
 
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
@@ -198,7 +211,7 @@ class NcnnRunner(Runner):
             self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
                                         (str(self.param),),
                                         {"precision": precision, "num_threads": num_threads,
-                                         **ship}, f"ncnn ({precision})")
+                                         **ship}, f"ncnn ({precision})", timeout=timeout)
 
     @property
     def net(self):
@@ -212,18 +225,18 @@ class NcnnRunner(Runner):
             net.opt.use_fp16_packed = fp16
             net.opt.use_fp16_arithmetic = fp16
             net.opt.num_threads = self.num_threads
-            from ..stages.custom_ops import register_ncnn_layers
+            from ..customops import register_ncnn_layers
 
             register_ncnn_layers(net, self.param)  # Python layers of @wb.custom_op ops
             if net.load_param(str(self.param)) != 0:
-                from ..stages.ncnn import unloadable_layers
+                from .ncnn_model import unloadable_layers
 
                 unknown = unloadable_layers(self.param)
                 if unknown:
                     from ..errors import MissingOpError
 
                     listing = ", ".join(f"{t} ({n})" for t, n in unknown[:8])
-                    from ..stages.custom_ops import missing_ncnn_hint
+                    from ..customops import missing_ncnn_hint
 
                     raise MissingOpError(
                         f"ncnn has no layer type for {listing} in {self.param.name}",

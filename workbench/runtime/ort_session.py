@@ -54,7 +54,7 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
             load_external_data(model, path)
         sess = ort.InferenceSession(model.SerializeToString(), so,
                                     providers=["CPUExecutionProvider"])
-        if rewritten is not None:  # runs Python kernels: see custom_ops.track_session
+        if rewritten is not None:  # runs Python kernels: see customops.ort.track_session
             track_session(sess)
         return sess
     except Exception as e:

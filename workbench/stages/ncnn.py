@@ -121,9 +121,9 @@ def to_ncnn(
                     shutil.copy2(parent.dir / extra, tmp / extra)
             # the torch outputs stored at export, or ONNX Runtime's on inputs given here
             ref_out = reference[1] if reference else _ort_outputs(parent, args)
-        from .custom_ops import ncnn_finish, pnnx_prepare
+        from .pnnx_customops import ncnn_finish, pnnx_prepare
 
-        # @wb.custom_op nodes -> stand-ins pnnx keeps as one layer each (see custom_ops.py)
+        # @wb.custom_op nodes -> stand-ins pnnx keeps as one layer each (see pnnx_customops.py)
         custom = pnnx_prepare(model_file, args) if kind == "onnx" else []
         cmd = [str(pnnx_binary()), model_file.name, f"inputshape={_shape_arg(args)}",
                "device=cpu", f"optlevel={optlevel}", f"fp16={int(fp16)}"]
@@ -156,6 +156,8 @@ def to_ncnn(
             raise ConversionError(
                 f"pnnx wrote the pnnx graph ({pnnx_art.id}) but not {missing}" + _tail(log),
                 _hint_for(log))
+        from ..runtime.ncnn_model import unloadable_layers
+
         bad = unloadable_layers(tmp / ncnn_files[0])
         if bad:
             listing = ", ".join(f"{t} ({n})" for t, n in bad[:8])
@@ -315,22 +317,6 @@ def _hint_for(log: str, bad: list[tuple[str, str]] | None = None) -> str:
                 "supported ops, or register a custom ncnn layer (the custom-op helpers)")
     return ("read the pnnx log above for the op it stopped at; try optlevel=0, or convert the "
             "simplified ONNX artifact instead of the module")
-
-
-def unloadable_layers(param: Path) -> list[tuple[str, str]]:
-    """(layer type, layer name) of every layer in an ncnn param that ncnn cannot create."""
-    import ncnn
-
-    from .custom_ops import is_custom_layer
-
-    bad = []
-    lines = param.read_text().splitlines()[2:]
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 2 and ncnn.layer_to_index(parts[0]) < 0 and not is_custom_layer(
-                parts[0]):
-            bad.append((parts[0], parts[1]))
-    return bad
 
 
 def _check_numbers(param: Path, args: tuple,
