@@ -52,8 +52,11 @@ def test_measure_pair_takes_other_ranks_of_one_tensor_and_names_what_it_cannot()
     ref = rng.standard_normal((1, 7, 7, 768)).astype(np.float32)
     m = measure_pair(ref, ref.reshape(1, 1, 1, 7, 7, 768), Tolerance())
     assert isinstance(m, dict) and m["passed"] and m["max_abs"] == 0.0
+    merged = measure_pair(ref, ref.reshape(49, 768), Tolerance())  # a Gemm's 2-D output
+    assert isinstance(merged, dict) and merged["max_abs"] == 0.0
     why = measure_pair(ref[0, 0], ref[0, 0].T.copy()[:6], Tolerance())
     assert isinstance(why, str) and "shapes differ" in why and "[7, 768]" in why
+    assert isinstance(measure_pair(ref, ref.reshape(1, 7, 768, 7), Tolerance()), str)
 
 
 def test_rank6_against_rank4_does_not_abort_the_comparison(tmp_path):
@@ -384,3 +387,36 @@ def test_a_shortcut_run_first_is_still_aligned_and_a_fault_after_it_named(tmp_pa
     module = "model.resnet.encoder.stages.1.layers.0.layer.1.convolution"
     assert first is not None and first.name == branch.output[0], rep.summary()
     assert module in (first.reference, *first.covers)
+
+
+def test_convnext_layer_scale_folded_into_a_linear_is_aligned_with_its_relation(tmp_path):
+    """transformers' ConvNeXt (zoo, seeded), simplified: each block's layer scale is folded
+    into pwconv2 (a Gemm on [H*W, C] between two Reshapes): aligned to the multiply it
+    folded, with the modules it covers, no alarm. With the zoo's own layer scales (ones)
+    the Gemm's [H*W, C] output is pwconv2's [1, H, W, C] with its leading axes merged."""
+    from workbench import zoo
+
+    layer = "model.convnext.encoder.stages.0.layers.0"
+    for scaled in (True, False):
+        model, x = zoo.get("convnext")
+        torch.manual_seed(0)
+        with torch.no_grad():  # the zoo's layer scales are 1: values worth folding
+            for n, p in model.named_parameters():
+                if scaled and n.endswith("layer_scale_parameter"):
+                    p.copy_(torch.rand_like(p) * 0.5 + 0.1)
+        ws = wb.Workspace(tmp_path / f"ws{scaled}")
+        sim = wb.simplify(wb.export(model, x, workspace=ws))
+        rep = wb.compare(model, [sim], x, mode="both", progress=False)
+        (name,) = rep.aligned_fraction
+        assert rep.aligned_fraction[name] == 1.0 and rep.ok, (rep.summary(), rep.unaligned)
+        recs = {r.name.split("encoder/")[-1]: r for r in rep.records if r.mode == "isolated"}
+        if scaled:
+            rec = recs["stages.0/layers.0/pwconv2/Add_output_0"]
+            assert rec.reference == f"{layer}/Tensor.mul_0"
+            assert rec.covers == (f"{layer}.pwconv2", f"{layer}/Tensor.mul_0")
+            assert rec.relation.startswith("equal up to folding")
+        else:
+            rec = recs["stages.0/layers.0/pwconv2/MatMul_output_0_gemm_out"]
+            assert rec.reference == f"{layer}.pwconv2"
+            assert "leading axes merged: reference [1, 16, 16, 16], candidate [256, 16]" in \
+                rec.relation

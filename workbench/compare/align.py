@@ -218,6 +218,8 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     modules = modules or set()
     ref_names = list(reference)
     ref_keys = [shape_key(np.shape(reference[n])) for n in ref_names]
+    # (size, last axis): a Gemm's 2-D output is its Linear's [1, H, W, C] with axes merged
+    ref_flat = [(np.size(reference[n]), np.shape(reference[n])[-1:]) for n in ref_names]
     # the module each record belongs to: a leaf is its own (each of its calls: relu,
     # relu#1); 'layer1/Tensor.add_0' was called by layer1; 'F.interpolate_0' by the model
     ref_module = [m if (m := call_module(n)) in modules else (n.split("/")[0] if "/" in n
@@ -291,6 +293,10 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
         if t.hint is not None:
             hinted = _hinted(t.hint, key, low, ref_names, ref_keys, ref_module, modules,
                              calls, taken)
+            if not hinted and t.hint in calls:  # the call's output with leading axes merged
+                flat = (np.size(arr), np.shape(arr)[-1:])
+                hinted = _hinted(t.hint, flat, low, ref_names, ref_flat, ref_module, modules,
+                                 calls, taken)
             if hinted:
                 choices = hinted
                 # the named module itself, unless this is a step inside a lowered module
@@ -340,8 +346,8 @@ def _attribute(out: Alignment, t: CandidateTensor, module: str) -> None:
     out.attributed[t.name] = module
 
 
-def _hinted(hint: str, key: tuple[int, ...], low: int, ref_names: list[str],
-            ref_keys: list[tuple[int, ...]], ref_module: list[str], modules: set[str],
+def _hinted(hint: str, key: Any, low: int, ref_names: list[str],
+            ref_keys: list[Any], ref_module: list[str], modules: set[str],
             calls: dict[str, list[int]], taken: set[int]) -> list[int]:
     """Reference tensors a hinted candidate may be: the hinted module's own output (its
     next call not yet taken; behind the order so far when none is ahead: a simplified

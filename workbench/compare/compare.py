@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .align import CandidateTensor, align, samples, shape_key
-from .verdict import MIN_EXPLAINED, measure_pair, shape_relation
+from .align import CandidateTensor, align, samples
+from .verdict import MIN_EXPLAINED, measure_pair, same_elements, shape_relation
 
 MODES = ("accumulated", "isolated", "both")
 
@@ -217,7 +217,7 @@ def _fit(ref: Any, like_shape: tuple[int, ...]) -> Any:
     ref = np.asarray(ref)
     if ref.shape == tuple(like_shape):
         return ref
-    if shape_key(ref.shape) == shape_key(like_shape):
+    if same_elements(ref.shape, tuple(like_shape)):
         return ref.reshape(like_shape)
     raise InputError(f"reference shape {list(ref.shape)} cannot feed a candidate tensor of "
                      f"shape {list(like_shape)}",

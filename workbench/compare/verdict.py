@@ -46,9 +46,9 @@ def measure_pair(ref: Any, cand: Any, tol: Any) -> dict[str, Any] | str:
 
     a, b = np.asarray(ref), np.asarray(cand)
     if a.shape != b.shape:
-        if shape_key(a.shape) != shape_key(b.shape) or a.size != b.size:
+        if not same_elements(a.shape, b.shape):
             return (f"shapes differ: reference {list(a.shape)}, candidate {list(b.shape)} "
-                    "(not the same elements in another rank)")
+                    "(not the same elements in another shape)")
         b = b.reshape(a.shape)
     try:
         m = tensor_metrics(a, b, tol)
@@ -59,11 +59,25 @@ def measure_pair(ref: Any, cand: Any, tol: Any) -> dict[str, Any] | str:
     return m
 
 
+def same_elements(ref_shape: tuple, cand_shape: tuple) -> bool:
+    """Whether two shapes hold one tensor's elements in the same order, as alignment pairs
+    them: equal but for axes of size 1, or leading axes merged (a Gemm's [H*W, C] output
+    of a Linear's [1, H, W, C]). A reshape never reorders elements."""
+    import math
+
+    if shape_key(ref_shape) == shape_key(cand_shape):
+        return True
+    return (math.prod(ref_shape) == math.prod(cand_shape) and len(ref_shape) > 0
+            and len(cand_shape) > 0 and ref_shape[-1] == cand_shape[-1])
+
+
 def shape_relation(ref_shape: tuple, cand_shape: tuple) -> str | None:
     """How two shapes of one tensor differ beyond ncnn's dropped batch axis, or None."""
     if ref_shape == cand_shape or ref_shape[1:] == cand_shape or cand_shape[1:] == ref_shape:
         return None
-    return f"axes of size 1 differ: reference {list(ref_shape)}, candidate {list(cand_shape)}"
+    what = ("axes of size 1 differ" if shape_key(ref_shape) == shape_key(cand_shape)
+            else "leading axes merged")
+    return f"{what}: reference {list(ref_shape)}, candidate {list(cand_shape)}"
 
 
 def verdict(candidate: str, alignment: Any, records: list[Any],
