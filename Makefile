@@ -41,8 +41,10 @@ demo: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/00-quickstart.ipynb
 
+# ruff, and the layer contract in pyproject.toml ([tool.importlinter]): imports run one way
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # The browser tests drive Debian Chromium through Playwright (pip extra `dev`); never
 # `playwright install`: its downloaded browsers do not run here.

@@ -100,6 +100,14 @@ def test_makefile_targets_bootstrap_the_venv():
         line = next(ln for ln in text.splitlines() if ln.startswith(f"{target}:"))
         assert "$(STAMP)" in line or "lint" in line, line
     assert "ruff check" in text and "pytest" in text and "-m venv" in text
+    assert "lint-imports" in text  # the layer contract runs in make test
+
+
+def test_the_layer_contract_holds():
+    run = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "1 kept, 0 broken" in run.stdout
 
 
 def test_ci_runs_make_test():

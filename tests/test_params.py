@@ -15,14 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.errors import ModelFileError
-from workbench.graph import TensorInfo
+from workbench.graph import TensorInfo, summarize_ncnn, summarize_pnnx
 from workbench.params import (
     NcnnLayer,
     PnnxAttr,
     parse_ncnn_param,
     parse_pnnx_param,
-    summarize_ncnn,
-    summarize_pnnx,
 )
 from workbench.stages.ncnn import pnnx_binary
 

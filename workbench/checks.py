@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .artifact import Artifact, Diagnostic
-from .compare.metrics import max_errors, within
+from .tolerances import max_errors, within
 
 INPUTS_FILE = "example_inputs.npz"
 REFERENCE_FILE = "reference_outputs.npz"

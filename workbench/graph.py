@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .params import PNNX_IO_OPS, NcnnParam, PnnxParam, parse_ncnn_param, parse_pnnx_param
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
 
@@ -104,12 +105,8 @@ def summarize(source: Any) -> GraphSummary:
         path = Path(source)
         fmt = detect_format(path)
         if fmt == "ncnn":
-            from .params import summarize_ncnn
-
             return summarize_ncnn(path)
         if fmt == "pnnx":
-            from .params import summarize_pnnx
-
             return summarize_pnnx(path)
         return summarize_onnx(load_onnx(path, external_data=False))
     raise InputError(f"cannot summarize a {type(source).__name__}",
@@ -170,4 +167,40 @@ def summarize_onnx(model) -> GraphSummary:
         initializer_bytes=sum(_tensor_bytes(t) for t in g.initializer),
         functions=[f"{f.domain}::{f.name}" for f in model.functions],
         producer=f"{model.producer_name} {model.producer_version}".strip(),
+    )
+
+
+# -- ncnn and pnnx (parsed by workbench.params) ------------------------------------------
+def summarize_ncnn(source: str | Path | NcnnParam) -> GraphSummary:
+    """GraphSummary of an ncnn ``.param``: layers other than Input, glue layers included."""
+    p = source if isinstance(source, NcnnParam) else parse_ncnn_param(source)
+    hist = Counter(la.type for la in p.layers if la.type != "Input")
+    return GraphSummary(
+        format="ncnn",
+        node_count=sum(hist.values()),
+        op_histogram=dict(hist.most_common()),
+        inputs=[TensorInfo(b, None, "float32") for b in p.inputs],
+        outputs=[TensorInfo(b, None, "float32") for b in p.outputs],
+    )
+
+
+def summarize_pnnx(source: str | Path | PnnxParam) -> GraphSummary:
+    """GraphSummary of a pnnx ``.pnnx.param``: ops other than pnnx.Input/Output; attribute
+    (weight) sizes from their declared shapes."""
+    p = source if isinstance(source, PnnxParam) else parse_pnnx_param(source)
+    hist = Counter(o.type for o in p.ops if o.type not in PNNX_IO_OPS)
+    attrs = [a for o in p.ops for a in o.attrs.values()]
+
+    def info(name: str) -> TensorInfo:
+        r = p.operands[name]
+        return TensorInfo(name, r.shape, r.dtype or "unknown")
+
+    return GraphSummary(
+        format="pnnx",
+        node_count=sum(hist.values()),
+        op_histogram=dict(hist.most_common()),
+        inputs=[info(n) for n in p.inputs],
+        outputs=[info(n) for n in p.outputs],
+        initializer_count=len(attrs),
+        initializer_bytes=sum(a.nbytes for a in attrs),
     )

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ModelFileError
-from .graph import Dim, GraphSummary, TensorInfo
+
+if TYPE_CHECKING:
+    from .graph import Dim
 
 MAGIC = 7767517
 """First line of both formats."""
@@ -365,19 +367,6 @@ def _ncnn_param(path: Path, lineno: int, tok: str) -> tuple[int, str | list[str]
     return k, value
 
 
-def summarize_ncnn(source: str | Path | NcnnParam) -> GraphSummary:
-    """GraphSummary of an ncnn ``.param``: layers other than Input, glue layers included."""
-    p = source if isinstance(source, NcnnParam) else parse_ncnn_param(source)
-    hist = Counter(la.type for la in p.layers if la.type != "Input")
-    return GraphSummary(
-        format="ncnn",
-        node_count=sum(hist.values()),
-        op_histogram=dict(hist.most_common()),
-        inputs=[TensorInfo(b, None, "float32") for b in p.inputs],
-        outputs=[TensorInfo(b, None, "float32") for b in p.outputs],
-    )
-
-
 # -- pnnx ---------------------------------------------------------------------------------------
 
 
@@ -469,25 +458,3 @@ def _pnnx_item(path: Path, lineno: int, op: PnnxOp, tok: str,
                          f"parameter {key!r}", _show(tok),
                          "the line is truncated; write it again with pnnx")
         op.params[key] = value
-
-
-def summarize_pnnx(source: str | Path | PnnxParam) -> GraphSummary:
-    """GraphSummary of a pnnx ``.pnnx.param``: ops other than pnnx.Input/Output; attribute
-    (weight) sizes from their declared shapes."""
-    p = source if isinstance(source, PnnxParam) else parse_pnnx_param(source)
-    hist = Counter(o.type for o in p.ops if o.type not in PNNX_IO_OPS)
-    attrs = [a for o in p.ops for a in o.attrs.values()]
-
-    def info(name: str) -> TensorInfo:
-        r = p.operands[name]
-        return TensorInfo(name, r.shape, r.dtype or "unknown")
-
-    return GraphSummary(
-        format="pnnx",
-        node_count=sum(hist.values()),
-        op_histogram=dict(hist.most_common()),
-        inputs=[info(n) for n in p.inputs],
-        outputs=[info(n) for n in p.outputs],
-        initializer_count=len(attrs),
-        initializer_bytes=sum(a.nbytes for a in attrs),
-    )

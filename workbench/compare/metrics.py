@@ -4,54 +4,18 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 
+# the whole-output checks every stage runs live below the stages, in workbench.tolerances
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, EPS, max_errors, within  # noqa: F401
+
 if TYPE_CHECKING:
     import numpy as np
-
-EPS = 1e-6
-DEFAULT_ATOL = 1e-4
-DEFAULT_RTOL = 1e-3
-
-
-def max_errors(ref: Sequence[Any], got: Sequence[Any], eps: float = EPS) -> dict[str, Any]:
-    """Max abs and max rel error over paired outputs; shape mismatches and NaNs are reported."""
-    import numpy as np
-
-    out: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "shape_mismatch": [], "nonfinite": 0}
-    if len(ref) != len(got):
-        out["shape_mismatch"].append(f"{len(ref)} reference outputs vs {len(got)} candidate")
-    for i, (a, b) in enumerate(zip(ref, got, strict=False)):
-        a = np.asarray(a, dtype=np.float64)
-        b = np.asarray(b, dtype=np.float64)
-        if a.shape != b.shape:
-            out["shape_mismatch"].append(f"output {i}: {list(a.shape)} vs {list(b.shape)}")
-            continue
-        if a.size == 0:
-            continue
-        out["nonfinite"] += int((~np.isfinite(b)).sum() - (~np.isfinite(a)).sum())
-        diff = np.abs(a - b)
-        diff = np.where(np.isnan(diff), np.inf, diff) if np.isnan(diff).any() else diff
-        out["max_abs"] = max(out["max_abs"], float(diff.max()))
-        out["max_rel"] = max(out["max_rel"], float((diff / (np.abs(a) + eps)).max()))
-    return out
-
-
-def within(errors: dict[str, Any], atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL,
-           ref: Sequence[Any] | None = None) -> bool:
-    """True when there is no shape mismatch and max abs error <= atol + rtol * max |ref|."""
-    import numpy as np
-
-    if errors["shape_mismatch"]:
-        return False
-    scale = max((float(np.abs(np.asarray(r)).max()) for r in ref or () if np.size(r)),
-                default=0.0)
-    return errors["max_abs"] <= atol + rtol * scale
 
 
 # --- per-tensor metrics and tolerances -------------------------------------------------------

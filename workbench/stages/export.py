@@ -17,9 +17,9 @@ from typing import Any
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..checks import save_reference
-from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
 from ..errors import ExportError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, flatten_outputs
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
 
 EXPORTERS = ("torchscript", "dynamo")
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit

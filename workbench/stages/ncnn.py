@@ -330,8 +330,8 @@ def _check_numbers(param: Path, args: tuple,
     the fp32 one. ``fp16_exercised`` records which."""
     import numpy as np
 
-    from ..compare.metrics import max_errors
     from ..runtime.ncnn_runner import NcnnRunner
+    from ..tolerances import max_errors
 
     metrics: dict[str, Any] = {}
     diags: list[Diagnostic] = []

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
-from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..errors import InputError, WorkbenchError
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .simplify import as_onnx_artifact
 
 if TYPE_CHECKING:

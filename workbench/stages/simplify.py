@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
-from ..compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL
 from ..errors import InputError, SimplifyError
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 MAIN = "model.onnx"
 
