@@ -1,0 +1,30 @@
+"""One ipywidgets panel per stage: controls, Run, progress, result, graph preview, code.
+
+Every panel works headless: ``panel.run()`` is what the Run button calls, it never raises
+(an error is shown in the panel with its hint and kept in ``panel.error``), and its state
+is plain widget values (``panel.status.value``, ``panel.result_html.value``...) that tests
+read. ``panel.code()`` is the engine call for the current settings, ready to paste.
+
+Modules: ``base`` (StagePanel and the HTML helpers), ``export`` (export, custom ops),
+``transform`` (simplify, raise), ``ncnn``, ``compare``.
+"""
+
+from __future__ import annotations
+
+from .base import (
+    LEVEL_COLOURS,
+    StagePanel,
+    artifact_html,
+    code_block_html,
+    diagnostics_html,
+    error_html,
+    histogram_html,
+)
+from .compare import ComparePanel
+from .export import CustomOpsPanel, ExportPanel
+from .ncnn import NcnnPanel
+from .transform import RaisePanel, SimplifyPanel
+
+__all__ = ["LEVEL_COLOURS", "ComparePanel", "CustomOpsPanel", "ExportPanel", "NcnnPanel",
+           "RaisePanel", "SimplifyPanel", "StagePanel", "artifact_html", "code_block_html",
+           "diagnostics_html", "error_html", "histogram_html"]

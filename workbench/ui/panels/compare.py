@@ -1,0 +1,134 @@
+"""The compare panel: op by op, the table and the graph coloured by error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...artifact import Artifact, Workspace
+from ...errors import InputError
+from ..code import call
+from .base import StagePanel, _esc, _widgets, error_html
+
+
+# -- compare -------------------------------------------------------------------------------
+class ComparePanel(StagePanel):
+    """Op by op, torch against the ONNX and ncnn artifacts: mode, tolerance."""
+
+    stage, title, var = "compare", "6. Compare op by op", "rep"
+
+    def __init__(self, model: Any, inputs: Any, candidates: list[Any] | None = None, *,
+                 workspace: Workspace | str | None = None, mode: str = "both",
+                 tolerance: float | None = None) -> None:
+        self.model = model
+        self.inputs = inputs
+        self.candidates: list[Any] = list(candidates or [])
+        self._init = dict(mode=mode, tolerance=tolerance)
+        super().__init__(workspace=workspace)
+        self.netron_button.layout.display = "none"
+
+    @property
+    def needs_model(self) -> bool:
+        return True
+
+    def _controls(self) -> list[Any]:
+        w = _widgets()
+        self.mode = w.Dropdown(options=["accumulated", "isolated", "both"],
+                               value=self._init["mode"], description="mode")
+        tol = self._init["tolerance"]
+        self.tolerance = w.Text(value="" if tol is None else str(tol), description="tolerance",
+                                placeholder="default")
+        self.candidates_html = w.HTML()
+        self._show_candidates()
+        return [w.HBox([self.mode, self.tolerance]), self.candidates_html]
+
+    def _watched(self) -> list[Any]:
+        return [self.mode, self.tolerance]
+
+    def set_candidates(self, candidates: list[Any]) -> None:
+        """The artifacts to compare against the torch model."""
+        self.candidates = list(candidates)
+        self._show_candidates()
+        self._refresh_code()
+
+    def _show_candidates(self) -> None:
+        names = ", ".join(getattr(c, "id", str(c)) for c in self.candidates) or "none yet"
+        self.candidates_html.value = f"<div>candidates: {_esc(names)}</div>"
+
+    def settings(self) -> dict[str, Any]:
+        text = self.tolerance.value.strip()
+        tolerance = None
+        if text:
+            try:
+                tolerance = float(text)
+            except ValueError:
+                raise InputError(f"tolerance {text!r} is not a number",
+                                 "write an absolute tolerance such as 1e-4, or leave it "
+                                 "empty for the default") from None
+        return {"mode": self.mode.value, "tolerance": tolerance}
+
+    def _execute(self, settings: dict[str, Any]) -> Any:
+        from ...compare.compare import compare
+
+        if not self.candidates:
+            raise InputError("nothing to compare yet", "run export (and ncnn) first")
+        return compare(self.model, self.candidates, self.inputs, **settings)
+
+    def _render(self, report: Any) -> None:
+        w = _widgets()
+        self.result_html.value = (f"<pre class='wb-summary'>{_esc(report.summary())}</pre>")
+        try:
+            from ..compare_view import CompareView
+
+            view = CompareView(report)
+        except Exception:  # the report's own HTML table still shows every row
+            view = None
+        if view is None:
+            view = w.HTML(report._repr_html_())
+        self.preview.children = (view, *self._error_graph(report))
+
+    def _error_graph(self, report: Any) -> list[Any]:
+        """A candidate's graph coloured by accumulated error (a GraphView), to pick from."""
+        w = _widgets()
+        names = [c.name for c in report.candidates]
+        color_by = "accumulated"
+        self.graph_of = w.Dropdown(options=names, value=names[0], description="graph of")
+        box = w.VBox()
+
+        def draw(_change: Any = None) -> None:
+            from ..graphview import GraphView
+
+            cand = next(c for c in report.candidates if c.name == self.graph_of.value)
+            try:
+                box.children = (GraphView(cand.path, report=report, color_by=color_by,
+                                          candidate=cand.name),)
+            except Exception as e:  # e.g. a candidate the view cannot draw
+                box.children = (w.HTML(error_html(e)),)
+
+        self.graph_of.observe(draw, names="value")
+        draw()
+        return [self.graph_of, box]
+
+    def _chain(self) -> tuple[list[str], bool]:
+        ws = self._ws()
+        lines = [f"ws = wb.Workspace({str(ws.path)!r})"]
+        names = []
+        for k, c in enumerate(self.candidates):
+            if isinstance(c, Artifact):
+                lines.append(f"cand{k} = ws.get({c.id!r})")
+                names.append(f"cand{k}")
+            else:
+                names.append(repr(str(c)))
+        try:
+            settings = self.settings()
+        except InputError as e:
+            return lines + [f"# settings not readable: {e.message}"], True
+        return lines + [self._body_for(names, settings), f"print({self.var}.summary())"], True
+
+    def _body_for(self, names: list[str], settings: dict[str, Any] | None = None) -> str:
+        """The compare call on the candidates held in variables ``names``."""
+        settings = self.settings() if settings is None else settings
+        return call(self.var, "wb.compare", ["model", f"[{', '.join(names)}]", "inputs"],
+                    settings)
+
+    def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:
+        return []
