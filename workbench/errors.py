@@ -70,3 +70,7 @@ class RemoteError(WorkbenchError):
 
 class CustomOpError(WorkbenchError, ValueError):
     """A custom-op declaration or registration is not usable as given."""
+
+
+class RaiseError(WorkbenchError):
+    """Raising failed (an opset upgrade the converter refuses, a rule that crashes)."""
