@@ -90,9 +90,15 @@ class CompareView(widgets.VBox):
         for w in (self.candidate_w, self.mode_w, self.op_w, self.threshold_w, self.failing_w,
                   self.sort_w, self.descending_w):
             w.observe(lambda _c: self._refresh(), names="value")
-        div = (f"first divergence: <b>{html.escape(str(first.reference))}</b> "
-               f"({html.escape(first.op_type)} {html.escape(first.name)}, {first.mode})"
-               if first else "no divergence: every aligned tensor is within tolerance")
+        if first:
+            div = (f"first divergence: <b>{html.escape(str(first.reference))}</b> "
+                   f"({html.escape(first.op_type)} {html.escape(first.name)}, {first.mode})")
+        elif report.ok:
+            div = "no divergence: every aligned tensor is within tolerance"
+        else:  # nothing diverged, yet no verdict is ok (nothing compared, too little explained)
+            why = "; ".join(f"{name}: {'; '.join(v.reasons) or 'a tensor fails'}"
+                            for name, v in report.verdicts().items() if not v.ok)
+            div = f"<b>NOT OK</b>: {html.escape(why)}"
         summary = widgets.HTML(f"<pre>{html.escape(report.summary())}</pre><div>{div}</div>")
         controls = widgets.VBox([
             widgets.HBox([self.candidate_w, self.mode_w, self.op_w]),
