@@ -313,3 +313,21 @@ def test_a_rewritten_file_is_read_again(tmp_path):
     assert len(GraphView(path).nodes) == 4  # from the cache
     onnx.save(_chain_model(9), str(path))
     assert len(GraphView(path).nodes) == 9
+
+
+def test_compare_view_says_not_ok_when_nothing_was_compared(tmp_path):
+    import torch
+    from torch import nn
+
+    from workbench.ui.compare_view import CompareView
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
+    other = nn.Sequential(nn.Conv2d(3, 5, 3), nn.Sigmoid(), nn.Conv2d(5, 6, 1)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    onx = wb.export(other, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [onx], (x,), progress=False)
+    assert not rep.ok and rep.first_divergence is None
+    text = CompareView(rep, figures=False).children[0].value
+    assert "NOT OK" in text and "nothing compared" in text
+    assert "every aligned tensor is within tolerance" not in text
