@@ -54,3 +54,37 @@ def flatten_outputs(out: Any) -> list:
     if hasattr(out, "to_tuple"):  # transformers ModelOutput
         return flatten_outputs(out.to_tuple())
     return []
+
+
+def run_torch(model: Any, args: tuple, what: str) -> list:
+    """The model (in eval mode) on its own copy of ``args``: its outputs as numpy arrays,
+    or an InputError naming the inputs the model rejected."""
+    import torch
+
+    from .errors import InputError
+
+    try:
+        with torch.no_grad():
+            out = flatten_outputs(_eval(model)(*copies(args)))
+    except Exception as e:  # the model's own error says what it wanted
+        shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
+        raise InputError(
+            f"{type(model).__name__} rejected the {what} ({shapes}): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+            "give inputs of the shape and dtype the model's forward() expects, e.g. "
+            "torch.randn(1, 3, 224, 224) for an image model") from e
+    if not out:
+        raise InputError(f"{type(model).__name__} returned no tensor on the {what}",
+                         "an exported model needs at least one tensor output")
+    return [t.detach().cpu().numpy() for t in out]
+
+
+def copies(args: tuple) -> tuple:
+    """Each run's own copy of the inputs: a model that writes into its input (x.mul_(2))
+    changes neither the caller's tensors nor the inputs of the next run."""
+    return tuple(a.clone() for a in args)
+
+
+def _eval(model: Any) -> Any:
+    model.eval()
+    return model

@@ -90,10 +90,18 @@ def _check_name(name: Any, what: str) -> tuple[str, str]:
     return ns, op
 
 
-def _check_opset(opset: Any, exporter: str | None) -> None:
+def opset_range(exporter: str | None) -> tuple[int, int]:
+    """The opsets an exporter writes, as torch says (None: what both exporters write)."""
     from torch.onnx import _constants as c
 
     hi = c.ONNX_MAX_OPSET if exporter == "dynamo" else c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET
+    return c.ONNX_MIN_OPSET, hi
+
+
+def _check_opset(opset: Any, exporter: str | None) -> None:
+    """A symbolic may be registered from any opset up to what the exporter writes (it then
+    serves every export at that opset or later)."""
+    hi = opset_range(exporter)[1]
     if not isinstance(opset, int) or isinstance(opset, bool) or not 1 <= opset <= hi:
         raise InputError(f"opset={opset!r} is not an ONNX opset (1..{hi})",
                          "give the lowest opset your symbolic's ONNX ops exist in, e.g. "

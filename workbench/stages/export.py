@@ -7,9 +7,7 @@ second set of example inputs to catch branches and loops the trace froze.
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import linecache
 import re
 import time
 from pathlib import Path
@@ -17,13 +15,17 @@ from typing import Any
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..checks import save_reference
-from ..errors import ExportError, InputError, WorkbenchError
-from ..inputs import as_tensor_tuple, describe, flatten_outputs
+from ..customops.registry import EXPORTERS, opset_range
+from ..errors import InputError, WorkbenchError
+from ..inputs import as_tensor_tuple, copies, describe, run_torch
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
+from .export_errors import export_error, warning_diagnostics
 
-EXPORTERS = ("torchscript", "dynamo")
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 MAIN = "model.onnx"
+# torch 2.13: the dynamo exporter implements its ops from opset 18 and converts anything
+# lower down with onnx's version converter; the TorchScript exporter's default stays 17.
+DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
 
 
 def export(
@@ -32,7 +34,7 @@ def export(
     *,
     workspace: Workspace | str | None = None,
     exporter: str = "torchscript",
-    opset: int = 17,
+    opset: int | None = None,
     input_names: list[str] | None = None,
     output_names: list[str] | None = None,
     dynamic_axes: dict[str, Any] | None = None,
@@ -49,7 +51,10 @@ def export(
     torch and ONNX Runtime are compared on it to find branches or loops the trace froze.
     ``moduleop`` (module classes or class names) keeps each such submodule as one op: an
     ONNX local function named after the class (either exporter; see stages/moduleop.py).
-    Returns an ``onnx`` Artifact whose ``diagnostics`` hold every trap found.
+    ``opset`` defaults to what each exporter handles (DEFAULT_OPSET: 17 for TorchScript,
+    18 for dynamo, whose op library starts at 18; below that torch converts its output down,
+    and what that writes is repaired where it is invalid, e.g. Split's opset-18
+    ``num_outputs``). Returns an ``onnx`` Artifact whose ``diagnostics`` hold every trap found.
     """
     import torch
 
@@ -61,6 +66,8 @@ def export(
         raise InputError(f"exporter={exporter!r} is not one of {EXPORTERS}",
                          "use 'torchscript' (torch.onnx.export dynamo=False) or 'dynamo' "
                          "(torch.export based)")
+    if opset is None:  # each exporter at the opset it handles (see DEFAULT_OPSET)
+        opset = DEFAULT_OPSET[exporter]
     _check_opset(opset, exporter)
     args = as_tensor_tuple(inputs)
     _check_arity(model, args)
@@ -70,7 +77,7 @@ def export(
     from .._capture import capture
 
     with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
-        reference = _run_torch(model, args, "example inputs")
+        reference = run_torch(model, args, "example inputs")
     input_names = _names(input_names, len(args), "input", "input_names", "example inputs")
     output_names = _names(output_names, len(reference), "output", "output_names",
                           "model outputs", allow_fewer=True)
@@ -87,6 +94,8 @@ def export(
         with hooks_restored(model, modules):
             _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
                           diags, ref_cap, modules)
+        if exporter == "dynamo" and opset < 18:
+            _repair_down_converted(path, opset, diags)
         diags += moduleop_diagnostics(path, modules, exporter)
         external = _finalize_external_data(path, external_data_threshold, diags)
         _check_onnx(path, diags)
@@ -109,15 +118,8 @@ def export(
 
 
 # -- argument checks ---------------------------------------------------------------------------
-def _opset_range(exporter: str) -> tuple[int, int]:
-    from torch.onnx import _constants as c
-
-    hi = c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET if exporter == "torchscript" else c.ONNX_MAX_OPSET
-    return c.ONNX_MIN_OPSET, hi
-
-
 def _check_opset(opset: Any, exporter: str) -> None:
-    lo, hi = _opset_range(exporter)
+    lo, hi = opset_range(exporter)
     if not isinstance(opset, int) or isinstance(opset, bool) or not lo <= opset <= hi:
         raise InputError(f"opset={opset!r} is outside what the {exporter} exporter writes "
                          f"({lo}..{hi})", f"pick an opset in {lo}..{hi}; 17 is a safe default")
@@ -141,36 +143,6 @@ def _check_arity(model: Any, args: tuple) -> None:
             f"{want} input(s), got {len(args)} example input(s): "
             f"{', '.join(describe(a) for a in args) or 'none'}",
             "pass a tuple with one tensor per forward() argument, e.g. (x,) for one input")
-
-
-def _run_torch(model: Any, args: tuple, what: str) -> list:
-    import torch
-
-    try:
-        with torch.no_grad():
-            out = flatten_outputs(_eval(model)(*_copies(args)))
-    except Exception as e:  # the model's own error says what it wanted
-        shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
-        raise InputError(
-            f"{type(model).__name__} rejected the {what} ({shapes}): "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-            "give inputs of the shape and dtype the model's forward() expects, e.g. "
-            "torch.randn(1, 3, 224, 224) for an image model") from e
-    if not out:
-        raise InputError(f"{type(model).__name__} returned no tensor on the {what}",
-                         "an exported model needs at least one tensor output")
-    return [t.detach().cpu().numpy() for t in out]
-
-
-def _copies(args: tuple) -> tuple:
-    """Each run's own copy of the inputs: a model that writes into its input (x.mul_(2))
-    changes neither the caller's tensors nor the inputs of the next run."""
-    return tuple(a.clone() for a in args)
-
-
-def _eval(model: Any) -> Any:
-    model.eval()
-    return model
 
 
 def _names(names: Any, n: int, stem: str, arg: str, what: str,
@@ -230,7 +202,7 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
     from .._capture import capture
 
     error: Exception | None = None
-    args = _copies(args)  # the trace runs forward(): a write into an input stays in the copy
+    args = copies(args)  # the trace runs forward(): a write into an input stays in the copy
     with capture() as cap:
         try:
             if exporter == "torchscript":
@@ -239,7 +211,7 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
                                   dynamic_axes=axes or None, do_constant_folding=True,
                                   export_modules_as_functions=modules or False)
             else:
-                from .custom_ops import translation_table
+                from ..customops import translation_table
 
                 prog = torch.onnx.export(
                     model, args, dynamo=True, opset_version=opset, input_names=input_names,
@@ -252,9 +224,62 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
     if earlier is not None:
         cap.warnings[:0] = earlier.warnings
         cap.output = "\n".join(x for x in (earlier.output, cap.output) if x)
-    diags.extend(_warning_diagnostics(cap))
+    diags.extend(warning_diagnostics(cap))
     if error is not None:
-        raise _export_error(error, exporter, opset, cap.output) from error
+        raise export_error(error, exporter, opset, cap.output) from error
+
+
+def _repair_down_converted(path: Path, opset: int, diags: list[Diagnostic]) -> None:
+    """Fix what onnx's version converter leaves when torch's dynamo exporter writes below
+    opset 18: a Split keeps opset 18's ``num_outputs`` attribute, which opsets 13-17 do not
+    have (they take the sizes as a second input). The sizes come from shape inference;
+    where the split axis is not static the model is left as it is (its checks say so)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    bad = [n for n in model.graph.node if n.op_type == "Split" and n.domain in ("", "ai.onnx")
+           and any(a.name == "num_outputs" for a in n.attribute)]
+    if not bad:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - the checks that follow report the model as it is
+        return
+    shapes = {vi.name: [d.dim_value if d.HasField("dim_value") else None
+                        for d in vi.type.tensor_type.shape.dim]
+              for vi in [*inferred.graph.value_info, *inferred.graph.input,
+                         *inferred.graph.output]}
+    fixed = 0
+    for node in bad:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        shape = shapes.get(node.input[0])
+        if shape is None or len(node.input) > 1:
+            continue
+        axis = attrs.get("axis", 0) % len(shape)
+        n, total = attrs["num_outputs"], shape[axis]
+        if total is None:
+            continue
+        size = -(-total // n)  # opset 18: chunks of ceil(total / n), the last one smaller
+        sizes = [size] * (n - 1) + [total - size * (n - 1)]
+        name = f"{node.name or node.output[0]}_split_sizes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(sizes, np.int64), name))
+        node.input.append(name)
+        keep = [a for a in node.attribute if a.name != "num_outputs"]
+        del node.attribute[:]
+        node.attribute.extend(keep)
+        fixed += 1
+    if fixed:
+        from ..fileio import atomic_write_bytes
+
+        atomic_write_bytes(path, model.SerializeToString())
+        diags.append(Diagnostic(
+            "info", "opset-down-converted",
+            f"the dynamo exporter writes opset 18 and converted the model down to {opset}; "
+            f"{fixed} Split node(s) kept opset 18's num_outputs and were repaired (split "
+            "sizes as an input, as opsets 13-17 take them)",
+            "export at opset=18 (the dynamo default) to skip the conversion"))
 
 
 def _dynamic_shapes(axes: dict[str, dict[int, str]], input_names: list[str],
@@ -270,140 +295,6 @@ def _dynamic_shapes(axes: dict[str, dict[int, str]], input_names: list[str],
         return dims.setdefault(ident, Dim(ident))
 
     return tuple({a: dim(d) for a, d in axes.get(n, {}).items()} or None for n in input_names)
-
-
-_TRACER_CODES = [
-    (re.compile(r"Python (number|integer|float|index)"), "tracer-constant",
-     "a tensor became a Python number and froze into a constant",
-     "keep it a tensor (use x.shape[i] or tensor ops instead of .item()/int()), or pass the "
-     "value as a model input; dynamic_axes cannot free a frozen constant"),
-    (re.compile(r"Python list"), "tracer-constant",
-     "a tensor became a Python list (.tolist()) and froze into constants",
-     "keep the values in a tensor; lists are recorded by value in the trace"),
-    (re.compile(r"torch\.tensor results are registered as constants|torch\.as_tensor"),
-     "tracer-constant", "torch.tensor(...) of Python values is recorded as a constant",
-     "build it from the input's tensors (e.g. torch.stack of shape values) or pass it in"),
-    (re.compile(r"Python boolean"), "tracer-branch",
-     "a tensor became a Python bool: the trace took one side of an if and froze it",
-     "use torch.where, or script that function (torch.jit.script), or exporter='dynamo' with "
-     "torch.cond; then check with inputs2=(other inputs,)"),
-    (re.compile(r"Iterating over a tensor"), "tracer-loop",
-     "a loop over a tensor was unrolled for its traced length",
-     "vectorise the loop, or script it (torch.jit.script) so it exports as a Loop"),
-]
-
-
-def _warning_diagnostics(cap: Any) -> list[Diagnostic]:
-    """Warnings and exporter output as diagnostics; tracer traps with their source line."""
-    diags: list[Diagnostic] = []
-    seen: set[tuple[str, str | None, str]] = set()
-    for w in cap.warnings:
-        text = str(w.message)
-        cat = w.category.__name__
-        source = f"{w.filename}:{w.lineno}"
-        code, level, msg, hint = "torch-warning", "warning", text, ""
-        if cat == "TracerWarning":
-            code, msg, hint = "tracer-warning", text, "check the line; the trace may not generalise"
-            for pattern, c, m, h in _TRACER_CODES:
-                if pattern.search(text):
-                    code, msg, hint = c, m, h
-                    break
-            line = linecache.getline(w.filename, w.lineno).strip()
-            msg = f"{msg}: `{line}`" if line else msg
-        elif "legacy TorchScript-based ONNX export" in text:
-            code, level = "legacy-exporter", "info"
-            msg = "the TorchScript exporter is deprecated in torch >= 2.9"
-            hint = "exporter='dynamo' is torch's default path going forward"
-        elif cat == "DeprecationWarning" or cat == "FutureWarning":
-            code, level = "deprecation", "info"
-            hint = "raised inside the library named by the source; nothing to do in your model"
-        key = (code, source, msg)
-        if key in seen:
-            continue
-        seen.add(key)
-        diags.append(Diagnostic(level, code, msg, hint, None if code == "legacy-exporter"
-                                else source))
-    lines = [ln for ln in cap.lines() if not ln.startswith("[torch.onnx]")]
-    if lines:
-        diags.append(Diagnostic("info", "exporter-log", "\n".join(lines[-40:])))
-    return diags
-
-
-def _export_error(e: Exception, exporter: str, opset: int, log: str) -> ExportError:
-    text = str(e)
-    op = None
-    if m := re.search(r"operator '([\w.]+::[\w.]+)'.*not supported", text):
-        op = m.group(1)
-    elif m := re.search(r"unrecognized namespace (\w+::\w+)", text):
-        op = m.group(1)
-    elif m := re.search(r"No ONNX function found for <OpOverload\(op='(\w+)\.(\w+)'", text):
-        op = f"{m.group(1)}::{m.group(2)}"
-    if op is not None:
-        return _unsupported_op_error(op, exporter, opset)
-    first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
-    tail = "\n".join(log.splitlines()[-15:])
-    other = "dynamo" if exporter == "torchscript" else "torchscript"
-    return ExportError(
-        f"{exporter} export failed: {type(e).__name__}: {first}"
-        + (f"\nexporter output (last lines):\n{tail}" if tail.strip() else ""),
-        f"read the first error above; trying exporter='{other}' often gets past exporter "
-        "limitations, and data-dependent Python control flow needs torch.where/torch.cond")
-
-
-def supported_opsets(op: str) -> list[int]:
-    """Opsets at which the TorchScript exporter has a symbolic for ``op`` (e.g. 'aten::asinh')."""
-    from torch.onnx import _constants as c
-    from torch.onnx._internal.torchscript_exporter import registration
-
-    for v in range(c.ONNX_MIN_OPSET, c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1):
-        try:  # the symbolic modules register themselves on import
-            importlib.import_module(f"torch.onnx._internal.torchscript_exporter.symbolic_opset{v}")
-        except ImportError:
-            pass
-    group = registration.registry.get_function_group(op)
-    if group is None:
-        return []
-    return [v for v in range(c.ONNX_MIN_OPSET, c.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET + 1)
-            if group.get(v) is not None]
-
-
-def op_schema(op: str) -> tuple[str, list[str]]:
-    """The first ATen schema of ``op`` and its argument names ('', [] when unknown)."""
-    import torch
-
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(op)
-    except RuntimeError:
-        schemas = []
-    tensor_schemas = [s for s in schemas if any("Tensor" in str(a.type) for a in s.arguments)]
-    if not tensor_schemas:
-        return "", []
-    s = tensor_schemas[0]
-    return str(s), [a.name for a in s.arguments if not a.kwarg_only]
-
-
-def _unsupported_op_error(op: str, exporter: str, opset: int) -> ExportError:
-    from .custom_ops import registration_hint
-
-    schema, arg_names = op_schema(op)
-    where = supported_opsets(op) if exporter == "torchscript" else []
-    namespace = op.split("::", 1)[0]
-    custom = namespace not in ("aten", "prim", "quantized")
-    # the exact wb.register_symbolic / wb.custom_op call (and an opset mismatch, if any)
-    skeleton = registration_hint(op, exporter, opset, arg_names, custom)
-    if where:
-        avail = (f"the {exporter} exporter supports it at opset(s) "
-                 f"{where[0]}..{where[-1]}" if where == list(range(where[0], where[-1] + 1))
-                 else f"supported at opsets {where}")
-        hint = f"export with opset={where[0]} or later, or register a conversion:\n{skeleton}"
-    else:
-        avail = f"the {exporter} exporter has no conversion for it at any opset"
-        hint = f"register a conversion for it:\n{skeleton}"
-        if exporter == "torchscript" and not custom:
-            hint += "\n# or try exporter='dynamo', whose op library (torchlib) is larger"
-    return ExportError(
-        f"unsupported operator {op} at opset {opset}: {avail}"
-        + (f"\nschema: {schema}" if schema else ""), hint)
 
 
 # -- after export ------------------------------------------------------------------------------
@@ -539,7 +430,7 @@ def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: 
         trial = _resized(args, index, axis)
         size = trial[index].shape[axis]
         try:
-            ref = _run_torch(model, trial, f"inputs with {where} = {size}")
+            ref = run_torch(model, trial, f"inputs with {where} = {size}")
         except InputError:
             diags.append(Diagnostic("info", "dynamic-axis-untested",
                                     f"{where}: torch itself rejects size {size}, so the axis "
@@ -570,7 +461,7 @@ def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: 
 
 def _check_second_inputs(model: Any, args2: tuple, runner: Any, atol: float, rtol: float,
                          prior: list[Diagnostic]) -> list[Diagnostic]:
-    ref = _run_torch(model, args2, "inputs2")
+    ref = run_torch(model, args2, "inputs2")
     lines = [d.source for d in prior if d.code in ("tracer-branch", "tracer-loop",
                                                    "tracer-constant") and d.source]
     at = f" (suspect: {', '.join(lines)})" if lines else ""

@@ -22,8 +22,7 @@ from typing import Any
 from .. import shapes
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..errors import InputError, WorkbenchError
-from ..inputs import as_tensor_tuple, describe
-from .export import _run_torch
+from ..inputs import as_tensor_tuple, describe, run_torch
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
@@ -112,7 +111,7 @@ def to_ncnn(
         if kind == "torchscript":
             model_file = tmp / "model.pt"
             diags += _trace(source, args, model_file)
-            ref_out = _run_torch(source, args, "example inputs")
+            ref_out = run_torch(source, args, "example inputs")
         else:
             model_file = tmp / "model.onnx"
             shutil.copy2(parent.path, model_file)
@@ -215,7 +214,7 @@ def _trace(model: Any, args: tuple, out: Path) -> list[Diagnostic]:
     import torch
 
     from .._capture import capture
-    from .export import _warning_diagnostics
+    from .export_errors import warning_diagnostics
 
     model.eval()
     with capture() as cap:
@@ -228,7 +227,7 @@ def _trace(model: Any, args: tuple, out: Path) -> list[Diagnostic]:
     if error is None:
         dead = _dead_module_calls(traced)
         if dead:
-            return _warning_diagnostics(cap) + [Diagnostic(
+            return warning_diagnostics(cap) + [Diagnostic(
                 "warning", "unused-module-output",
                 f"forward() calls {', '.join(dead)} but never uses the result; pnnx crashes "
                 "on such calls (SIGSEGV in pass_level1)",
@@ -239,7 +238,7 @@ def _trace(model: Any, args: tuple, out: Path) -> list[Diagnostic]:
                               f"{type(error).__name__}: {str(error).splitlines()[0]}",
                               "pnnx converts traced TorchScript; make forward() traceable, or "
                               "export to ONNX first and pass the ONNX artifact") from error
-    return _warning_diagnostics(cap)
+    return warning_diagnostics(cap)
 
 
 def _dead_module_calls(traced: Any) -> list[str]:
