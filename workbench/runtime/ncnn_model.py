@@ -1,4 +1,5 @@
-"""An ncnn model's files as ncnn will take them: which layers it cannot create."""
+"""An ncnn model's files as ncnn will take them: which layers it cannot create, and whether
+the .param and .bin fit each other."""
 
 from __future__ import annotations
 
@@ -19,3 +20,29 @@ def unloadable_layers(param: Path) -> list[tuple[str, str]]:
                 parts[0]):
             bad.append((parts[0], parts[1]))
     return bad
+
+
+def check_model_files(param_path: Path, bin_path: Path) -> None:
+    """Refuse a .param/.bin pair ncnn would load and run wrongly: what the .param declares
+    against what it holds (layer and blob counts, each blob written once: the parser's own
+    checks), and the .bin's size against what the layers need, to the byte.
+
+    ncnn checks neither: a .param whose layer count is too small runs a truncated graph, and
+    a .bin of another model of the same or larger size loads and computes garbage."""
+    from ..errors import ModelFileError
+    from ..ncnn_bin import walk_bin
+    from ..params import parse_ncnn_param
+
+    param = parse_ncnn_param(param_path)  # counts, names, order: a hinted ModelFileError
+    layout = walk_bin(param, bin_path)
+    hint = ("a .param and its .bin come from one conversion: convert again with wb.to_ncnn "
+            "and keep the two files together")
+    if layout.problem is not None:
+        raise ModelFileError(f"{bin_path.name} does not fit {param_path.name}: "
+                             f"{layout.problem}", hint)
+    if layout.complete and layout.end != layout.size:
+        how = "longer" if layout.size > layout.end else "shorter"
+        raise ModelFileError(
+            f"{bin_path.name} holds {layout.size} bytes, but the layers of {param_path.name} "
+            f"read exactly {layout.end}: the file is {how} than the model needs (another "
+            "model's weights, or a damaged file)", hint)

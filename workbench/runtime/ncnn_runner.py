@@ -193,6 +193,9 @@ class NcnnRunner(Runner):
             if not f.exists():
                 raise InputError(f"ncnn model file {str(f)!r} does not exist",
                                  "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
+        from .ncnn_model import check_model_files
+
+        check_model_files(self.param, self.bin)  # what ncnn itself would run wrongly
         self.precision = precision
         self.num_threads = num_threads
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")

@@ -1,0 +1,106 @@
+"""A .param/.bin pair ncnn would load and run wrongly is refused, naming what does not fit;
+the .bin's layout is walked to the byte for fp32 and fp16 weights alike."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import workbench as wb
+from workbench.ncnn_bin import walk_bin
+from workbench.params import parse_ncnn_param
+from workbench.runtime import NcnnRunner
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    model, (x,) = wb.default_model()
+    ws = wb.Workspace(tmp_path_factory.mktemp("ncnnfiles") / "ws")
+    other = nn.Sequential(nn.Conv2d(3, 64, 9, padding=4), nn.ReLU(), nn.Conv2d(64, 32, 3),
+                          nn.ReLU(), nn.Conv2d(32, 27, 3, padding=1), nn.PixelShuffle(3))
+    return (x, wb.to_ncnn(model, (x,), workspace=ws),
+            wb.to_ncnn(model, (x,), workspace=ws, fp16=True),
+            wb.to_ncnn(other.eval(), (x,), workspace=ws))
+
+
+def _bin(param):
+    return param.with_name(param.name[: -len(".param")] + ".bin")
+
+
+def _copy(art, tmp_path):
+    for f in art.path.parent.iterdir():
+        if f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    return tmp_path / art.path.name
+
+
+@pytest.mark.parametrize("which", [1, 2])
+def test_the_walk_accounts_for_every_byte_in_fp32_and_fp16(converted, which):
+    art = converted[which]
+    layout = walk_bin(parse_ncnn_param(art.path), _bin(art.path))
+    assert layout.complete and layout.end == layout.size == _bin(art.path).stat().st_size
+    storages = {b.storage for b in layout.blobs}
+    assert storages == ({"float32"} if which == 1 else {"float16", "float32"})
+    x = converted[0]
+    y = NcnnRunner(art).run((x,))  # no false refusal
+    assert y["out0"].shape == (1, 3, 192, 192)
+
+
+def test_a_bin_of_another_model_is_refused_not_run(converted, tmp_path):
+    x, art, _, other = converted
+    param = _copy(art, tmp_path)
+    shutil.copy(_bin(other.path), _bin(param))
+    assert _bin(param).stat().st_size > _bin(art.path).stat().st_size
+    with pytest.raises(wb.ModelFileError) as e:
+        NcnnRunner(param).run((x,))
+    assert "model.ncnn.bin holds" in e.value.message and "read exactly" in e.value.message
+    assert "another model's weights" in e.value.message and "one conversion" in e.value.hint
+
+
+@pytest.mark.parametrize("change", [b"\0" * 64, -64])
+def test_a_bin_longer_or_shorter_than_the_layers_need_is_refused(converted, tmp_path, change):
+    x, art, _, _ = converted
+    param = _copy(art, tmp_path)
+    data = _bin(param).read_bytes()
+    _bin(param).write_bytes(data + change if isinstance(change, bytes) else data[:change])
+    with pytest.raises(wb.ModelFileError, match="model.ncnn.bin") as e:
+        NcnnRunner(param, isolated=False).run((x,))
+    assert e.value.hint
+
+
+def test_a_param_declaring_fewer_layers_than_it_holds_is_refused(converted, tmp_path):
+    x, art, _, _ = converted
+    param = _copy(art, tmp_path)
+    lines = param.read_text().splitlines()
+    n, m = map(int, lines[1].split())
+    lines[1] = f"{n - 1} {m}"
+    param.write_text("\n".join(lines) + "\n")
+    with pytest.raises(wb.ModelFileError, match=f"after {n - 1} layers") as e:
+        NcnnRunner(param).run((x,))
+    assert e.value.hint
+
+
+def test_two_layers_writing_one_blob_is_refused(converted, tmp_path):
+    x, art, _, _ = converted
+    param = _copy(art, tmp_path)
+    parsed = parse_ncnn_param(param)
+    first, second = [la for la in parsed.layers if la.type == "Convolution"][:2]
+    text = param.read_text().splitlines()
+    line = text[second.line - 1].split()
+    line[4 + len(second.bottoms)] = first.tops[0]  # its top renamed to the first conv's
+    text[second.line - 1] = " ".join(line)
+    param.write_text("\n".join(text) + "\n")
+    with pytest.raises(wb.ModelFileError, match=f"already produced by '{first.name}'"):
+        NcnnRunner(param).run((x,))
+
+
+def test_the_intact_pair_still_runs_bit_identical(converted, tmp_path):
+    x, art, _, _ = converted
+    param = _copy(art, tmp_path)
+    a, b = NcnnRunner(param).run((x,)), NcnnRunner(art).run((x,))
+    np.testing.assert_array_equal(a["out0"], b["out0"])
+    assert torch.is_tensor(x)

@@ -1,0 +1,210 @@
+"""The layout of an ncnn ``.bin``: which bytes hold which layer's weights.
+
+ncnn reads a layer's weights in order, each blob either *tagged* (a 4-byte flag first: 0 for
+fp32, 0x01306B47 for fp16, 0x000D4B38 for int8, 0x0002C056 for raw fp32 with a scale, any
+other non-zero flag for a 256-entry quantization table plus 8-bit indices; fp16 and 8-bit
+data padded to 4 bytes) or *raw* fp32 with no flag. Nothing in the ``.bin`` says where one
+layer ends: a ``.bin`` of another model of the same or a larger size loads without a word and
+computes garbage. Walking the ``.param``'s layers with their blob sizes (from the layer
+parameters, as each ncnn layer's ``load_model`` reads them) tells exactly how many bytes the
+model needs, so a wrong file can be refused. These are facts of ncnn's format
+(``src/modelbin.cpp`` and each layer's ``load_model``), written down here.
+
+A layer type missing from both tables below makes the layout *incomplete*: its blobs cannot
+be sized, and the exact-size check is not made (never a false refusal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FP32_TAG, FP16_TAG, INT8_TAG, RAW_SCALED_TAG = 0, 0x01306B47, 0x000D4B38, 0x0002C056
+
+# layer types that load no weights from the .bin
+WEIGHTLESS = frozenset("""
+Input Split Concat Slice Reshape Permute Flatten Crop Interp ReLU Sigmoid TanH Swish
+HardSigmoid HardSwish Mish GELU ELU SELU Clip AbsVal BNLL Exp Log Power UnaryOp BinaryOp
+Eltwise Pooling Pooling1D Pooling3D Softmax Dropout Noop PixelShuffle Reorg ShuffleChannel
+Squeeze ExpandDims Cast Reduction ArgMax Threshold Tile Packing Flip CumulativeSum MatMul
+Einsum GridSample Fold Unfold Erf Diag CopyTo MVN LRN StatisticsPooling DeepCopy Spp
+Shrink Celu Yolov3DetectionOutput Sort TopK Gather Expand Where Reorg RNNCell
+""".split())
+
+
+def _p(layer: Any, key: int, default: int = 0) -> int:
+    v = layer.params.get(key)
+    if v is None:
+        return default
+    return int(float(v if isinstance(v, str) else v[0]))
+
+
+def _conv(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]] | None:
+    if p(19):  # dynamic weight: the weight is a bottom blob, not stored
+        return []
+    if p(8):  # int8 scales follow the weight: not sized here
+        return None
+    return [("weight", p(6), True)] + ([("bias", p(0), False)] if p(5) else [])
+
+
+def _recurrent(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+    nd = 2 if p(2) == 2 else 1
+    if layer.type == "LSTM":
+        out_, hid = p(0), p(3, p(0))
+        size = p(1) // nd // hid // 4
+        blobs = [("weight_xc", size * hid * 4 * nd, True), ("bias_c", hid * 4 * nd, True),
+                 ("weight_hc", out_ * hid * 4 * nd, True)]
+        return blobs + ([("weight_hr", hid * out_ * nd, True)] if out_ != hid else [])
+    g = 3 if layer.type == "GRU" else 1
+    n = p(0)
+    size = p(1) // nd // n // g
+    return [("weight_xc", size * n * g * nd, True),
+            ("bias_c", n * (4 if layer.type == "GRU" else 1) * nd, True),
+            ("weight_hc", n * n * g * nd, True)]
+
+
+def _gemm(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+    m, n, k = p(7), p(8), p(9)
+    blobs = [("A", m * k, True)] if p(4) else []
+    blobs += [("B", n * k, True)] if p(5) else []
+    if p(6) and p(10) != -1:
+        blobs.append(("C", {0: 1, 1: m, 2: m, 3: m * n, 4: n}[p(10)], True))
+    return blobs
+
+
+def _mha(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+    e, wds = p(0), p(2)
+    qdim = wds // e if e else 0
+    kdim, vdim = p(3, e), p(4, e)
+    return [("q_weight", e * qdim, True), ("q_bias", e, False),
+            ("k_weight", e * kdim, True), ("k_bias", e, False),
+            ("v_weight", e * vdim, True), ("v_bias", e, False),
+            ("out_weight", qdim * e, True), ("out_bias", qdim, False)]
+
+
+def _memorydata(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+    n = 1
+    for d in (p(0), p(1), p(11), p(2)):
+        n *= d or 1
+    return [("data", n, p(21, 1) == 0)]
+
+
+_CONVS = ("Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise")
+# layer type -> its blobs in load order: (role, element count, tagged)
+_LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]] | None]] = {
+    **{f"{c}{d}": _conv for c in _CONVS for d in ("", "1D", "3D")},
+    "InnerProduct": lambda la, p: None if p(8) else
+    [("weight", p(2), True)] + ([("bias", p(0), False)] if p(1) else []),
+    "BatchNorm": lambda la, p: [(r, p(0), False) for r in ("slope", "mean", "var", "bias")],
+    "Scale": lambda la, p: [] if p(0) == -233 else
+    [("scale", p(0), False)] + ([("bias", p(0), False)] if p(1) else []),
+    "LayerNorm": lambda la, p: [("gamma", p(0), False), ("beta", p(0), False)] if p(2, 1)
+    else [],
+    "GroupNorm": lambda la, p: [("gamma", p(1), False), ("beta", p(1), False)] if p(3, 1)
+    else [],
+    "InstanceNorm": lambda la, p: [("gamma", p(0), False), ("beta", p(0), False)] if p(2, 1)
+    else [],
+    "RMSNorm": lambda la, p: [("gamma", p(0), False)] if p(2, 1) else [],
+    "PReLU": lambda la, p: [("slope", p(0), False)],
+    "Bias": lambda la, p: [("bias", p(0), False)],
+    "Normalize": lambda la, p: [("scale", p(3), False)],
+    "MemoryData": _memorydata,
+    "Embed": lambda la, p: None if p(5) else
+    [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else []),
+    "MultiHeadAttention": _mha,
+    "LSTM": _recurrent, "GRU": _recurrent, "RNN": _recurrent,
+    "Gemm": _gemm,
+}
+
+
+def blob_specs(layer: Any) -> list[tuple[str, int, bool]] | None:
+    """The blobs ``layer`` loads, in order: (role, element count, tagged); [] for a layer
+    with no weights; None when this module does not know the type's layout."""
+    if layer.type in WEIGHTLESS:
+        return []
+    fn = _LAYOUTS.get(layer.type)
+    return None if fn is None else fn(layer, lambda k, d=0: _p(layer, k, d))
+
+
+@dataclass(frozen=True)
+class BinBlob:
+    """One weight blob: where its data starts in the .bin, how many elements, stored how."""
+
+    layer: str
+    layer_type: str
+    role: str
+    offset: int
+    count: int
+    storage: str  # "float32", "float16", "int8", "quantized", "float32-scaled"
+    nbytes: int  # including its flag and padding
+
+
+@dataclass
+class BinLayout:
+    """Every weight blob of a ``.bin`` by walking its ``.param``; ``end`` is the byte where
+    the last one ends. ``unknown`` lists layer types whose blobs could not be sized (then
+    ``complete`` is False and ``end`` says nothing of the file's size); ``problem`` is what
+    stopped the walk (a flag ncnn does not know, a blob past the end of the file)."""
+
+    blobs: list[BinBlob] = field(default_factory=list)
+    end: int = 0
+    size: int = 0
+    unknown: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return not self.unknown and self.problem is None
+
+
+def _align4(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+def walk_bin(param: Any, bin_path: str | Path) -> BinLayout:
+    """The layout of ``bin_path`` as the layers of ``param`` (an NcnnParam) read it.
+
+    Only the 4-byte flags are read (a seek each), never the weights themselves."""
+    path = Path(bin_path)
+    out = BinLayout(size=path.stat().st_size)
+    pos = 0
+    with open(path, "rb") as f:
+        for layer in param.layers:
+            specs = blob_specs(layer)
+            if specs is None:
+                out.unknown.append(layer.type)
+                break  # the bytes after an unsized layer cannot be placed
+            for role, count, tagged in specs:
+                storage, data, nbytes = "float32", pos, 4 * count
+                if tagged:
+                    f.seek(pos)
+                    raw = f.read(4)
+                    if len(raw) < 4:
+                        out.problem = (f"layer {layer.name} ({layer.type}) {role}: its flag is "
+                                       f"past the end of the file (byte {pos} of {out.size})")
+                        break
+                    tag = int.from_bytes(raw, "little")
+                    data = pos + 4
+                    if tag == FP32_TAG:
+                        nbytes = 4 + 4 * count
+                    elif tag == FP16_TAG:
+                        storage, nbytes = "float16", 4 + _align4(2 * count)
+                    elif tag == INT8_TAG:
+                        storage, nbytes = "int8", 4 + _align4(count)
+                    elif tag == RAW_SCALED_TAG:
+                        storage, nbytes = "float32-scaled", 4 + 4 * count
+                    else:  # a quantization table: 256 floats, then one byte per value
+                        storage, nbytes = "quantized", 4 + 1024 + _align4(count)
+                if pos + nbytes > out.size:
+                    out.problem = (f"layer {layer.name} ({layer.type}) {role} needs bytes "
+                                   f"{pos}..{pos + nbytes} of a {out.size}-byte file")
+                    break
+                out.blobs.append(BinBlob(layer.name, layer.type, role, data, count, storage,
+                                         nbytes))
+                pos += nbytes
+            if out.problem:
+                break
+    out.end = pos
+    return out
