@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .harness import CLASSES, Case, Result, run_case
+from .harness import CLASSES, Case, Result, run_case, snapshot, snapshot_diff
 
 FAMILIES = ("onnx_trunc", "onnx_flip", "onnx_mutate", "ncnn_param", "ncnn_bin",
             "artifact_damage", "input", "worker", "kill_stage", "workspace", "hostile_path",
@@ -68,8 +68,15 @@ def run_all(cases: Iterable[Case], root: Path | None = None, seed: int = 17, job
                 progress(res)
             return res
 
+        before = snapshot(base)
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            return list(pool.map(one, cases))
+            results = list(pool.map(one, cases))
+        changed = snapshot_diff(before, snapshot(base))
+        if changed:  # cases read some base models in place: the engine wrote next to them
+            results.append(Result("base-models-untouched", "harness", "base", "ok", "ok",
+                                  extra=["write outside"],
+                                  detail="written in base/: " + ", ".join(changed[:5])))
+        return results
     finally:
         if own:
             shutil.rmtree(root, ignore_errors=True)
