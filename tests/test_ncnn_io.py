@@ -272,3 +272,54 @@ def test_fp16_identical_to_fp32_is_a_diagnostic_not_a_figure(conv, linear):
             assert art.metrics["max_abs_fp16"] > art.metrics["max_abs"]
     if not ncnn.cpu_support_arm_asimdhp():  # x86: ncnn has no fp16 convolution path here
         assert conv[2].diagnostics_with("fp16-not-exercised")
+
+
+class _Flattened(nn.Module):  # Reshape + InnerProduct: the flattened size is the converted one
+    def __init__(self):
+        super().__init__()
+        self.c, self.fc = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4 * 8 * 8, 5)
+
+    def forward(self, x):
+        return self.fc(self.c(x).reshape(1, -1))
+
+
+class _PlusConstant(nn.Module):  # a constant of the converted size added to the activations
+    def __init__(self):
+        super().__init__()
+        self.c, self.w = nn.Conv2d(3, 4, 3, padding=1), nn.Parameter(torch.randn(1, 4, 8, 8))
+
+    def forward(self, x):
+        return self.c(x) * self.w
+
+
+@pytest.mark.parametrize("cls, layer", [(_Flattened, "InnerProduct on a flattened blob"),
+                                        (_PlusConstant, "a constant BinaryOp combines")])
+def test_another_size_into_a_size_baked_graph_is_refused_not_garbage(tmp_path, cls, layer):
+    torch.manual_seed(0)
+    model = cls().eval()
+    art = _convert_at(tmp_path, model, torch.rand(1, 3, 8, 8))
+    with pytest.raises(wb.InputError) as e:
+        NcnnRunner(art).run((torch.rand(1, 3, 6, 6),))
+    assert "converted with shape [1, 3, 8, 8], got [1, 3, 6, 6] (axes 2, 3 differ)" in \
+        e.value.message and layer in e.value.message
+    assert "inputs2=" in e.value.hint and "check_sizes=False" in e.value.hint
+    x = torch.rand(1, 3, 8, 8)  # the converted size runs, and matches torch
+    np.testing.assert_allclose(NcnnRunner(art).run((x,))["out0"], _torch(model, x)[0],
+                               atol=1e-5)
+    # asked to, it feeds the other size (what ncnn computes is then the caller's to judge)
+    NcnnRunner(art, check_sizes=False, isolated=True).run((torch.rand(1, 3, 8, 8),))
+
+
+def test_a_fully_convolutional_graph_takes_other_sizes(conv):
+    model, _, art = conv
+    from workbench.params import parse_ncnn_param
+    from workbench.runtime.ncnn_model import size_baked_layers
+
+    assert size_baked_layers(parse_ncnn_param(art.path)) == []
+    x = torch.rand(1, 3, 7, 5)
+    np.testing.assert_allclose(NcnnRunner(art).run((x,))["out0"], _torch(model, x)[0],
+                               atol=1e-5)
+
+
+def _convert_at(tmp_path, model, x):
+    return wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))

@@ -4,6 +4,7 @@ the .param and .bin fit each other."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 def unloadable_layers(param: Path) -> list[tuple[str, str]]:
@@ -46,3 +47,49 @@ def check_model_files(param_path: Path, bin_path: Path) -> None:
             f"{bin_path.name} holds {layout.size} bytes, but the layers of {param_path.name} "
             f"read exactly {layout.end}: the file is {how} than the model needs (another "
             "model's weights, or a damaged file)", hint)
+
+
+_COMBINE = frozenset({"BinaryOp", "Concat", "Eltwise", "MatMul", "Gemm"})
+_FLATTEN = frozenset({"Reshape", "Flatten"})
+_DENSE = frozenset({"InnerProduct", "Gemm"})
+
+
+def size_baked_layers(param: Any) -> list[str]:
+    """Layers of an ncnn graph that hold a size from the conversion's input shape, so that
+    feeding another spatial or sequence size makes ncnn read past a buffer or broadcast
+    wrongly (garbage, or a crash) instead of failing:
+
+    - a constant (MemoryData: a position embedding, a folded weight) combined with
+      activations by BinaryOp, Concat, Eltwise, MatMul or Gemm;
+    - an InnerProduct or Gemm reading a flattened blob (its weights fix the flattened size);
+    - a Reshape or Flatten with explicit positive sizes.
+
+    A fully convolutional net holds none of these and takes any size, as ncnn does."""
+    found: list[str] = []
+
+    def through_splits(blob: str) -> list[Any]:
+        out, todo = [], [blob]
+        while todo:
+            for name in param.consumers.get(todo.pop(), ()):
+                layer = param.layer(name)
+                if layer.type == "Split":
+                    todo += layer.tops
+                else:
+                    out.append(layer)
+        return out
+
+    for layer in param.layers:
+        if layer.type == "MemoryData":
+            users = [u for t in layer.tops for u in through_splits(t) if u.type in _COMBINE]
+            if users:
+                found.append(f"{layer.name} (a constant {users[0].type} combines with the "
+                             "activations)")
+        elif layer.type in _FLATTEN:
+            sizes = [v for k, v in layer.params.items() if k in (0, 1, 2, 11)]
+            if any(isinstance(v, str) and v.lstrip("-").isdigit() and int(v) > 0
+                   for v in sizes):
+                found.append(f"{layer.name} (Reshape to fixed sizes)")
+            dense = [u for t in layer.tops for u in through_splits(t) if u.type in _DENSE]
+            if dense:
+                found.append(f"{dense[0].name} ({dense[0].type} on a flattened blob)")
+    return found

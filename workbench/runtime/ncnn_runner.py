@@ -166,7 +166,7 @@ class NcnnRunner(Runner):
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
                  isolated: bool = True, custom_ops: bytes | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, check_sizes: bool = True) -> None:
         """An ncnn model (.ncnn.param + .ncnn.bin) in ncnn.
 
         Args:
@@ -178,6 +178,9 @@ class NcnnRunner(Runner):
             custom_ops: used by the worker only (the twin's shipped @wb.custom_op layers).
             timeout: seconds one run may take in the worker before it is abandoned and the
                 worker replaced (BackendTimeout); default scales with the model's size.
+            check_sizes: refuse a spatial or sequence size other than the converted one when
+                a layer holds a size from the conversion (``size_baked_layers``: ncnn would
+                compute garbage or crash). False feeds it anyway.
         """
         from .. import customops as cops
 
@@ -198,6 +201,7 @@ class NcnnRunner(Runner):
         check_model_files(self.param, self.bin)  # what ncnn itself would run wrongly
         self.precision = precision
         self.num_threads = num_threads
+        self.check_sizes = check_sizes
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
         self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
         if self.in_specs or self.out_specs:
@@ -380,7 +384,29 @@ class NcnnRunner(Runner):
             what = "channels" if why.startswith("per-channel") else "features"
             raise InputError(f"{where}: expected {want} {what} on axis {axis} (converted with "
                              f"shape {shown}), got shape {got}", hint)
+        other = [a for a, (d, g) in enumerate(zip(declared, got, strict=False))
+                 if a != batch and d is not None and d != g]
+        if other and self.check_sizes and (baked := self._size_baked()):
+            raise InputError(
+                f"{where}: converted with shape {shown}, got {got} ("
+                + (f"axis {other[0]} differs" if len(other) == 1 else
+                   f"axes {', '.join(map(str, other))} differ")
+                + "), and layers hold sizes from the conversion: " + "; ".join(baked[:3])
+                + (f"; {len(baked) - 3} more" if len(baked) > 3 else "")
+                + ". ncnn would compute garbage or crash, without an error",
+                f"feed the converted shape {shown}; or convert with wb.to_ncnn(..., inputs2=...) "
+                "at a second size so pnnx makes the axis dynamic; NcnnRunner(..., "
+                "check_sizes=False) feeds it anyway")
         return fits
+
+    def _size_baked(self) -> list[str]:
+        """Layers that hold a size from the conversion (see ncnn_model.size_baked_layers)."""
+        if not hasattr(self, "_baked"):
+            from ..params import parse_ncnn_param
+            from .ncnn_model import size_baked_layers
+
+            self._baked = size_baked_layers(parse_ncnn_param(self.param))
+        return self._baked
 
     def _bound_axes(self, name: str, rank: int, batch: int | None) -> list[tuple[int, str]]:
         """(torch axis, which layer) for each axis of input ``name`` whose size the weights
