@@ -121,3 +121,16 @@ def test_proc_stat_reads_state_and_cpu_time():
     state, cpu = worker_mod._proc_stat(os.getpid())
     assert state == "R" and isinstance(cpu, int) and cpu >= 0
     assert worker_mod._proc_stat(2 ** 22 + 12345) == ("?", None)
+
+
+def test_compare_passes_its_timeout_to_the_candidates(tmp_path, fresh_worker):
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8)).eval()
+    x = torch.randn(8, 8)
+    onx = wb.export(model, (x,), workspace=tmp_path / "ws")
+    runner = OrtRunner(onx)
+    rep = wb.compare(model, [runner], (x,), progress=False, timeout=42)
+    assert runner.timeout == 42 and rep.ok
+    with pytest.raises(wb.InputError, match="is not a number of seconds > 0"):
+        wb.compare(model, [runner], (x,), progress=False, timeout=-1)

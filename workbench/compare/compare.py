@@ -228,7 +228,8 @@ def _fit(ref: Any, like_shape: tuple[int, ...]) -> Any:
 def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumulated",
             tolerance: Any = None, per_op_tolerance: dict[str, Any] | None = None,
             per_tensor_tolerance: dict[str, Any] | None = None,
-            progress: bool = True, min_explained: float = MIN_EXPLAINED) -> Any:
+            progress: bool = True, min_explained: float = MIN_EXPLAINED,
+            timeout: float | None = None) -> Any:
     """Compare candidates (ONNX/ncnn artifacts, paths or runners) with ``reference`` (an
     ``nn.Module`` or runner) op by op on ``inputs`` (a tuple, or a list of tuples whose
     metrics aggregate to the worst). Returns a CompareReport.
@@ -236,7 +237,9 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     Every backend runs on its own copy of the inputs (the caller's never change). A
     candidate with nothing compared, or with less than ``min_explained`` of its tensors
     aligned or attributed, is not ok (``report.summary()`` says why); a pair that cannot be
-    measured is listed in ``report.unmeasured`` and the comparison goes on."""
+    measured is listed in ``report.unmeasured`` and the comparison goes on. ``timeout``
+    (seconds) bounds each run of a candidate in the worker (BackendTimeout past it; default:
+    each runner's own, scaled with its model)."""
     import numpy as np
     from tqdm.auto import tqdm
 
@@ -266,6 +269,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
             c.name = f"{c.name} #{seen[c.name]}"
     for c in cands:
         remote = getattr(c.runner, "_remote", None)
+        if timeout is not None and remote is not None:
+            c.runner.timeout = timeout  # checked by the runner: seconds > 0
         if c.own and remote is not None:
             # its results' files stay mapped between comparisons (no ~10 ms per 100 MB of
             # mapping again); not in isolated mode, whose peak resident set is the tighter
@@ -500,7 +505,8 @@ def _isolated(cand: Candidate, al: Any, ref_values: dict[str, Any],
         types = {v: layout[v][1] for v in cut}
         onnx.save(isolated_model(cand.path, cut, types), str(path))
         _ISOLATED[key] = (d, OrtRunner(path, isolated=cand.runner.isolated,
-                                       libraries=getattr(cand.runner, "libraries", ())))
+                                       libraries=getattr(cand.runner, "libraries", ()),
+                                       timeout=cand.runner.timeout))
         while len(_ISOLATED) > 2:
             _ISOLATED.popitem(last=False)[1][0].cleanup()
     _ISOLATED.move_to_end(key)
