@@ -104,3 +104,32 @@ def test_the_intact_pair_still_runs_bit_identical(converted, tmp_path):
     a, b = NcnnRunner(param).run((x,)), NcnnRunner(art).run((x,))
     np.testing.assert_array_equal(a["out0"], b["out0"])
     assert torch.is_tensor(x)
+
+
+def test_a_folder_for_the_bin_and_a_nan_size_are_hinted_errors(converted, tmp_path):
+    x, art, _, _ = converted
+    param = _copy(art, tmp_path)
+    _bin(param).unlink()
+    _bin(param).mkdir()
+    with pytest.raises(wb.ModelFileError, match="are not a file") as e:
+        NcnnRunner(param).run((x,))
+    assert e.value.hint
+    (tmp_path / "nan").mkdir()
+    param2 = _copy(art, tmp_path / "nan")
+    param2.write_text(param2.read_text().replace(" 6=15552", " 6=nan", 1))
+    with pytest.raises(wb.WorkbenchError) as e:  # not a ValueError from the size walk
+        NcnnRunner(param2).run((x,))
+    assert e.value.hint
+
+
+def test_without_the_ncnn_py_a_batch_of_one_image_is_refused_not_misread(converted, tmp_path):
+    x, art, _, _ = converted
+    param = _copy(art, tmp_path)
+    (tmp_path / "model_ncnn.py").unlink()
+    (tmp_path / "model.pnnx.param").unlink(missing_ok=True)
+    with pytest.raises(wb.InputError, match="ambiguous without the _ncnn.py") as e:
+        NcnnRunner(param).run((x,))
+    assert "x[0]" in e.value.hint
+    good = NcnnRunner(param).run((x[0].numpy(),))  # ncnn's own (c, h, w)
+    np.testing.assert_allclose(next(iter(good.values())).reshape(-1),
+                               NcnnRunner(art).run((x,))["out0"].reshape(-1), atol=1e-6)

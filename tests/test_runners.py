@@ -351,3 +351,17 @@ def test_recorded_names_are_those_of_named_modules():
     assert {**containers, **leaves} == {m: n for n, m in net.named_modules()}
     assert set(leaves) == {m for n, m in net.named_modules() if n and not list(m.children())}
     assert leaves[shared] == "0.0"  # registered twice: the first name
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.randn(1, 4, 8, 8), "rejected the inputs ([0] float32[1x4x8x8]): RuntimeError"),
+    (torch.randn(1, 3, 8, 8).double(), "rejected the inputs ([0] float64[1x3x8x8])"),
+    ({"nope": torch.randn(1, 3, 8, 8)}, "unknown name(s) ['nope']; forward() takes ['input']"),
+    ({}, "an empty dict"),
+])
+def test_torch_runner_bad_inputs_are_hinted_errors_not_torch_s(bad, message):
+    from workbench.runtime import TorchRunner
+
+    with pytest.raises(wb.InputError) as e:
+        TorchRunner(torch.nn.Conv2d(3, 4, 3)).run(bad)
+    assert message in e.value.message and e.value.hint

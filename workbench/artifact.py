@@ -405,6 +405,8 @@ class Workspace:
                 f = art.dir / rel
                 if not f.exists():
                     problems.append(f"{art.id}: {rel} is missing")
+                elif not f.is_file():
+                    problems.append(f"{art.id}: {rel} is no longer a file (a folder?)")
                 elif sha256_file(f) != meta.get("sha256"):
                     problems.append(f"{art.id}: {rel} changed since it was written (sha256)")
         return problems

@@ -121,11 +121,20 @@ _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, boo
 
 def blob_specs(layer: Any) -> list[tuple[str, int, bool]] | None:
     """The blobs ``layer`` loads, in order: (role, element count, tagged); [] for a layer
-    with no weights; None when this module does not know the type's layout."""
+    with no weights; None when this module does not know the type's layout (or its sizes
+    are not integers, e.g. ``6=nan``: ncnn's own load then says what it thinks)."""
     if layer.type in WEIGHTLESS:
         return []
     fn = _LAYOUTS.get(layer.type)
-    return None if fn is None else fn(layer, lambda k, d=0: _p(layer, k, d))
+    if fn is None:
+        return None
+    try:
+        specs = fn(layer, lambda k, d=0: _p(layer, k, d))
+    except (ValueError, OverflowError, ZeroDivisionError, KeyError):
+        return None
+    if specs is not None and any(count < 0 for _, count, _ in specs):
+        return None
+    return specs
 
 
 @dataclass(frozen=True)

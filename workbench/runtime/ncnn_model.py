@@ -35,9 +35,11 @@ def check_model_files(param_path: Path, bin_path: Path) -> None:
     from ..params import parse_ncnn_param
 
     param = parse_ncnn_param(param_path)  # counts, names, order: a hinted ModelFileError
-    layout = walk_bin(param, bin_path)
     hint = ("a .param and its .bin come from one conversion: convert again with wb.to_ncnn "
             "and keep the two files together")
+    if not bin_path.is_file():
+        raise ModelFileError(f"ncnn weights {str(bin_path)!r} are not a file (a folder?)", hint)
+    layout = walk_bin(param, bin_path)
     if layout.problem is not None:
         raise ModelFileError(f"{bin_path.name} does not fit {param_path.name}: "
                              f"{layout.problem}", hint)

@@ -349,6 +349,14 @@ class NcnnRunner(Runner):
                              "ncnn cannot hold an empty tensor; feed at least one element "
                              "on every axis")
         if spec is None or spec.rank is None:  # no _ncnn.py: only ncnn's own limits
+            if len(got) == 4 and got[0] == 1:
+                # (1, c, h, w) with its batch axis, or ncnn's 4-D (c, d, h, w) with c = 1?
+                # Guessing fed image models as 3-D volumes: wrong values, no error
+                raise InputError(
+                    f"{where}: shape {got} is ambiguous without the _ncnn.py pnnx writes "
+                    "beside the param (a batch of 1, or a 4-D ncnn blob?)",
+                    "keep the _ncnn.py with the model (wb.to_ncnn writes it), or feed "
+                    "ncnn's own layout: x[0], shape (c, h, w), for an image model")
             fits = shapes.feed_shape(got, None)
             if fits is None:
                 raise InputError(f"{where}: ncnn holds 1 to {shapes.MAX_AXES} axes, got shape "

@@ -59,8 +59,19 @@ class TorchRunner(Runner):
         return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     def feed(self, inputs: Any) -> dict[str, Any]:
+        """Inputs as {name: tensor}: a dict by forward()'s parameter names, a tuple in order,
+        or one tensor or array; an unknown name is an InputError naming forward()'s."""
+        from ..errors import InputError
+
         names = self.input_names
         if isinstance(inputs, dict):
+            unknown = sorted(set(inputs) - set(names))
+            if unknown or not inputs:
+                raise InputError(
+                    f"inputs for {type(self.model).__name__}: "
+                    + (f"unknown name(s) {unknown}" if unknown else "an empty dict")
+                    + f"; forward() takes {names}",
+                    "pass a dict keyed by forward()'s parameter names, or a tuple in order")
             inputs = tuple(inputs[n] for n in names if n in inputs)
         tensors = as_tensor_tuple(inputs)
         # forward(*args) names nothing: number the rest
@@ -82,6 +93,18 @@ class TorchRunner(Runner):
                     out = self._forward_recording(args, records)
                 else:
                     out = self.model(*args)
+        except Exception as e:  # the model's own error says what it wanted
+            from ..errors import InputError, WorkbenchError
+            from ..inputs import describe
+
+            if isinstance(e, WorkbenchError):
+                raise
+            shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
+            raise InputError(
+                f"{type(self.model).__name__} rejected the inputs ({shapes}): "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                "give inputs of the dtype, rank and shape the model's forward() expects "
+                "(the same as the ONNX or ncnn model's inputs: float32, batch first)") from e
         finally:
             self.model.train(was_training)
         tensors = flatten_outputs(out)
