@@ -69,6 +69,7 @@ KINDS = ("export", "simplify", "raise", "ncnn")
 NOISE, FRACTION = 0.10, 0.25
 LOCALISATION, ALIGNED = 0.98, 0.95
 # unaligned reasons of tensors align does not count (parameters, index glue)
+UNBUILT = "candidate could not be built"
 NOT_COUNTED = re.compile(r"^a constant|shape or index glue|^not captured")
 
 
@@ -678,7 +679,7 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
         if path is None:
             for d in picks:
                 trials.append(Trial(name, kind, d, error="no candidate (see notes)",
-                                    cause="candidate could not be built"))
+                                    cause=UNBUILT))
                 bar.update()
             cleans.append(Clean(name, kind, error="no candidate"))
             bar.update()
@@ -867,15 +868,17 @@ def fmt_named(n: dict[str, Any] | None) -> str:
 
 
 def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str) -> None:
-    table = [("kind", "hits / trials", "localised", "acc. verdict", "false alarms / clean",
-              "aligned min", "aligned median", "unexplained tensors", "offsets verified")]
+    table = [("kind", "hits / trials", "localised", "acc. verdict", "not run",
+              "false alarms / clean", "aligned min", "aligned median", "unexplained tensors",
+              "offsets verified")]
     rows: list[tuple[str, float | None, str, bool]] = []
     for kind in kinds:
-        ts = [t for t in trials if t.kind == kind]
+        unbuilt = [t for t in trials if t.kind == kind and t.cause == UNBUILT]
+        ts = [t for t in trials if t.kind == kind and t.cause != UNBUILT]
         scored = [t for t in ts if not t.error]
         hits = sum(t.hit for t in ts)
         acc = sum(t.hit_accumulated for t in scored)
-        cs = [c for c in cleans if c.kind == kind]
+        cs = [c for c in cleans if c.kind == kind and c.error != "no candidate"]
         alarms = sum(c.false_alarm for c in cs)
         fr = [c.figures["aligned_fraction"] for c in cs if c.figures]
         unexpl = sum(c.figures.get("unexplained", 0) for c in cs if c.figures)
@@ -883,7 +886,7 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         loc = hits / len(ts) if ts else None
         table.append((kind, f"{hits}/{len(ts)}", f"{100 * loc:.1f}%" if loc is not None else "-",
                       f"{acc}/{len(scored)}" if mode != "isolated" else "-",
-                      f"{alarms}/{len(cs)}", f"{min(fr):.3f}" if fr else "-",
+                      str(len(unbuilt)), f"{alarms}/{len(cs)}", f"{min(fr):.3f}" if fr else "-",
                       f"{statistics.median(fr):.3f}" if fr else "-",
                       f"{unexpl} in {sum(1 for c in cs if c.figures.get('unexplained'))}"
                       f"/{len(fr)}", f"{ver}/{len(scored)}"))
@@ -906,7 +909,7 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         if i == 0:
             print("  ".join("-" * w for w in widths))
 
-    misses = [t for t in trials if not t.hit]
+    misses = [t for t in trials if not t.hit and t.cause != UNBUILT]
     print(f"\nmisses ({len(misses)}):")
     for t in misses:
         sub = f" (for {t.substitute_for}, not found)" if t.substitute_for else ""
@@ -931,6 +934,10 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         print("\nmisses by cause:")
         for c, n in causes.most_common():
             print(f"  {n:3d}  {c}")
+    unbuilt = Counter(f"{t.model} / {t.kind}" for t in trials if t.cause == UNBUILT)
+    if unbuilt:
+        print(f"\nnot run, the candidate could not be built (see the notes above; not counted "
+              f"in hits / trials): {', '.join(f'{k} ({n} trials)' for k, n in unbuilt.items())}")
     alarms = [c for c in cleans if c.false_alarm]
     print(f"\nfalse alarms on clean comparisons ({len(alarms)}):")
     for c in alarms:
