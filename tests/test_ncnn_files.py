@@ -133,3 +133,17 @@ def test_without_the_ncnn_py_a_batch_of_one_image_is_refused_not_misread(convert
     good = NcnnRunner(param).run((x[0].numpy(),))  # ncnn's own (c, h, w)
     np.testing.assert_allclose(next(iter(good.values())).reshape(-1),
                                NcnnRunner(art).run((x,))["out0"].reshape(-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("module", [
+    nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),  # 19 = output pad
+    nn.ConvTranspose1d(3, 4, 3, stride=2, output_padding=1),
+])
+def test_deconvolutions_with_output_padding_are_sized_right(tmp_path, module):
+    x = torch.rand(1, 3, 8, 8) if isinstance(module, nn.ConvTranspose2d) else torch.rand(1, 3, 8)
+    art = wb.to_ncnn(module.eval(), (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    layout = walk_bin(parse_ncnn_param(art.path), _bin(art.path))
+    assert layout.complete and layout.end == layout.size
+    with torch.no_grad():
+        np.testing.assert_allclose(NcnnRunner(art).run((x,))["out0"], module(x).numpy(),
+                                   atol=1e-5)

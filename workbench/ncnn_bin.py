@@ -42,9 +42,12 @@ def _p(layer: Any, key: int, default: int = 0) -> int:
 
 
 def _conv(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]] | None:
-    if p(19):  # dynamic weight: the weight is a bottom blob, not stored
+    # dynamic weight (the weight is a bottom blob, not stored): key 19 for convolutions,
+    # 28 for deconvolutions (whose 19 is output_pad_bottom); 3-D variants have none
+    deconv = layer.type.startswith("Deconvolution")
+    if not layer.type.endswith("3D") and p(28 if deconv else 19):
         return []
-    if p(8):  # int8 scales follow the weight: not sized here
+    if not deconv and p(8):  # int8 scales follow the weight: not sized here
         return None
     return [("weight", p(6), True)] + ([("bias", p(0), False)] if p(5) else [])
 
@@ -111,7 +114,7 @@ _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, boo
     "Bias": lambda la, p: [("bias", p(0), False)],
     "Normalize": lambda la, p: [("scale", p(3), False)],
     "MemoryData": _memorydata,
-    "Embed": lambda la, p: None if p(5) else
+    "Embed": lambda la, p: None if p(18) else
     [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else []),
     "MultiHeadAttention": _mha,
     "LSTM": _recurrent, "GRU": _recurrent, "RNN": _recurrent,
