@@ -217,3 +217,15 @@ def test_onnx_path_with_given_inputs_is_checked_against_onnxruntime(tmp_path):
     art = wb.to_ncnn(bare, x, workspace=tmp_path / "ws")
     assert art.parent.parent.stage == "import"
     assert art.metrics["max_abs"] < 1e-4
+
+
+def test_pnnx_s_own_reason_is_in_the_error_wherever_it_sits_in_the_log(tmp_path):
+    class StepSlice(torch.nn.Module):
+        def forward(self, x):
+            return x[..., ::2] * 2
+
+    with pytest.raises(wb.ConversionError) as e:
+        wb.to_ncnn(StepSlice(), (torch.rand(1, 3, 8, 8),), workspace=tmp_path / "ws")
+    assert "pnnx says: slice with step 2 is not supported" in e.value.message
+    assert e.value.hint.startswith("pnnx: slice with step 2 is not supported")
+    assert "unflatten" in e.value.hint

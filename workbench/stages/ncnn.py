@@ -285,8 +285,13 @@ def _check_exit(rc: int, log: str, cmd: list[str], causes: list[Diagnostic]) -> 
 
 
 def _tail(log: str, n: int = 15) -> str:
+    """pnnx's own reasons (every 'not supported' line, wherever it sits in the log), then
+    the log's last lines."""
     lines = [ln for ln in log.splitlines() if ln.strip() and not ln.startswith("#####")]
-    return ("\npnnx log (last lines):\n" + "\n".join(lines[-n:])) if lines else ""
+    reasons = list(dict.fromkeys(ln.strip() for ln in lines
+                                 if re.search(r"not supported|unsupported", ln, re.I)))
+    out = ("\npnnx says: " + "; ".join(reasons[:5])) if reasons else ""
+    return out + (("\npnnx log (last lines):\n" + "\n".join(lines[-n:])) if lines else "")
 
 
 def _log_diagnostics(log: str) -> list[Diagnostic]:
@@ -311,6 +316,15 @@ def _hint_for(log: str, bad: list[tuple[str, str]] | None = None) -> str:
                 "to standard ops before conversion, or register it as a custom op")
     if re.search(r"dynamic shape|batch axis", log, re.I):
         return "pass a fixed input shape (inputs=) and, for dynamic axes, inputs2="
+    if m := re.search(r"^.*(?:not supported|unsupported).*$", log, re.I | re.M):
+        reason = m.group(0).strip()
+        if "step" in reason and "slice" in reason:
+            return (f"pnnx: {reason}. Rewrite the strided slice (x[..., ::2]) with supported "
+                    "ops, e.g. a reshape and index (x.unflatten(-1, (-1, 2))[..., 0]) or "
+                    "torch.index_select with the indices")
+        if bad:
+            return (f"pnnx: {reason}. ncnn has no layer for what pnnx kept; rewrite that op "
+                    "with supported ones, or register a custom ncnn layer (wb.custom_op)")
     if bad:
         return ("ncnn has no layer for these; keep the op on non-batch axes, rewrite it with "
                 "supported ops, or register a custom ncnn layer (the custom-op helpers)")
