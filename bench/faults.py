@@ -959,7 +959,9 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         print(f"  {kind}: " + ("; ".join(f"{n}x {r}" for r, n in rel.most_common()) or "-"))
     subs = [t for t in trials if t.substitute_for]
     if subs:
-        print(f"\nweights not found in the candidate (folded), another module taken ({len(subs)}):")
+        print(f"\nweights not found in the candidate (folded, or where the bench does not look: "
+              f"graph initializers and graph-level Constants only, not a raised function's "
+              f"body), another module taken ({len(subs)}):")
         for t in subs:
             print(f"  {t.model} / {t.kind}: {t.substitute_for} -> {t.module}")
     print()
