@@ -276,8 +276,9 @@ def test_a_model_that_raises_while_capturing_leaves_no_global_hooks():
         def forward(self, x):
             return self.conv(x)[:, :, :, :, 0]  # one index too many
 
-    with pytest.raises(IndexError):
+    with pytest.raises(wb.InputError, match="Bad rejected the inputs .*IndexError") as e:
         TorchRunner(Bad()).run((torch.randn(1, 3, 4, 4),), capture="all")
+    assert isinstance(e.value.__cause__, IndexError)  # the model's own error, kept
     assert not module._global_forward_hooks and not module._global_forward_pre_hooks
 
 
@@ -336,8 +337,9 @@ def test_an_in_place_add_keeps_in_place_dtype_and_errors():
     np.testing.assert_allclose(got["output_0"], conv + 1, rtol=1e-6)
     np.testing.assert_allclose(got["output_1"], (conv + 1)[:, :1], rtol=1e-6)
     np.testing.assert_allclose(got["conv"], conv, rtol=1e-6)
-    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+    with pytest.raises(wb.InputError, match="doesn't match the broadcast shape") as e:
         TorchRunner(Residual("broadcast")).run((x,), capture="all")
+    assert isinstance(e.value.__cause__, RuntimeError)
 
 
 def test_recorded_names_are_those_of_named_modules():
