@@ -61,22 +61,27 @@ def run_torch(model: Any, args: tuple, what: str) -> list:
     or an InputError naming the inputs the model rejected."""
     import torch
 
-    from .errors import InputError
-
     try:
         with torch.no_grad():
             out = flatten_outputs(_eval(model)(*copies(args)))
     except Exception as e:  # the model's own error says what it wanted
-        shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
-        raise InputError(
-            f"{type(model).__name__} rejected the {what} ({shapes}): "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-            "give inputs of the shape and dtype the model's forward() expects, e.g. "
-            "torch.randn(1, 3, 224, 224) for an image model") from e
+        raise rejected(model, args, what, e,
+                       "give inputs of the shape and dtype the model's forward() expects, "
+                       "e.g. torch.randn(1, 3, 224, 224) for an image model") from e
     if not out:
         raise InputError(f"{type(model).__name__} returned no tensor on the {what}",
                          "an exported model needs at least one tensor output")
     return [t.detach().cpu().numpy() for t in out]
+
+
+def rejected(model: Any, args: tuple, what: str, error: BaseException,
+             hint: str) -> InputError:
+    """The InputError for ``model`` raising ``error`` on ``args``: the inputs it was given
+    (dtype and shape each) and the first line of its own error."""
+    shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
+    first = str(error).splitlines()[0] if str(error) else ""
+    return InputError(f"{type(model).__name__} rejected the {what} ({shapes}): "
+                      f"{type(error).__name__}: {first}", hint)
 
 
 def copies(args: tuple) -> tuple:

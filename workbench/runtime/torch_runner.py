@@ -94,17 +94,15 @@ class TorchRunner(Runner):
                 else:
                     out = self.model(*args)
         except Exception as e:  # the model's own error says what it wanted
-            from ..errors import InputError, WorkbenchError
-            from ..inputs import describe
+            from ..errors import WorkbenchError
+            from ..inputs import rejected
 
             if isinstance(e, WorkbenchError):
                 raise
-            shapes = ", ".join(f"[{i}] {describe(a)}" for i, a in enumerate(args))
-            raise InputError(
-                f"{type(self.model).__name__} rejected the inputs ({shapes}): "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                "give inputs of the dtype, rank and shape the model's forward() expects "
-                "(the same as the ONNX or ncnn model's inputs: float32, batch first)") from e
+            raise rejected(self.model, args, "inputs", e,
+                           "give inputs of the dtype, rank and shape the model's forward() "
+                           "expects (the same as the ONNX or ncnn model's inputs: float32, "
+                           "batch first)") from e
         finally:
             self.model.train(was_training)
         tensors = flatten_outputs(out)
