@@ -23,10 +23,11 @@ def unloadable_layers(param: Path) -> list[tuple[str, str]]:
     return bad
 
 
-def check_model_files(param_path: Path, bin_path: Path) -> None:
+def check_model_files(param_path: Path, bin_path: Path) -> Any:
     """Refuse a .param/.bin pair ncnn would load and run wrongly: what the .param declares
     against what it holds (layer and blob counts, each blob written once: the parser's own
-    checks), and the .bin's size against what the layers need, to the byte.
+    checks), and the .bin's size against what the layers need, to the byte. Returns the
+    parsed .param (an NcnnParam).
 
     ncnn checks neither: a .param whose layer count is too small runs a truncated graph, and
     a .bin of another model of the same or larger size loads and computes garbage."""
@@ -49,6 +50,7 @@ def check_model_files(param_path: Path, bin_path: Path) -> None:
             f"{bin_path.name} holds {layout.size} bytes, but the layers of {param_path.name} "
             f"read exactly {layout.end}: the file is {how} than the model needs (another "
             "model's weights, or a damaged file)", hint)
+    return param
 
 
 _COMBINE = frozenset({"BinaryOp", "Concat", "Eltwise", "MatMul", "Gemm"})

@@ -198,7 +198,8 @@ class NcnnRunner(Runner):
                                  "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
         from .ncnn_model import check_model_files
 
-        check_model_files(self.param, self.bin)  # what ncnn itself would run wrongly
+        # what ncnn itself would run wrongly; the parsed graph serves every later check
+        self._graph = check_model_files(self.param, self.bin)
         self.precision = precision
         self.num_threads = num_threads
         self.check_sizes = check_sizes
@@ -410,10 +411,9 @@ class NcnnRunner(Runner):
     def _size_baked(self) -> list[str]:
         """Layers that hold a size from the conversion (see ncnn_model.size_baked_layers)."""
         if not hasattr(self, "_baked"):
-            from ..params import parse_ncnn_param
             from .ncnn_model import size_baked_layers
 
-            self._baked = size_baked_layers(parse_ncnn_param(self.param))
+            self._baked = size_baked_layers(self._graph)
         return self._baked
 
     def _bound_axes(self, name: str, rank: int, batch: int | None) -> list[tuple[int, str]]:
@@ -421,15 +421,8 @@ class NcnnRunner(Runner):
         of a layer reading it fix: channels for per-channel layers, features for
         InnerProduct-like ones. Other axes (spatial, sequence) take any size, as ncnn does."""
         if not hasattr(self, "_readers"):
-            from ..errors import WorkbenchError
-            from ..params import parse_ncnn_param
-
-            try:
-                p = parse_ncnn_param(self.param)
-            except WorkbenchError:
-                p = None
-            self._readers = {inp: _weighted_readers(p, inp)
-                             for inp in (p.inputs if p is not None else ())}
+            self._readers = {inp: _weighted_readers(self._graph, inp)
+                             for inp in self._graph.inputs}
         axes = []
         for kind, layer in self._readers.get(name, ()):
             if kind in _PER_CHANNEL:
@@ -443,16 +436,9 @@ class NcnnRunner(Runner):
     def _check_input_layer(self, where: str, name: str, fits: tuple[int, ...]) -> None:
         """Channels against an ncnn Input layer that declares them (``2=c``; pnnx writes
         none, a hand-written param may)."""
-        from ..errors import WorkbenchError
-        from ..params import parse_ncnn_param
-
         if not hasattr(self, "_input_channels"):
-            try:
-                self._input_channels = {ly.tops[0]: ly.params.get(2)
-                                        for ly in parse_ncnn_param(self.param).layers
-                                        if ly.type == "Input" and ly.tops}
-            except WorkbenchError:
-                self._input_channels = {}
+            self._input_channels = {ly.tops[0]: ly.params.get(2) for ly in self._graph.layers
+                                    if ly.type == "Input" and ly.tops}
         declared = self._input_channels.get(name)
         if isinstance(declared, str) and declared.isdigit() and int(declared) > 0 and len(
                 fits) >= 3 and fits[0] != int(declared):
@@ -544,10 +530,7 @@ class NcnnRunner(Runner):
     def _split_aliases(self) -> dict[str, str]:
         """{Split top blob: its bottom blob}: ncnn's Split outputs share their input's data."""
         if not hasattr(self, "_aliases"):
-            from ..params import parse_ncnn_param
-
-            self._aliases = {top: layer.bottoms[0]
-                             for layer in parse_ncnn_param(self.param).layers
+            self._aliases = {top: layer.bottoms[0] for layer in self._graph.layers
                              if layer.type == "Split" for top in layer.tops}
         return self._aliases
 
