@@ -17,3 +17,15 @@ def sr_model():
     import workbench as wb
 
     return wb.default_model()
+
+
+@pytest.fixture
+def fresh_worker(monkeypatch):
+    """A crash-isolating worker of this test's own (runners made in the test use it),
+    closed afterwards."""
+    from workbench.runtime import worker as worker_mod
+
+    w = worker_mod.Worker()
+    monkeypatch.setattr(worker_mod, "_WORKER", w)
+    yield w
+    w.close()

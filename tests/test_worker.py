@@ -11,16 +11,6 @@ import torch
 
 import workbench as wb
 from workbench.runtime import NcnnRunner, OrtRunner
-from workbench.runtime import worker as worker_mod
-
-
-@pytest.fixture
-def fresh_worker(monkeypatch):
-    """A worker of this test's own, closed afterwards."""
-    w = worker_mod.Worker()
-    monkeypatch.setattr(worker_mod, "_WORKER", w)
-    yield w
-    w.close()
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,6 @@ from workbench.runtime import OrtRunner
 from workbench.runtime import worker as worker_mod
 
 
-@pytest.fixture
-def fresh_worker(monkeypatch):
-    """A worker of this test's own, closed afterwards."""
-    w = worker_mod.Worker()
-    monkeypatch.setattr(worker_mod, "_WORKER", w)
-    yield w
-    w.close()
-
-
 def _matmuls(tmp_path, n: int = 1, size: int = 8):
     """y = x @ W @ W ... (n times): slow for a large ``size`` and ``n``."""
     w = numpy_helper.from_array(np.eye(size, dtype=np.float32), "W")
