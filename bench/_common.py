@@ -1,4 +1,5 @@
-"""What every benchmark shares: round-robin timing and the figure table it prints."""
+"""What every benchmark shares: round-robin timing, the tables it prints, and which engine
+code printed them."""
 
 from __future__ import annotations
 
@@ -29,12 +30,7 @@ def time_round_robin(variants: dict[str, Callable[[], Any]], runs: int, warmup: 
 def print_figures(table: Sequence[Sequence[str]], passed: list[str], failed: list[str],
                   missing: list[str], notes: Sequence[str] = ()) -> None:
     """``table`` starts with its header row; ``notes`` print between table and summary."""
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    for i, row in enumerate(table):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                        for j, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table(table)
     for line in notes:
         print(line)
     summary = f"summary: {len(passed)}/{len(passed) + len(failed)} figures within target"
@@ -43,3 +39,35 @@ def print_figures(table: Sequence[Sequence[str]], passed: list[str], failed: lis
     if missing:
         summary += f"; {len(missing)} not available"
     print(summary)
+
+
+def print_table(table: Sequence[Sequence[str]]) -> None:
+    """Rows of text in columns: the first left-aligned, the rest right-aligned; the first
+    row is the header, underlined."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for i, row in enumerate(table):
+        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                        for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def engine_state() -> str:
+    """The workbench's commit, and its engine files changed since: a figure says which code
+    printed it."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %cd",
+                               "--date=format:%H:%M"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
+                                "workbench"], capture_output=True, text=True,
+                               timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "workbench: git state unknown"
+    changed = [ln[3:] for ln in dirty if ln.strip()]
+    return (f"workbench at {head or '?'}"
+            + (f", uncommitted changes in {', '.join(changed)}" if changed else ", clean"))

@@ -52,7 +52,6 @@ import json
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import print_figures  # bench/ is on sys.path
+from _common import engine_state, print_figures, print_table  # bench/ is on sys.path
 
 KINDS = ("export", "simplify", "raise", "ncnn")
 NOISE, FRACTION = 0.10, 0.25
@@ -259,124 +258,31 @@ def onnx_stores(model: Any) -> list[Store]:
     return out
 
 
-def _p(layer: Any, key: int, default: int = 0) -> int:
-    v = layer.params.get(key)
-    if v is None:
-        return default
-    return int(float(v if isinstance(v, str) else v[0]))
-
-
-def ncnn_blobs(layer: Any) -> list[tuple[str, int, bool]] | None:
-    """The blobs ``layer`` loads from the .bin, in order: (role, float count, tagged). None
-    for a layer type this walk does not know to carry weights (assumed to carry none)."""
-    t, p = layer.type, lambda k, d=0: _p(layer, k, d)
-    if t in ("Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise",
-             "Convolution1D", "ConvolutionDepthWise1D", "Deconvolution1D",
-             "DeconvolutionDepthWise1D", "Convolution3D", "ConvolutionDepthWise3D",
-             "Deconvolution3D", "DeconvolutionDepthWise3D"):
-        if p(19):  # dynamic weight: a bottom, not stored
-            return []
-        return [("weight", p(6), True)] + ([("bias", p(0), False)] if p(5) else [])
-    if t == "InnerProduct":
-        return [("weight", p(2), True)] + ([("bias", p(0), False)] if p(1) else [])
-    if t == "BatchNorm":
-        return [(r, p(0), False) for r in ("slope", "mean", "var", "bias")]
-    if t == "Scale":
-        n = p(0)
-        return [] if n == -233 else [("scale", n, False)] + ([("bias", n, False)] if p(1) else [])
-    if t == "LayerNorm":
-        return [("gamma", p(0), False), ("beta", p(0), False)] if p(2, 1) else []
-    if t == "GroupNorm":
-        return [("gamma", p(1), False), ("beta", p(1), False)] if p(3, 1) else []
-    if t == "InstanceNorm":
-        return [("gamma", p(0), False), ("beta", p(0), False)] if p(2, 1) else []
-    if t == "PReLU":
-        return [("slope", p(0), False)]
-    if t == "Bias":
-        return [("bias", p(0), False)]
-    if t == "Normalize":
-        return [("scale", p(3), False)]
-    if t == "MemoryData":
-        dims = [d for d in (p(0), p(1), p(11), p(2)) if d]
-        n = 1
-        for d in dims:
-            n *= d
-        return [("data", n, p(21, 1) == 0)]
-    if t == "Embed":
-        return [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else [])
-    if t == "MultiHeadAttention":
-        e, wds = p(0), p(2)
-        qdim = wds // e if e else 0
-        kdim, vdim = p(3, e), p(4, e)
-        return [("q_weight", e * qdim, True), ("q_bias", e, False),
-                ("k_weight", e * kdim, True), ("k_bias", e, False),
-                ("v_weight", e * vdim, True), ("v_bias", e, False),
-                ("out_weight", qdim * e, True), ("out_bias", qdim, False)]
-    if t == "LSTM":
-        nd = 2 if p(2) == 2 else 1
-        out_, hid = p(0), p(3, p(0))
-        size = p(1) // nd // hid // 4
-        blobs = [("weight_xc", size * hid * 4 * nd, True), ("bias_c", hid * 4 * nd, True),
-                 ("weight_hc", out_ * hid * 4 * nd, True)]
-        return blobs + ([("weight_hr", hid * out_ * nd, True)] if out_ != hid else [])
-    if t in ("GRU", "RNN"):
-        nd = 2 if p(2) == 2 else 1
-        g = 3 if t == "GRU" else 1
-        n = p(0)
-        size = p(1) // nd // n // g
-        return [("weight_xc", size * n * g * nd, True),
-                ("bias_c", n * (4 if t == "GRU" else 1) * nd, True),
-                ("weight_hc", n * n * g * nd, True)]
-    if t == "Gemm":
-        m, n, k = p(7), p(8), p(9)
-        blobs = []
-        if p(4):
-            blobs.append(("A", m * k, True))
-        if p(5):
-            blobs.append(("B", n * k, True))
-        bt = p(10)
-        if p(6) and bt != -1:
-            blobs.append(("C", {0: 1, 1: m, 2: m, 3: m * n, 4: n}[bt], True))
-        return blobs
-    return None
-
-
 def ncnn_stores(param_path: Path) -> tuple[list[Store], str]:
-    """Every weight blob of the .bin, by walking the .param's layers; (stores, note). The walk
-    must account for every byte and find each tag fp32 (0); otherwise the whole file is one
-    store (found by value only) and the note says why."""
+    """Every weight blob of the .bin, by the engine's layer walk (workbench.ncnn_bin); (stores,
+    note). The walk must account for every byte and find each blob stored as fp32;
+    otherwise the whole file is one store (found by value only) and the note says why."""
     import numpy as np
 
+    from workbench.ncnn_bin import walk_bin
     from workbench.params import parse_ncnn_param
 
     bin_path = param_path.with_name(param_path.name[: -len(".param")] + ".bin")
+    layout = walk_bin(parse_ncnn_param(param_path), bin_path)
+    problem = layout.problem or (f"layer type(s) {layout.unknown} not sized"
+                                 if layout.unknown else "")
+    if not problem and layout.end != layout.size:
+        problem = f"the walk ends at byte {layout.end} of {layout.size}"
+    odd = next((b for b in layout.blobs if b.storage != "float32"), None)
+    if not problem and odd is not None:
+        problem = f"{odd.layer} ({odd.layer_type}) blob {odd.role}: stored as {odd.storage}"
     data = bin_path.read_bytes()
-    stores: list[Store] = []
-    pos = 0
-    problem = ""
-    for layer in parse_ncnn_param(param_path).layers:
-        blobs = ncnn_blobs(layer)
-        for role, count, tagged in blobs or []:
-            if tagged:
-                tag = int.from_bytes(data[pos:pos + 4], "little")
-                if tag != 0:
-                    problem = (f"{layer.name} ({layer.type}) blob {role}: tag {tag:#010x} at "
-                               f"byte {pos}, not fp32's 0")
-                    break
-                pos += 4
-            if pos + 4 * count > len(data):
-                problem = f"{layer.name} ({layer.type}) {role} runs past the end of the file"
-                break
-            vals = np.frombuffer(data, np.float32, count, pos).copy()
-            stores.append(Store(f"{layer.name} ({layer.type}) {role}", vals, pos, layer.name))
-            pos += 4 * count
-        if problem:
-            break
-    if not problem and pos != len(data):
-        problem = f"the walk ends at byte {pos} of {len(data)}"
     if problem:
         whole = np.frombuffer(data[: len(data) // 4 * 4], np.float32).copy()
         return [Store("whole .ncnn.bin", whole, 0, "")], f"layer walk failed: {problem}"
+    stores = [Store(f"{b.layer} ({b.layer_type}) {b.role}",
+                    np.frombuffer(data, np.float32, b.count, b.offset).copy(), b.offset, b.layer)
+              for b in layout.blobs]
     return stores, f"layer walk: {len(stores)} blobs, {len(data)} bytes, every tag fp32"
 
 
@@ -841,23 +747,6 @@ def miss_cause(trial: Trial, rep: Any, first: Any, clean_rep: Any, module: str,
 
 
 # -- report -------------------------------------------------------------------------------------
-def engine_state() -> str:
-    """The workbench's commit, and its engine files changed since (the tree is shared)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %cd",
-                               "--date=format:%H:%M"], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
-                                "workbench"], capture_output=True, text=True,
-                               timeout=10).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return "workbench: git state unknown"
-    changed = [ln[3:] for ln in dirty if ln.strip()]
-    return (f"workbench at {head or '?'}"
-            + (f", uncommitted changes in {', '.join(changed)}" if changed else ", clean"))
-
-
 def fmt_named(n: dict[str, Any] | None) -> str:
     if not n:
         return "nothing"
@@ -902,12 +791,7 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
     print()
     print(f"fault localisation (compare mode={mode!r}; a hit: first_divergence names the "
           "perturbed module or covers it)")
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    for i, r in enumerate(table):
-        print("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                        for j, (c, w) in enumerate(zip(r, widths, strict=True))))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_table(table)
 
     misses = [t for t in trials if not t.hit and t.cause != UNBUILT]
     print(f"\nmisses ({len(misses)}):")

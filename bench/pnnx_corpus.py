@@ -59,7 +59,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from _corpus_case import reason_group  # bench/ is on sys.path
+from _common import engine_state  # bench/ is on sys.path
+from _corpus_case import reason_group
 
 CORPUS = "tools/pnnx/tests/ncnn"
 TOTAL = 246  # cases in the corpus the targets were set on
@@ -318,22 +319,6 @@ def print_report(results: list[dict[str, Any]], wall: float, jobs: int, found: i
           f"{unhinted} of {len(errors)} errors without a hint; aligned median {med} min "
           f"{lowest}, {low_n} below {TARGET_ALIGNED} (target >= {TARGET_ALIGNED}); "
           f"{'targets met' if met else 'targets not met'}{subset}")
-
-
-def engine_state() -> str:
-    """The workbench's commit, and its engine files changed since (the tree is shared)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--",
-                                "workbench"], capture_output=True, text=True,
-                               timeout=10).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return "workbench: git state unknown"
-    changed = [ln[3:] for ln in dirty if ln.strip()]
-    return (f"workbench at {head or '?'}"
-            + (f", uncommitted changes in {', '.join(changed)}" if changed else ", clean"))
 
 
 def main(argv: list[str] | None = None) -> int:
