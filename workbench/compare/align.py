@@ -40,6 +40,7 @@ class CandidateTensor:
     internal: bool = False  # only read inside its own module (a step of a lowered op)
     output_index: int | None = None  # the model's k-th output: pairs with torch's output_k
     read_by_own: bool = False  # read by another node of its own module: not its output
+    weights_of: tuple[str, ...] = ()  # modules whose weights its layer holds (ncnn)
 
 
 @dataclass
@@ -76,6 +77,30 @@ def shape_key(shape: tuple[int, ...]) -> tuple[int, ...]:
     while dims and dims[0] == 1:
         dims.pop(0)
     return tuple(dims)
+
+
+def squeeze_key(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape without any axis of size 1: an SE block's 1x1 conv on [1, C, 1, 1] is
+    ncnn's InnerProduct on [C]. Dropping size-1 axes never reorders elements."""
+    return tuple(d for d in shape if d != 1)
+
+
+def weight_hint(weights_of: tuple[str, ...], calls: dict[str, list[int]],
+                modules: set[str]) -> str | None:
+    """The module a layer holding the weights of ``weights_of`` stands for: the last of them
+    torch called (an attention's output projection), else the module that holds them all
+    (an nn.MultiheadAttention, which calls no projection of its own)."""
+    for m in reversed(weights_of):
+        if m in calls:
+            return m
+    parts = [m.split(".") for m in weights_of]
+    common: list[str] = []
+    for group in zip(*parts, strict=False):
+        if len(set(group)) != 1:
+            break
+        common.append(group[0])
+    parent = ".".join(common)
+    return parent if parent and parent in modules else None
 
 
 def module_from_scope(value_name: str, modules: set[str]) -> str | None:
@@ -218,6 +243,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     modules = modules or set()
     ref_names = list(reference)
     ref_keys = [shape_key(np.shape(reference[n])) for n in ref_names]
+    ref_squeezed = [squeeze_key(np.shape(reference[n])) for n in ref_names]
     # (size, last axis): a Gemm's 2-D output is its Linear's [1, H, W, C] with axes merged
     ref_flat = [(np.size(reference[n]), np.shape(reference[n])[-1:]) for n in ref_names]
     # the module each record belongs to: a leaf is its own (each of its calls: relu,
@@ -290,19 +316,26 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
         window = range(low, min(len(ref_names), low + WINDOW))
         choices = [j for j in window if ref_keys[j] == key]
         structural = None  # the record name and shape pin, whatever the values say
-        if t.hint is not None:
-            hinted = _hinted(t.hint, key, low, ref_names, ref_keys, ref_module, modules,
+        # an ncnn layer has no name, but its weights say which module it is
+        hint = t.hint if t.hint is not None else (
+            weight_hint(t.weights_of, calls, modules) if t.weights_of else None)
+        hinted: list[int] = []
+        if hint is not None:
+            hinted = _hinted(hint, key, low, ref_names, ref_keys, ref_module, modules,
                              calls, taken)
-            if not hinted and t.hint in calls:  # the call's output with leading axes merged
+            if not hinted and hint in calls:  # the call's output with leading axes merged
                 flat = (np.size(arr), np.shape(arr)[-1:])
-                hinted = _hinted(t.hint, flat, low, ref_names, ref_flat, ref_module, modules,
+                hinted = _hinted(hint, flat, low, ref_names, ref_flat, ref_module, modules,
                                  calls, taken)
+            if not hinted and t.weights_of:  # size-1 axes dropped ([C] for [1, C, 1, 1])
+                hinted = _hinted(hint, squeeze_key(np.shape(arr)), low, ref_names,
+                                 ref_squeezed, ref_module, modules, calls, taken)
             if hinted:
                 choices = hinted
                 # the named module itself, unless this is a step inside a lowered module
                 # (those need a value match) or the name fits several calls equally
                 if not t.internal and (len(hinted) == 1
-                                       or call_module(ref_names[hinted[0]]) == t.hint):
+                                       or call_module(ref_names[hinted[0]]) == hint):
                     structural = hinted[0]
         scores = scored(choices) if choices else []
         best, j = scores[0] if scores else (float("inf"), -1)
@@ -327,7 +360,15 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 out.unaligned[t.name] = (f"nearest reference tensor {ref_names[j]!r} differs "
                                          f"by {best:.2g} of its range")
                 continue
-            j = structural
+            if t.hint is not None:
+                j = structural
+            else:
+                # pinned by its weights: the module's own output or what folded into it,
+                # whichever is nearest (a damaged fused Conv+ReLU is nearest the ReLU's) --
+                # unless another tensor nearby equals it: then it is that one
+                other = scored([k for k in window if ref_keys[k] == key and k not in hinted])
+                if other and other[0][0] <= ACCEPT:
+                    j, structural = other[0][1], None
         out.pairs[t.name] = ref_names[j]
         if structural is not None:
             taken.update(range(structural, j + 1))
@@ -335,7 +376,10 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 folded = ref_names[structural + 1:j + 1]
                 out.relations[t.name] = (f"equal up to folding: {', '.join(folded)} folded "
                                          f"into {ref_names[structural]}")
-                out.covers[t.name] = tuple(ref_names[structural:j + 1])
+            spans = (*t.weights_of, *ref_names[structural:j + 1])
+            if j > structural or len(t.weights_of) > 1:
+                # a fused layer: every module whose weights it holds, and the records it spans
+                out.covers[t.name] = tuple(dict.fromkeys(spans))
         low = max(low, j)  # a named call found behind low leaves the order where it was
     return out
 

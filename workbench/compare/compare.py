@@ -10,6 +10,7 @@ inputs, all in one session run. Runners know nothing of this (Polygraphy's split
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import threading
 from collections import OrderedDict
@@ -157,6 +158,23 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                                    if re.fullmatch(r"out\d+", top) else None)
                    for top in layer.tops)
     return out
+
+
+def _with_weights(tensors: list[CandidateTensor], cand: Candidate,
+                  reference: Any) -> list[CandidateTensor]:
+    """ncnn's tensors, each with the modules whose weights its layer holds (``weights_of``):
+    what ties a layer to its module when its values do not (a fault, a fused op)."""
+    if cand.kind != "ncnn" or not hasattr(reference, "named_modules"):
+        return tensors
+    from ..params import parse_ncnn_param
+    from .weights import ncnn_weight_modules
+
+    held = ncnn_weight_modules(cand.path, reference)
+    if not held:
+        return tensors
+    names = [layer.name for layer in parse_ncnn_param(cand.path).layers]
+    return [dataclasses.replace(t, weights_of=held[names[t.order]])
+            if names[t.order] in held else t for t in tensors]
 
 
 def _scope(node: Any) -> str | None:
@@ -324,7 +342,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     bar.set_postfix_str(cand.name)
                     values, cand_samples = captures.get(k)
                     if cand.name not in tensors_of:  # list and align on the first input set
-                        tensors_of[cand.name] = candidate_tensors(cand, modules)
+                        tensors_of[cand.name] = _with_weights(
+                            candidate_tensors(cand, modules), cand, reference)
                     tensors = tensors_of[cand.name]
                     if cand.name not in alignments:
                         alignments[cand.name] = align(ref_values, values, tensors, modules,

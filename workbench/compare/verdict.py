@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from .align import shape_key
+from .align import squeeze_key
 
 MIN_EXPLAINED = 0.5  # below this share of tensors aligned or attributed, no verdict is "ok"
 
@@ -61,11 +61,11 @@ def measure_pair(ref: Any, cand: Any, tol: Any) -> dict[str, Any] | str:
 
 def same_elements(ref_shape: tuple, cand_shape: tuple) -> bool:
     """Whether two shapes hold one tensor's elements in the same order, as alignment pairs
-    them: equal but for axes of size 1, or leading axes merged (a Gemm's [H*W, C] output
+    them: equal but for axes of size 1 (anywhere), or leading axes merged (a Gemm's [H*W, C] output
     of a Linear's [1, H, W, C]). A reshape never reorders elements."""
     import math
 
-    if shape_key(ref_shape) == shape_key(cand_shape):
+    if squeeze_key(ref_shape) == squeeze_key(cand_shape):  # axes of size 1 anywhere
         return True
     return (math.prod(ref_shape) == math.prod(cand_shape) and len(ref_shape) > 0
             and len(cand_shape) > 0 and ref_shape[-1] == cand_shape[-1])
@@ -75,7 +75,7 @@ def shape_relation(ref_shape: tuple, cand_shape: tuple) -> str | None:
     """How two shapes of one tensor differ beyond ncnn's dropped batch axis, or None."""
     if ref_shape == cand_shape or ref_shape[1:] == cand_shape or cand_shape[1:] == ref_shape:
         return None
-    what = ("axes of size 1 differ" if shape_key(ref_shape) == shape_key(cand_shape)
+    what = ("axes of size 1 differ" if squeeze_key(ref_shape) == squeeze_key(cand_shape)
             else "leading axes merged")
     return f"{what}: reference {list(ref_shape)}, candidate {list(cand_shape)}"
 

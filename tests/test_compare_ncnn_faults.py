@@ -1,0 +1,162 @@
+"""ncnn layers carry no module names: a damaged weight must still be blamed on its module.
+
+Each ncnn layer is tied to the modules whose weights it holds (workbench/compare/weights.py),
+so a layer whose output no longer matches any torch tensor (the fault) stays aligned to its
+module, a fused layer reports the modules it covers, and an SE block's 1x1 conv that ncnn
+runs as an InnerProduct on [C] pairs with torch's [1, C, 1, 1]."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import workbench as wb
+from workbench.compare.weights import ncnn_weight_modules
+from workbench.ncnn_bin import walk_bin
+from workbench.params import parse_ncnn_param
+
+
+class SENet(nn.Module):
+    """Conv+BN+ReLU6 stem (one fused ncnn layer), a squeeze-excite block (1x1 convs on
+    [1, C, 1, 1]: ncnn InnerProducts on [C]), a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.ReLU6())
+        self.conv = nn.Conv2d(16, 32, 3, 1, 1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc1, self.act, self.fc2 = nn.Conv2d(32, 8, 1), nn.ReLU(), nn.Conv2d(8, 32, 1)
+        self.gate = nn.Hardsigmoid()
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = self.conv(self.stem(x))
+        y = y * self.gate(self.fc2(self.act(self.fc1(self.pool(y)))))
+        return self.head(y.mean((2, 3)))
+
+
+class MHANet(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.inp = nn.Linear(16, d)
+        self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        h = self.inp(x)
+        a, _ = self.attn(h, h, h, need_weights=False)
+        return self.head(a + h)
+
+
+def _seeded(cls, *shape):
+    torch.manual_seed(0)
+    model = cls().eval()
+    for m in model.modules():  # BatchNorm with statistics of its own, so folding matters
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+    return model, torch.randn(*shape)
+
+
+def _damaged(art, out_dir, layer, role="weight", seed=0, fraction=0.25, scale=0.1):
+    """A copy of an ncnn model with one weight blob of ``layer`` perturbed in its .bin."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    param = out_dir / "model.ncnn.param"
+    shutil.copy(art.path, param)
+    shutil.copy(art.path.with_suffix(".bin"), param.with_suffix(".bin"))
+    shutil.copy(art.path.with_name("model_ncnn.py"), out_dir / "model_ncnn.py")
+    layout = walk_bin(parse_ncnn_param(param), param.with_suffix(".bin"))
+    (blob,) = [b for b in layout.blobs if b.layer == layer and b.role == role]
+    assert blob.storage == "float32"
+    data = np.memmap(param.with_suffix(".bin"), np.float32, "r+", blob.offset, (blob.count,))
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(blob.count, max(1, int(blob.count * fraction)), replace=False)
+    data[idx] += scale * np.abs(data).max() * rng.standard_normal(idx.size).astype(np.float32)
+    data.flush()
+    return param
+
+
+@pytest.fixture(scope="module")
+def senet(tmp_path_factory):
+    model, x = _seeded(SENet, 1, 3, 32, 32)
+    ws = wb.Workspace(tmp_path_factory.mktemp("senet") / "ws")
+    return model, x, wb.to_ncnn(model, (x,), workspace=ws)
+
+
+def _layers_holding(art, model):
+    held = ncnn_weight_modules(art.path, model)
+    return {mods[0]: layer for layer, mods in held.items() if len(mods) == 1}
+
+
+def test_each_weighted_ncnn_layer_is_tied_to_its_module_by_its_weights(senet):
+    model, x, art = senet
+    held = ncnn_weight_modules(art.path, model)
+    types = {ly.name: ly.type for ly in parse_ncnn_param(art.path).layers}
+    # the BatchNorm folded into the stem conv (weights scaled per output channel) and its
+    # ReLU6 fused: still stem.0's; the SE convs as InnerProducts; the head as a Gemm/IP
+    assert sorted(mods for mods in held.values()) == sorted(
+        [("stem.0",), ("conv",), ("fc1",), ("fc2",), ("head",)])
+    assert {types[layer] for layer, mods in held.items() if mods in [("fc1",), ("fc2",)]} \
+        == {"InnerProduct"}
+
+
+def test_clean_ncnn_se_net_aligns_every_tensor_and_passes(senet):
+    model, x, art = senet
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    refs = {r.reference for r in rep.records}
+    assert {"fc1", "fc2"} & refs or {"act", "gate"} & refs  # the SE's [C] tensors paired
+    al = rep.alignments[name]
+    assert not [n for n, why in al.unaligned.items() if "no reference tensor" in why], \
+        al.unaligned
+
+
+@pytest.mark.parametrize("module", ["stem.0", "conv", "fc1"])
+def test_a_damaged_ncnn_weight_is_blamed_on_its_module(senet, tmp_path, module):
+    model, x, art = senet
+    layer = _layers_holding(art, model)[module]
+    bad = _damaged(art, tmp_path / "bad", layer)
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and not rep.ok
+    named = {first.reference.split("#")[0], *first.covers}
+    assert module in named, (module, first.reference, first.covers, rep.summary())
+    if module == "stem.0":  # the fused Conv+BN+ReLU6 says what it covers
+        assert {"stem.0", "stem.1", "stem.2"} <= set(first.covers)
+
+
+@pytest.fixture(scope="module")
+def mha(tmp_path_factory):
+    model, x = _seeded(MHANet, 1, 8, 16)
+    ws = wb.Workspace(tmp_path_factory.mktemp("mha") / "ws")
+    art = wb.to_ncnn(model, (x,), workspace=ws)
+    assert "MultiHeadAttention" in {ly.type for ly in parse_ncnn_param(art.path).layers}
+    return model, x, art
+
+
+def test_a_fused_ncnn_attention_covers_its_projections(mha):
+    model, x, art = mha
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    assert rep.ok, rep.summary()
+    types = {ly.tops[0]: ly.type for ly in parse_ncnn_param(art.path).layers}
+    (rec,) = [r for r in rep.records if r.mode == "isolated"
+              and types.get(r.name) == "MultiHeadAttention"]
+    assert {"attn", "attn.out_proj"} <= set(rec.covers), rec.covers
+
+
+@pytest.mark.parametrize("role", ["q_weight", "v_weight", "out_weight"])
+def test_a_fault_inside_a_fused_ncnn_attention_is_named_at_it(mha, tmp_path, role):
+    model, x, art = mha
+    (layer,) = [ly.name for ly in parse_ncnn_param(art.path).layers
+                if ly.type == "MultiHeadAttention"]
+    bad = _damaged(art, tmp_path / "bad", layer, role, scale=0.3)
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and "attn" in first.covers, (first, rep.summary())
+    assert first.op_type == "MultiHeadAttention"
