@@ -80,6 +80,10 @@ def _close(name: str, names: list[str]) -> str:
     return f"; close matches: {', '.join(near)}" if near else ""
 
 
+def _a(kind: str) -> str:
+    return f"{'an' if kind[:1] in 'AEIOU' else 'a'} {kind}"
+
+
 def _check_keep_float(keep: list[str], param: Any, layers: list[Any]) -> None:
     names = [la.name for la in param.layers]
     qnames = [la.name for la in layers]
@@ -92,7 +96,7 @@ def _check_keep_float(keep: list[str], param: Any, layers: list[Any]) -> None:
         if name not in qnames:
             kind = param.layer(name).type
             raise InputError(
-                f"keep_float: {name!r} is a {kind} layer, which is never quantized (only "
+                f"keep_float: {name!r} is {_a(kind)} layer, which is never quantized (only "
                 "Convolution, ConvolutionDepthWise and InnerProduct are)",
                 f"name one of the quantizable layers: {', '.join(qnames[:12])}")
 
@@ -109,8 +113,9 @@ def _check_table(table: Int8Table, param: Any, layers: list[Any], weights: Any) 
             raise InputError(f"calibration table names layer {name!r}, which "
                              f"{param.path.name} does not have{_close(name, names)}", hint)
         if name not in by_name:
-            raise InputError(f"calibration table has scales for {name!r}, a "
-                             f"{param.layer(name).type} layer, which is never quantized", hint)
+            raise InputError(f"calibration table has scales for {name!r}, "
+                             f"{_a(param.layer(name).type)} layer, which is never quantized",
+                             hint)
     for name, scales in table.weight_scales.items():
         if name in table.float_layers:
             continue
