@@ -28,18 +28,20 @@ from workbench.runtime import NcnnRunner
 
 
 class SmallNet(nn.Module):
-    """3x3 conv (6-bit weights in ncnn), depthwise conv, strided conv, Linear."""
+    """3x3 conv (6-bit weights in ncnn) read by a depthwise and a 1x1 conv (a Split), a
+    strided conv, a Linear."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
         self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = nn.Conv2d(8, 8, 1)
         self.conv2 = nn.Conv2d(8, 16, 3, stride=2)
         self.fc = nn.Linear(16 * 7 * 7, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.conv1(x))
-        x = torch.relu(self.dw(x))
+        x = torch.relu(self.dw(x) + self.pw(x))
         x = torch.relu(self.conv2(x))
         return self.fc(x.flatten(1))
 
@@ -197,18 +199,28 @@ def test_int8_model_runs_in_int8_close_to_fp32(models, tmp_path):
         assert _snr(held / scale, floats[blob]) > 25
 
 
-def test_small_net_depthwise_and_innerproduct(models, tmp_path):
+def test_small_net_depthwise_innerproduct_and_requantize_through_a_split(models, tmp_path):
     _, art, shape = models["small"]
     table = calibration_table(art, _samples(shape, 4, 2), "kl", progress=False)
-    q = write_int8_model(art, None, table, tmp_path / "small.ncnn.param", requantize=False)
-    p = parse_ncnn_param(q.param)
-    terms = {la.type: la.params.get(8) for la in p.layers if la.name in q.quantized}
-    assert terms == {"Convolution": "2", "ConvolutionDepthWise": "1", "InnerProduct": "2"}
     x = _samples(shape, 1, 7)[0]
     ref = NcnnRunner(art).run(x)["out0"]
-    out = NcnnRunner(q.param).run(x)["out0"]
-    print(f"small net (conv, depthwise, Linear), ncnn int8 kl: SNR {_snr(out, ref):.1f} dB")
-    assert not np.array_equal(out, ref) and _snr(out, ref) > 20
+    for requantize in (False, True):
+        q = write_int8_model(art, None, table, tmp_path / f"small{requantize}.ncnn.param",
+                             requantize=requantize)
+        p = parse_ncnn_param(q.param)
+        terms = {la.type: int(la.params.get(8)) % 100 for la in p.layers
+                 if la.name in q.quantized}
+        assert terms == {"Convolution": 2, "ConvolutionDepthWise": 1, "InnerProduct": 2}
+        out = NcnnRunner(q.param).run(x)["out0"]
+        snr = _snr(out, ref)
+        print(f"small net (conv, Split to depthwise + 1x1, Linear), ncnn int8 kl, "
+              f"requantize={requantize}: SNR {snr:.1f} dB")
+        assert not np.array_equal(out, ref) and snr > 20
+    conv1 = next(la for la in p.layers if la.type == "Convolution")
+    split = p.layer(p.consumers[conv1.tops[0]][0])
+    assert split.type == "Split"  # conv1 hands int8 to both readers of the Split
+    assert conv1.params[8] == "102" and q.requantized[0][0] == conv1.name
+    assert set(split.tops) <= set(q.int8_blobs)
 
 
 def test_keep_float_layers_stay_float(models, kl_table, tmp_path):
@@ -251,6 +263,12 @@ def test_bad_calibration_samples(models):
     bad = np.full(shape, np.nan, np.float32)
     with pytest.raises(InputError, match="calibration sample 0.*NaN"):
         calibration_table(art, [(bad,)], progress=False)
+    with pytest.raises(InputError, match=r"calibration sample 0 \(of 1\).*expected 3 channels"):
+        calibration_table(art, [(np.zeros((1, 4, 64, 64), np.float32),)], progress=False)
+    _, small, small_shape = models["small"]  # its Linear fixes the spatial size
+    with pytest.raises(InputError, match=r"calibration sample 0 .*converted with shape "
+                                         r"\[1, 3, 16, 16\], got \[1, 3, 20, 20\]"):
+        calibration_table(small, [(np.zeros((1, 3, 20, 20), np.float32),)], progress=False)
     with pytest.raises(InputError, match="method='max'"):
         calibration_table(art, good, "max", progress=False)
 
