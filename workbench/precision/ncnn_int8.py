@@ -17,7 +17,9 @@ Convolution, ConvolutionDepthWise and InnerProduct layer with scales in the tabl
 Layers left in float (``keep_float``, lines commented out in the table, or layers the table
 has no line for) keep their fp32 bytes: ncnn's mixed precision. ncnn2int8 itself stores
 every float weight as fp16 (its ``storage_type = 1``); ``float_storage="fp16"`` does the
-same, the default keeps fp32 so a layer kept in float for accuracy loses nothing.
+same, the default keeps fp32 so a layer kept in float for accuracy loses nothing. The
+Embed, MultiHeadAttention and RNN/LSTM/GRU weight lines ncnn2table also writes are accepted
+and not applied: those layers stay float.
 
 The format follows ncnn's ``tools/quantize/ncnn2int8.cpp``, ``tools/modelwriter.h`` and
 ``src/layer/{convolution,convolutiondepthwise,innerproduct}.cpp`` (ncnn 1.0.20261020, the
@@ -49,6 +51,8 @@ __all__ = ["Int8Model", "Int8Table", "calibration_table", "read_table", "write_i
 
 FLOAT_STORAGES = ("fp32", "fp16")
 _CONVS = ("Convolution", "ConvolutionDepthWise")
+# layers ncnn2table writes weight scales for without calibration; not quantized here
+_STATIC_WEIGHTS = frozenset({"Embed", "MultiHeadAttention", "RNN", "LSTM", "GRU"})
 
 
 @dataclass
@@ -108,7 +112,10 @@ def _check_table(table: Int8Table, param: Any, layers: list[Any], weights: Any) 
     by_name = {la.name: la for la in layers}
     hint = ("a table belongs to the model it was calibrated on: make it again with "
             "calibration_table(model, samples) for this model")
+    static = {la.name for la in param.layers if la.type in _STATIC_WEIGHTS}
     for name in table.layers:
+        if name in static:
+            continue  # ncnn2table's static weight scales: these layers stay float here
         if name not in names:
             raise InputError(f"calibration table names layer {name!r}, which "
                              f"{param.path.name} does not have{_close(name, names)}", hint)
@@ -117,7 +124,7 @@ def _check_table(table: Int8Table, param: Any, layers: list[Any], weights: Any) 
                              f"{_a(param.layer(name).type)} layer, which is never quantized",
                              hint)
     for name, scales in table.weight_scales.items():
-        if name in table.float_layers:
+        if name in table.float_layers or name in static:
             continue
         la = by_name[name]
         rows = weight_rows(la, weights[name]).shape[0] if name in weights else None
@@ -126,7 +133,7 @@ def _check_table(table: Int8Table, param: Any, layers: list[Any], weights: Any) 
             raise InputError(f"calibration table: {name} has {len(scales)} weight scales, "
                              f"but the layer has {rows} {what}", hint)
     for name, scales in table.blob_scales.items():
-        if name not in table.float_layers and len(scales) < 1:
+        if name not in table.float_layers and name not in static and len(scales) < 1:
             raise InputError(f"calibration table: {name} has no input scale", hint)
 
 

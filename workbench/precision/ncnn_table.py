@@ -132,6 +132,8 @@ def read_table(path: str | Path) -> Int8Table:
             continue
         commented = key.startswith("#")
         key = key.lstrip("#")
+        if not key:
+            continue  # a comment
         try:
             scales = np.array([float(v) for v in values], dtype=np.float32)
         except ValueError:
@@ -391,6 +393,11 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
     check_method(method)
     runner = model if isinstance(model, NcnnRunner) else NcnnRunner(
         model, precision="fp32", num_threads=num_threads, isolated=isolated)
+    if runner.precision != "fp32":
+        raise InputError(f"calibration runner for {runner.param.name} runs in "
+                         f"{runner.precision}, expected fp32",
+                         "calibrate on the fp32 activations: NcnnRunner(model) (the default "
+                         "precision) or pass the model itself")
     param = parse_ncnn_param(runner.param)
     layers = quantizable(param.layers)
     if not layers:
@@ -455,7 +462,9 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
     table = Int8Table(method=method, samples=len(samples))
     for la in layers:
         table.weight_scales[la.name] = weight_scales(la, weights[la.name].values, method)
-    thresholds = {b: blob_scale(stats[b], method) for b in bottoms}
+    thresholds = {b: blob_scale(stats[b], method)  # KL: 0.1-0.2 s a blob
+                  for b in tqdm(bottoms, desc=f"int8 calibration: {method} thresholds",
+                                disable=not progress or method != "kl")}
     for la in layers:
         thr, scale = thresholds[la.bottoms[0]]
         table.blob_scales[la.name] = np.array([scale], dtype=np.float32)
