@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import workbench as wb
-from workbench.errors import InputError
+from workbench.errors import InputError, ModelFileError
 from workbench.ncnn_bin import FP16_TAG, INT8_TAG, walk_bin
 from workbench.params import parse_ncnn_param
 from workbench.precision.ncnn_int8 import (
@@ -105,6 +105,11 @@ def test_table_round_trips_in_ncnn2table_format(kl_table, tmp_path):
     again = read_table(ncnn_style.write(tmp_path / "again.table"))
     assert again.float_layers == ["conv_3"] and "#conv_3_param_0 " in (
         tmp_path / "again.table").read_text()
+    (tmp_path / "bad.table").write_text(lines[1] + "\nconvrelu_1 0.5 x\n")
+    with pytest.raises(ModelFileError, match="bad.table, line 2: expected '<name> <scale>"):
+        read_table(tmp_path / "bad.table")
+    with pytest.raises(ModelFileError, match="is not a file"):
+        read_table(tmp_path / "missing.table")
 
 
 def _kl_reference(hist):
