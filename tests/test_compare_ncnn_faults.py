@@ -160,3 +160,43 @@ def test_a_fault_inside_a_fused_ncnn_attention_is_named_at_it(mha, tmp_path, rol
     first = rep.first_divergence
     assert first is not None and "attn" in first.covers, (first, rep.summary())
     assert first.op_type == "MultiHeadAttention"
+
+
+class LayerNorm2d(nn.Module):
+    """A channels-first LayerNorm as ConvNeXt writes it: permute, layer_norm, permute back
+    inside one leaf module (torch records only its output; ncnn runs three layers)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.rand(c) + 0.5), nn.Parameter(torch.rand(c))
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = nn.functional.layer_norm(x, x.shape[-1:], self.weight, self.bias)
+        return x.permute(0, 3, 1, 2)
+
+
+class Downsample(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.norm = nn.Conv2d(3, 16, 3, 1, 1), LayerNorm2d(16)
+        self.conv2, self.head = nn.Conv2d(16, 24, 2, 2), nn.Linear(24, 5)
+
+    def forward(self, x):
+        return self.head(self.conv2(self.norm(self.conv1(x))).mean((2, 3)))
+
+
+def test_steps_of_a_leaf_module_ncnn_runs_as_several_layers_are_attributed_to_it(tmp_path):
+    model, x = _seeded(Downsample, 1, 3, 16, 16)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    al = rep.alignments[name]
+    assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
+    assert al.attributed and set(al.attributed.values()) == {"norm"}, al.attributed
+    assert rep.aligned_fraction[name] == 1.0
+    # a damaged conv after the attributed steps is still named where it is
+    layer = _layers_holding(art, model)["conv2"]
+    bad = _damaged(art, tmp_path / "bad", layer, scale=0.3)
+    first = wb.compare(model, [bad], (x,), mode="both", progress=False).first_divergence
+    assert first is not None and first.reference == "conv2", first

@@ -314,7 +314,12 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 _attribute(out, t, t.hint)
             continue
         window = range(low, min(len(ref_names), low + WINDOW))
-        choices = [j for j in window if ref_keys[j] == key]
+        flat = (np.size(arr), np.shape(arr)[-1:])
+        # the same shape; or the same but for size-1 axes; or leading axes merged (ncnn's
+        # Reshape to [H*W, C] before a Gemm): the values decide which, if any, it is
+        choices = [j for j in window if ref_keys[j] == key] or [
+            j for j in window if ref_squeezed[j] == squeeze_key(np.shape(arr))] or [
+            j for j in window if ref_flat[j] == flat]
         structural = None  # the record name and shape pin, whatever the values say
         # an ncnn layer has no name, but its weights say which module it is
         hint = t.hint if t.hint is not None else (
@@ -324,7 +329,6 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             hinted = _hinted(hint, key, low, ref_names, ref_keys, ref_module, modules,
                              calls, taken)
             if not hinted and hint in calls:  # the call's output with leading axes merged
-                flat = (np.size(arr), np.shape(arr)[-1:])
                 hinted = _hinted(hint, flat, low, ref_names, ref_flat, ref_module, modules,
                                  calls, taken)
             if not hinted and t.weights_of:  # size-1 axes dropped ([C] for [1, C, 1, 1])
@@ -381,7 +385,37 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 # a fused layer: every module whose weights it holds, and the records it spans
                 out.covers[t.name] = tuple(dict.fromkeys(spans))
         low = max(low, j)  # a named call found behind low leaves the order where it was
+    _attribute_between(out, tensors, ref_names, ref_module, calls)
     return out
+
+
+def _attribute_between(out: Alignment, tensors: list[CandidateTensor],
+                       ref_names: list[str], ref_module: list[str],
+                       calls: dict[str, list[int]]) -> None:
+    """Unaligned tensors between a tensor aligned to reference record k and the next one
+    aligned to record k + 1 are steps of the call that made k + 1 (the permute-LayerNorm-
+    permute of a channels-first LayerNorm that ncnn runs as three layers): torch kept no
+    tensor between the two, so nothing is there to measure them against. Attributed to
+    that call's module; a gap with records in between stays unexplained."""
+    index = {n: j for j, n in enumerate(ref_names)}
+    ordered = sorted(tensors, key=lambda t: t.order)
+    aligned = [(t.order, index[out.pairs[t.name]]) for t in ordered if t.name in out.pairs
+               and out.pairs[t.name] in index]
+    orders = [o for o, _ in aligned]
+    for t in ordered:
+        if t.name not in out.unaligned or not out.unaligned[t.name].startswith(
+                ("no reference tensor", "nearest reference tensor")):
+            continue
+        k = bisect.bisect_left(orders, t.order)
+        if k == 0 or k >= len(aligned) or orders[k] == t.order:
+            continue
+        before, after = aligned[k - 1][1], aligned[k][1]
+        if after != before + 1:
+            continue
+        name = ref_names[after]
+        module = call_module(name) if call_module(name) in calls else ref_module[after]
+        del out.unaligned[t.name]
+        _attribute(out, t, module or name)
 
 
 def _attribute(out: Alignment, t: CandidateTensor, module: str) -> None:
@@ -407,8 +441,12 @@ def _hinted(hint: str, key: Any, low: int, ref_names: list[str],
             return []
         h = ahead[0] if ahead else free[-1]
     else:
-        own = [j for j in range(low, len(ref_names)) if ref_keys[j] == key
-               and ref_module[j] == hint and not ref_names[j].startswith("output_")]
+        def mine(span: range) -> list[int]:
+            return [j for j in span if ref_keys[j] == key and ref_module[j] == hint
+                    and j not in taken and not ref_names[j].startswith("output_")]
+
+        # ahead of the order so far, or (a branch the simplified graph ran second) behind
+        own = mine(range(low, len(ref_names))) or mine(range(low))[-1:]
         return own[:1] if len(own) == 1 else own
     parent = hint.rsplit(".", 1)[0] if "." in hint else ""
     follow = []
