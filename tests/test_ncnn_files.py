@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import workbench as wb
+from workbench.errors import NcnnRunError
 from workbench.ncnn_bin import walk_bin
 from workbench.params import parse_ncnn_param
 from workbench.runtime import NcnnRunner
@@ -147,3 +148,52 @@ def test_deconvolutions_with_output_padding_are_sized_right(tmp_path, module):
     with torch.no_grad():
         np.testing.assert_allclose(NcnnRunner(art).run((x,))["out0"], module(x).numpy(),
                                    atol=1e-5)
+
+
+# -- runtime failures: the layer named, with its inputs, the likely cause and ncnn's words ------
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    """Conv + a 16x16 average pool (stride 1), converted at 16x16: at 8x8 the pool's kernel is larger than
+    its input, and ncnn returns a blob of negative size instead of failing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AvgPool2d(16, stride=1)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    ws = wb.Workspace(tmp_path_factory.mktemp("pooled") / "ws")
+    return wb.to_ncnn(model, (x,), workspace=ws)
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_a_layer_ncnn_cannot_compute_is_named_with_its_inputs_and_cause(pooled, isolated):
+    runner = NcnnRunner(pooled, isolated=isolated)
+    assert runner.run((torch.randn(1, 3, 16, 16),))["out0"].shape == (1, 4, 1, 1)
+    with pytest.raises(NcnnRunError) as e:
+        runner.run((torch.randn(1, 3, 8, 8),))
+    pool = next(ly for ly in parse_ncnn_param(pooled.path).layers if ly.type == "Pooling")
+    assert f"layer {pool.name} (Pooling)" in e.value.message
+    assert "input shape(s) [4, 8, 8]" in e.value.message
+    assert "kernel 16x16 is larger than its input 8x8" in e.value.hint
+
+
+def test_an_extract_error_quotes_ncnn_and_names_the_reshape(tmp_path):
+    param = tmp_path / "big.ncnn.param"
+    param.write_text("7767517\n3 3\nInput in0 0 1 in0\n"
+                     "Reshape reshape_0 1 1 in0 1 0=100000 1=100000 2=1000\n"
+                     "ReLU relu_0 1 1 1 out0\n")
+    (tmp_path / "big.ncnn.bin").write_bytes(b"")
+    with pytest.raises(NcnnRunError) as e:
+        NcnnRunner(param).run(np.ones((3, 7, 7), np.float32))
+    assert "returned -100" in e.value.message
+    assert "layer reshape_0 (Reshape) failed" in e.value.message
+    assert "on input shape(s) [3, 7, 7]" in e.value.message
+    assert "reshapes 147 elements" in e.value.hint
+
+
+def test_to_ncnn_records_the_failing_layer_in_its_diagnostic(pooled):
+    from workbench.stages.ncnn import _check_numbers
+
+    x = torch.randn(1, 3, 8, 8)
+    _, diags = _check_numbers(pooled.path, (x,), [np.zeros((1, 4, 0, 0), np.float32)])
+    failed = [d for d in diags if d.code == "ncnn-run-failed"]
+    assert len(failed) == 2  # fp32 and fp16
+    assert all("(Pooling)" in d.message and "larger than its input 8x8" in d.hint
+               for d in failed)

@@ -74,3 +74,8 @@ class CustomOpError(WorkbenchError, ValueError):
 
 class RaiseError(WorkbenchError):
     """Raising failed (an opset upgrade the converter refuses, a rule that crashes)."""
+
+
+class NcnnRunError(WorkbenchError):
+    """ncnn failed to run a layer on the given inputs (an extract returned an error, or a
+    blob of invalid size); the message names the layer, its input shapes and ncnn's words."""

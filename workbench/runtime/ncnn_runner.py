@@ -22,6 +22,7 @@ from typing import Any
 from .. import shapes
 from ..errors import InputError
 from .base import Runner, split_inputs, to_numpy
+from .ncnn_failure import bad_mat
 
 PRECISIONS = ("fp32", "fp16")
 _TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
@@ -289,7 +290,12 @@ class NcnnRunner(Runner):
             torch shape where the conversion declared one (``workbench.shapes.fit``); with
             capture="all", every other blob after them as ncnn holds it.
         """
-        result = super().run(inputs, capture)
+        from ..errors import BackendCrashed
+
+        try:
+            result = super().run(inputs, capture)
+        except BackendCrashed as e:  # name the layer that crashed (ncnn_failure)
+            raise self._explained(self.feed(inputs), "", crashed=e) from e
         outs = self.output_names
         ordered = {n: shapes.fit(result[n], self._out_shape(n)) for n in outs if n in result}
         if capture == "all":
@@ -496,8 +502,8 @@ class NcnnRunner(Runner):
             out = {}
             for name in capture[1]:
                 ret, mat = ex.extract(name)
-                if ret != 0:
-                    raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
+                if ret != 0 or bad_mat(mat):
+                    raise self._explained(feed, f"ncnn extract({name!r}) returned {ret}")
                 # a view that keeps the Mat alive, no copy; a fed blob views `arr`: copied
                 out[name] = np.array(mat) if name in feed else np.asarray(mat)
             return out
@@ -515,8 +521,9 @@ class NcnnRunner(Runner):
             if name in aliases and name not in outputs:  # a Split top is its bottom
                 continue
             ret, mat = ex.extract(name)
-            if ret != 0:
-                raise RuntimeError(f"ncnn extract({name!r}) returned {ret}")
+            if ret != 0 or bad_mat(mat):
+                raise self._explained(feed, f"ncnn extract({name!r}) returned {ret}"
+                                      + (" an invalid blob" if ret == 0 else ""))
             spec = self.out_specs.get(name)
             if spec is not None and spec.batch_axis is not None:
                 result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
@@ -526,6 +533,15 @@ class NcnnRunner(Runner):
             if bottom in result and top not in result:
                 result[top] = result[bottom]
         return {name: result[name] for name in wanted if name in result}
+
+    def _explained(self, feed: dict[str, Any], what: str, crashed: Any = None) -> Exception:
+        """The error for a failed run, naming the layer to blame (see ncnn_failure)."""
+        from .ncnn_failure import explain, explain_crash
+
+        batch = {n: s.batch_axis for n, s in self.in_specs.items()}
+        if crashed is not None:
+            return explain_crash(self.param, self.bin, feed, self.precision, batch, crashed)
+        return explain(self.param, self.bin, feed, self.precision, batch, what)
 
     def _split_aliases(self) -> dict[str, str]:
         """{Split top blob: its bottom blob}: ncnn's Split outputs share their input's data."""

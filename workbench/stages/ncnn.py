@@ -357,9 +357,13 @@ def _check_numbers(param: Path, args: tuple,
         try:
             got = list(NcnnRunner(param, precision=precision).run(args).values())
         except Exception as e:  # recorded: the converted model is kept either way
+            # the runner's error names the failing layer and its cause (ncnn_failure)
+            message = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
             diags.append(Diagnostic("error", "ncnn-run-failed",
                                     f"ncnn ({precision}) cannot run the model on the example "
-                                    f"inputs ({', '.join(map(describe, args))}): {e}"))
+                                    f"inputs ({', '.join(map(describe, args))}): {message}",
+                                    getattr(e, "hint", "") or "run NcnnRunner on the .param "
+                                    "with the example inputs to see the failing layer"))
             continue
         runs[precision] = got
         if precision == "fp16" and _identical(runs.get("fp32"), got):
