@@ -79,3 +79,8 @@ class RaiseError(WorkbenchError):
 class NcnnRunError(WorkbenchError):
     """ncnn failed to run a layer on the given inputs (an extract returned an error, or a
     blob of invalid size); the message names the layer, its input shapes and ncnn's words."""
+
+
+class QuantizationError(WorkbenchError):
+    """ONNX Runtime's quantizer failed, or its output is not quantized as reported (it
+    quantized nothing, or a node asked to stay float came out quantized)."""
