@@ -30,6 +30,7 @@ _LAZY = {
     "raise_ops": ("workbench.stages.raising", "raise_ops"),
     "RaiseReport": ("workbench.stages.raising", "RaiseReport"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
+    "quantize": ("workbench.stages.quantize", "quantize"),
     "compare": ("workbench.compare", None),  # the package is callable: wb.compare(...)
     "CompareReport": ("workbench.compare.report", "CompareReport"),
     "ConversionError": ("workbench.stages.ncnn", "ConversionError"),

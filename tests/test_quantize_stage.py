@@ -1,0 +1,124 @@
+"""wb.quantize: the int8 stage for ncnn and ONNX Runtime, its records and its bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import workbench as wb
+from workbench.params import parse_ncnn_param
+from workbench.precision.calibration import Calibration
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    model, x = wb.default_model()
+    x = x if isinstance(x, tuple) else (x,)
+    ws = wb.Workspace(tmp_path_factory.mktemp("quant") / "ws")
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.rand(*x[0].shape, generator=g) for _ in range(6)]
+    return model, x, ws, samples
+
+
+@pytest.fixture(scope="module")
+def ncnn_fp32(base):
+    model, x, ws, _ = base
+    return wb.to_ncnn(model, x, workspace=ws)
+
+
+@pytest.fixture(scope="module")
+def ncnn_int8(base, ncnn_fp32):
+    return wb.quantize(ncnn_fp32, base[3], progress=False)
+
+
+def test_ncnn_int8_is_a_child_artifact_that_records_how_it_was_made(base, ncnn_fp32, ncnn_int8):
+    q = ncnn_int8
+    assert q.stage == "quantize" and q.format == "ncnn" and q.parent_id == ncnn_fp32.id
+    assert q.params["precision"] == "int8" and q.params["method"] == "kl"
+    cal = q.params["calibration"]
+    assert cal["count"] == 6 and cal["seed"] == 0 and len(cal["sha256"]) == 64
+    assert (q.dir / "model.table").is_file()
+    # weights really int8: every quantizable layer carries int8_scale_term (key 8)
+    convs = [ly for ly in parse_ncnn_param(q.path).layers if ly.type == "Convolution"]
+    assert convs and all(ly.params.get(8) for ly in convs)
+    snr = q.metrics["min_snr_db_vs_parent"]
+    assert 15 < snr < 80, q.metrics  # int8: close to fp32, never equal
+    assert not q.diagnostics_with("int8-not-exercised")
+    assert ncnn_fp32.path.is_file() and ncnn_fp32.ok  # the parent is untouched
+
+
+def test_ncnn_int8_runs_and_differs_from_fp32(base, ncnn_fp32, ncnn_int8):
+    from workbench.runtime import NcnnRunner
+
+    _, x, _, _ = base
+    a = NcnnRunner(ncnn_fp32).run(x)
+    b = NcnnRunner(ncnn_int8).run(x)
+    assert list(a) == list(b)
+    for name in a:
+        assert not np.array_equal(a[name], b[name])
+        np.testing.assert_allclose(b[name], a[name], atol=0.1 * np.abs(a[name]).max())
+
+
+def test_ncnn_layers_kept_float_stay_float(base, ncnn_fp32):
+    convs = [ly.name for ly in parse_ncnn_param(ncnn_fp32.path).layers
+             if ly.type == "Convolution"]
+    q = wb.quantize(ncnn_fp32, base[3], method="minmax", exclude=[convs[0]], progress=False)
+    layers = {ly.name: ly for ly in parse_ncnn_param(q.path).layers}
+    assert not layers[convs[0]].params.get(8) and layers[convs[1]].params.get(8)
+    assert q.params["exclude"] == [convs[0]] and q.metrics["kept_float"] == [convs[0]]
+
+
+def test_a_tensor_name_in_exclude_keeps_its_producer_float(base, ncnn_fp32):
+    layers = parse_ncnn_param(ncnn_fp32.path).layers
+    conv = next(ly for ly in layers if ly.type == "Convolution")
+    q = wb.quantize(ncnn_fp32, base[3], method="minmax", exclude=[conv.tops[0]],
+                    progress=False)
+    assert q.params["exclude"] == [conv.name]
+
+
+def test_a_calibration_object_is_reused_as_given(base, ncnn_fp32, ncnn_int8):
+    from workbench.precision.calibration import load_calibration
+    from workbench.stages.quantize import _input_specs
+
+    cal = load_calibration(base[3], inputs=_input_specs(ncnn_fp32, "ncnn"), progress=False)
+    assert isinstance(cal, Calibration)
+    q = wb.quantize(ncnn_fp32, cal, progress=False)
+    assert q.params["calibration"]["sha256"] == ncnn_int8.params["calibration"]["sha256"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"calibration": None}, "needs calibration samples"),
+    ({"calibration": []}, "holds no sample"),
+    ({"method": "entropy"}, "not one of ncnn's"),
+    ({"backend": "onnxruntime"}, "cannot quantize"),
+    ({"backend": "tensorrt"}, "not one of"),
+    ({"dynamic": True}, "ncnn has none"),
+    ({"exclude": ["no_such_layer"]}, "no layer or tensor"),
+    ({"exclude": [3]}, "exclude item 3"),
+])
+def test_bad_quantize_arguments_are_hinted_and_write_nothing(base, ncnn_fp32, kwargs, match):
+    ws = base[2]
+    before = len(ws)
+    args = {"calibration": base[3], **kwargs}
+    with pytest.raises(wb.InputError, match=match) as e:
+        wb.quantize(ncnn_fp32, progress=False, **args)
+    assert e.value.hint
+    assert len(ws) == before
+
+
+def test_calibration_of_the_wrong_shape_names_sample_and_input(base, ncnn_fp32):
+    bad = [torch.rand(1, 3, 7, 9)]
+    with pytest.raises(wb.InputError, match="sample") as e:
+        wb.quantize(ncnn_fp32, bad, progress=False)
+    assert "in0" in e.value.message or "in0" in e.value.hint
+
+
+def test_an_int8_artifact_is_not_quantized_again(base, ncnn_int8):
+    with pytest.raises(wb.InputError, match="already int8"):
+        wb.quantize(ncnn_int8, base[3], progress=False)
+
+
+def test_a_non_artifact_is_refused(base, ncnn_fp32):
+    with pytest.raises(wb.InputError, match="takes an Artifact"):
+        wb.quantize(str(ncnn_fp32.path), base[3], progress=False)

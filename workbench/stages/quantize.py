@@ -1,0 +1,278 @@
+"""The quantize stage: an ONNX or ncnn artifact to int8, calibrated on the user's samples.
+
+``wb.quantize(artifact, calibration, backend=...)`` returns a new Artifact (the parent is
+kept and never touched) with the precision, the method, the calibration record (source,
+seed, indices, sha256) and what stayed in float in its params, and the final-output SNR
+against its parent in its metrics. ONNX Runtime: static QDQ or dynamic quantization through
+onnxruntime.quantization (precision/ort_quant.py). ncnn: the calibration table and the int8
+model in ncnn2table's and ncnn2int8's formats (precision/ncnn_table.py, ncnn_int8.py).
+
+A quantized model whose outputs equal its parent's bit for bit never ran in int8: that is
+an error diagnostic, not a figure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..errors import InputError
+
+BACKENDS = ("onnxruntime", "ncnn")
+METHODS = {"onnxruntime": ("minmax", "entropy", "percentile"),
+           "ncnn": ("kl", "aciq", "minmax")}
+DEFAULT_METHOD = {"onnxruntime": "minmax", "ncnn": "kl"}
+
+
+def quantize(
+    source: Artifact,
+    calibration: Any = None,
+    backend: str | None = None,
+    *,
+    method: str | None = None,
+    per_channel: bool = True,
+    exclude: Iterable[Any] = (),
+    dynamic: bool = False,
+    limit: int = 64,
+    seed: int = 0,
+    transform: Any = None,
+    requantize: bool = True,
+    workspace: Workspace | str | None = None,
+    progress: bool = True,
+) -> Artifact:
+    """Quantize ``source`` to int8; returns the new Artifact.
+
+    Args:
+        source: an ONNX artifact (backend "onnxruntime") or an ncnn one (backend "ncnn").
+        calibration: the samples (a ``Calibration``, or any source ``load_calibration``
+            reads: an iterable of inputs, a DataLoader, a folder of .npy files or images);
+            not needed with ``dynamic=True``.
+        backend: "onnxruntime" or "ncnn"; None: the one ``source``'s format runs on.
+        method: onnxruntime "minmax" (default), "entropy", "percentile"; ncnn "kl"
+            (default), "aciq", "minmax".
+        per_channel: per-output-channel weight scales (onnxruntime; ncnn always is).
+        exclude: what stays in float: node / layer names, tensor names (their producer is
+            kept), or records of a comparison (``rep.sensitive(k)``).
+        dynamic: onnxruntime dynamic quantization of MatMul/Gemm weights (transformers),
+            no calibration.
+        limit, seed, transform: how calibration samples are picked and read.
+        requantize: ncnn: hand int8 outputs from convolution to convolution (ncnn2int8's
+            default).
+        workspace: where the artifact goes (default: the source's workspace).
+        progress: progress bars.
+    """
+    t0 = time.perf_counter()
+    if not isinstance(source, Artifact):
+        raise InputError(f"quantize takes an Artifact, got {type(source).__name__}",
+                         "e.g. wb.quantize(wb.export(model, (x,)), samples) or "
+                         "wb.quantize(wb.to_ncnn(model, (x,)), samples)")
+    fmt_backend = {"onnx": "onnxruntime", "ncnn": "ncnn"}.get(source.format)
+    if fmt_backend is None:
+        raise InputError(f"quantize takes an ONNX or ncnn artifact; {source.id} is "
+                         f"{source.format}", "quantize the artifact of export, simplify, "
+                         "raise_ops or to_ncnn")
+    backend = backend or fmt_backend
+    if backend not in BACKENDS:
+        raise InputError(f"backend={backend!r} is not one of {BACKENDS}",
+                         "onnxruntime for an ONNX artifact, ncnn for an ncnn one")
+    if backend != fmt_backend:
+        raise InputError(f"backend={backend!r} cannot quantize {source.id}, a "
+                         f"{source.format} artifact",
+                         "convert first: wb.to_ncnn(artifact) for ncnn int8"
+                         if backend == "ncnn" else "quantize the ONNX artifact the ncnn "
+                         "model was converted from")
+    method = method or DEFAULT_METHOD[backend]
+    if method not in METHODS[backend]:
+        raise InputError(f"method={method!r} is not one of {backend}'s {METHODS[backend]}",
+                         f"{DEFAULT_METHOD[backend]} is the default")
+    if dynamic and backend != "onnxruntime":
+        raise InputError("dynamic=True is onnxruntime's dynamic quantization; ncnn has none",
+                         "drop dynamic= for ncnn, or quantize the ONNX artifact")
+    _refuse_invalid(source)
+    ws = source.workspace if workspace is None and source.workspace else \
+        as_workspace(workspace)
+    cal = None
+    if not dynamic:
+        if calibration is None:
+            raise InputError("quantize needs calibration samples (calibration=None)",
+                             "pass an iterable of model inputs, a DataLoader or a folder of "
+                             ".npy/images; or dynamic=True (onnxruntime) for none")
+        cal = _calibration(calibration, source, backend, limit, seed, transform, progress)
+    names = _exclude_names(exclude, source, backend)
+    if backend == "onnxruntime":
+        return _ort(source, ws, cal, method, per_channel, names, dynamic, t0, progress)
+    return _ncnn(source, ws, cal, method, names, requantize, t0, progress)
+
+
+def _refuse_invalid(source: Artifact) -> None:
+    from .simplify import INVALID_MODEL
+
+    bad = next((d for d in source.diagnostics
+                if d.level == "error" and d.code in (*INVALID_MODEL, "ncnn-run-failed")), None)
+    if bad is not None:
+        raise InputError(f"quantize refuses artifact {source.id}: its {source.stage} stage "
+                         f"reported {bad.code}: {bad.message.splitlines()[0][:300]}",
+                         f"fix what {source.stage} reported first, then quantize the new "
+                         "artifact")
+    if source.params.get("precision") == "int8":
+        raise InputError(f"artifact {source.id} is already int8 ({source.stage})",
+                         f"quantize its float parent ({source.parent_id}) instead")
+
+
+def _calibration(calibration: Any, source: Artifact, backend: str, limit: int, seed: int,
+                 transform: Any, progress: bool) -> Any:
+    from ..precision.calibration import Calibration, load_calibration
+
+    specs = _input_specs(source, backend)
+    if isinstance(calibration, Calibration):
+        calibration.check(specs, f"artifact {source.id}")
+        return calibration
+    return load_calibration(calibration, inputs=specs, limit=limit, seed=seed,
+                            transform=transform, progress=progress)
+
+
+def _input_specs(source: Artifact, backend: str) -> list[Any]:
+    """The model's declared inputs; for ncnn, the torch-layout shapes pnnx's _ncnn.py and
+    .pnnx.param declare (the layout NcnnRunner.run takes)."""
+    if backend == "onnxruntime":
+        return list(source.graph.inputs)
+    from ..graph import TensorInfo
+    from ..runtime.ncnn_runner import NcnnRunner
+
+    runner = NcnnRunner(source, isolated=False)
+    return [TensorInfo(name, spec.shape if spec.shape is not None else spec.example_shape,
+                       spec.dtype) for name, spec in runner.in_specs.items()]
+
+
+def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> list[str]:
+    """Node (ONNX) or layer (ncnn) names from names, tensor names, or compare records."""
+    if isinstance(exclude, (str, bytes)):
+        exclude = [exclude]
+    wanted = []
+    for item in exclude or ():
+        name = getattr(item, "name", item)
+        if not isinstance(name, str):
+            raise InputError(f"exclude item {item!r} is a {type(item).__name__}",
+                             "give node/layer names, tensor names, or records of "
+                             "rep.sensitive(k)")
+        wanted.append(name)
+    if not wanted:
+        return []
+    if backend == "onnxruntime":
+        from ..onnx_io import load_onnx
+
+        graph = load_onnx(source.path, external_data=False).graph
+        nodes = [n.name for n in graph.node]
+        producer = {o: n.name for n in graph.node for o in n.output}
+    else:
+        from ..params import parse_ncnn_param
+
+        layers = parse_ncnn_param(source.path).layers
+        nodes = [ly.name for ly in layers]
+        producer = {t: ly.name for ly in layers for t in ly.tops}
+    out = []
+    for name in wanted:
+        if name in nodes:
+            out.append(name)
+        elif name in producer:
+            out.append(producer[name])
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(name, nodes + list(producer), n=3)
+            what = "node" if backend == "onnxruntime" else "layer"
+            raise InputError(f"exclude={name!r} is no {what} or tensor of {source.id}",
+                             f"did you mean {close}?" if close else
+                             f"names are listed by wb.summarize({source.id!r}) or "
+                             "`workbench inspect`")
+    return list(dict.fromkeys(out))
+
+
+def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bool,
+         exclude: list[str], dynamic: bool, t0: float, progress: bool) -> Artifact:
+    from ..precision import ort_quant
+    from ..runtime.ort_runner import OrtRunner
+
+    main = "model.onnx"
+    with ws.staging() as d:
+        out = d / main
+        if dynamic:
+            res = ort_quant.quantize_dynamic_matmul(source.path, out, exclude=exclude)
+        else:
+            res = ort_quant.quantize_static_qdq(source.path, out, cal, method=method,
+                                                per_channel=per_channel, exclude=exclude,
+                                                progress=progress)
+        sample = cal.samples[0] if cal is not None else _example(source)
+        diags, metrics = _check(OrtRunner(source.path), OrtRunner(out), sample, source)
+        metrics.update({"quantized": len(res.quantized), "excluded": list(res.excluded)})
+        params = {"backend": "onnxruntime", "precision": "int8",
+                  "format": "dynamic" if dynamic else "QDQ", "method": None if dynamic
+                  else method, "per_channel": per_channel, "exclude": exclude,
+                  "calibration": cal.to_record() if cal is not None else None}
+        return ws.commit(d, stage="quantize", format="onnx", main=main, parent=source,
+                         params=params, seconds=time.perf_counter() - t0, diagnostics=diags,
+                         metrics=metrics)
+
+
+def _ncnn(source: Artifact, ws: Workspace, cal: Any, method: str, exclude: list[str],
+          requantize: bool, t0: float, progress: bool) -> Artifact:
+    from ..precision.ncnn_int8 import write_int8_model
+    from ..precision.ncnn_table import calibration_table
+    from ..runtime.ncnn_runner import NcnnRunner
+
+    main = "model.ncnn.param"
+    fp32 = NcnnRunner(source, precision="fp32")
+    table = calibration_table(fp32, cal.samples, method, progress=progress)
+    with ws.staging() as d:
+        table.write(d / "model.table")
+        model = write_int8_model(source.path, None, table, d / main, d / "model.ncnn.bin",
+                                 keep_float=exclude, requantize=requantize)
+        diags, metrics = _check(fp32, NcnnRunner(d / main, precision="fp32"),
+                                cal.samples[0], source)
+        metrics.update({"quantized": len(model.quantized), "kept_float": model.kept_float,
+                        "unlisted": model.unlisted})
+        params = {"backend": "ncnn", "precision": "int8", "method": method,
+                  "per_channel": True, "exclude": exclude, "requantize": requantize,
+                  "int8_blobs": model.int8_blobs, "calibration": cal.to_record()}
+        return ws.commit(d, stage="quantize", format="ncnn", main=main, parent=source,
+                         params=params, seconds=time.perf_counter() - t0, diagnostics=diags,
+                         metrics=metrics)
+
+
+def _example(source: Artifact) -> tuple:
+    """The export's example inputs stored with the lineage (dynamic quantization has no
+    calibration samples), else seeded random ones of the declared shapes."""
+    from ..checks import random_feeds, reference_data
+
+    ref = reference_data(source)
+    feed = dict(ref[0]) if ref else random_feeds(source.graph, None, 0)[0]
+    return tuple(feed[t.name] for t in source.graph.inputs)
+
+
+def _check(parent: Any, child: Any, sample: tuple, source: Artifact
+           ) -> tuple[list[Diagnostic], dict[str, Any]]:
+    """The int8 model against its float parent on one calibration sample: SNR per output,
+    and an error when every output is bit-identical (it never ran in int8)."""
+    import numpy as np
+
+    from ..precision.snr import snr_db
+
+    ref, got = parent.run(sample), child.run(sample)
+    snrs = {name: snr_db(ref[name], got[name]) for name in ref if name in got}
+    diags = []
+    if snrs and all(np.array_equal(np.asarray(ref[n]), np.asarray(got[n])) for n in snrs):
+        diags.append(Diagnostic(
+            "error", "int8-not-exercised",
+            f"the quantized model's outputs are bit-identical to {source.id}'s on the first "
+            "calibration sample: no layer ran in int8",
+            "check that some layer was quantized (metrics 'quantized') and not every one "
+            "excluded"))
+    finite = [v for v in snrs.values() if np.isfinite(v)]
+    metrics = {"snr_db_vs_parent": snrs, "min_snr_db_vs_parent": min(finite)
+               if finite else None}
+    return diags, metrics
+
+
+__all__ = ["quantize", "BACKENDS", "METHODS"]
