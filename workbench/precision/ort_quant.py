@@ -1,0 +1,475 @@
+"""int8 ONNX models through ``onnxruntime.quantization``: static QDQ and dynamic MatMul.
+
+The quantizing is ONNX Runtime's own (``quant_pre_process``, ``quantize_static``,
+``quantize_dynamic``); this module checks the inputs first (so a bad one is a hinted error,
+not a traceback from inside the quantizer), checks afterwards that the output really is
+quantized as reported, and writes it atomically.
+
+Facts from onnxruntime 1.32's sources (``onnxruntime/quantization/quantize.py``,
+``shape_inference.py``, ``onnx_model.py``) that this code relies on:
+
+- QDQ is the recommended format on CPU since 1.11 (QOperator is slower on x64).
+- CPU types: x86 without VNNI: uint8 activations, int8 weights, ``reduce_range=True``
+  (7-bit weights, against the saturation of AVX2's u8s8 dot product); x86 with VNNI: the
+  same with ``reduce_range=False``; ARM: int8 activations and weights. (1.32's docstring of
+  ``quantize_static``; earlier releases said only "U8S8 on x86".)
+- ``quant_pre_process`` runs symbolic shape inference and ONNX Runtime's basic optimizer; the
+  optimizer renames nodes it fuses (MatMul+Add -> ``<name>/MatMulAddFusion`` Gemm), so when a
+  node named in ``exclude`` would vanish, pre-processing runs again without the optimizer.
+- Dynamic quantization turns every Gemm into ``<name>_MatMul`` + ``<name>_Add`` *before* it
+  reads ``nodes_to_exclude`` (1.32), so an excluded Gemm is passed under both names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError, QuantizationError
+from .calibration import Calibration
+
+METHODS = ("minmax", "entropy", "percentile")
+# ops whose weights int8 quantization stores in int8: the ones it pays to quantize
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+PERCENTILE = 99.999  # onnxruntime's default for the percentile method
+
+
+@dataclass
+class OrtQuantResult:
+    """What ONNX Runtime's quantization made.
+
+    ``quantized``: nodes of the output graph that run on int8 values (every input through a
+    DequantizeLinear; for dynamic quantization, the MatMul/Gemm nodes that became
+    MatMulInteger); ``excluded``: the nodes kept in float as asked; ``preprocess``: what
+    ``quant_pre_process`` did ("shape inference + optimizer", "shape inference only", or
+    "none" when it failed); ``activation_type``/``weight_type``/``reduce_range``: the types
+    chosen for this CPU; ``extra``: the options handed to onnxruntime besides those."""
+
+    path: Path
+    mode: str  # "static-qdq" or "dynamic"
+    method: str | None
+    per_channel: bool
+    quantized: list[str]
+    excluded: list[str]
+    onnxruntime_version: str
+    seconds: float
+    activation_type: str = "uint8"
+    weight_type: str = "int8"
+    reduce_range: bool = False
+    preprocess: str = ""
+    op_histogram: dict[str, int] = field(default_factory=dict)
+    calibration: dict[str, Any] | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        """JSON-able, for the manifest."""
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def cpu_types() -> tuple[str, str, bool]:
+    """(activation type, weight type, reduce_range) onnxruntime 1.32 recommends for this CPU:
+    ARM int8/int8; x86 uint8/int8, with 7-bit weights unless the CPU has VNNI."""
+    machine = platform.machine().lower()
+    if machine.startswith(("arm", "aarch")):
+        return "int8", "int8", False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: assume no VNNI (the safe choice: no saturation)
+        flags = ""
+    vnni = "avx512_vnni" in flags or "avx_vnni" in flags
+    return "uint8", "int8", not vnni
+
+
+def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calibration,
+                        method: str = "minmax", per_channel: bool = True,
+                        exclude: Any = (), op_types: Any = None,
+                        progress: bool = True) -> OrtQuantResult:
+    """Static int8 quantization in QDQ format (QuantizeLinear/DequantizeLinear pairs around
+    each quantized op; ONNX Runtime's CPU provider fuses them into int8 kernels).
+
+    Args:
+        onnx_path: an fp32 ONNX model (Artifact or path).
+        out_path: where the int8 model goes; written atomically, so a file there is replaced
+            only when quantization succeeded.
+        calibration: samples (``load_calibration``) that fit the model's inputs; the ranges
+            of every activation are measured on them.
+        method: how a range is chosen from what calibration saw: ``minmax`` (the extremes;
+            no clipping), ``entropy`` (the clip whose 128-level histogram loses the least KL
+            divergence), ``percentile`` (the 99.999th percentile of |x|, symmetric).
+        per_channel: one weight scale per output channel (better accuracy on convolutions
+            whose channels differ in range; a little slower); False: one per tensor.
+        exclude: node names kept in float (their inputs may still arrive dequantized).
+        op_types: the op types to quantize (None: all onnxruntime quantizes).
+        progress: a progress bar over the calibration runs.
+
+    Returns:
+        OrtQuantResult. Raises InputError for a bad input (float16 model, no quantizable op,
+        an unknown node in ``exclude``, calibration that does not fit, an unwritable
+        ``out_path``) and QuantizationError when onnxruntime fails or quantizes nothing.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat
+
+    t0 = time.perf_counter()
+    if method not in METHODS:
+        raise InputError(f"method={method!r} is not one of {METHODS}",
+                         "minmax is the baseline; entropy or percentile clip outliers")
+    if not isinstance(calibration, Calibration):
+        raise InputError(f"calibration is a {type(calibration).__name__}, expected a "
+                         "Calibration",
+                         "make one with workbench.precision.calibration.load_calibration("
+                         "source, inputs=model)")
+    src, model = _load(onnx_path)
+    out = _check_out(out_path, src)
+    exclude = _check_exclude(exclude, model, src)
+    op_types = _check_op_types(op_types)
+    _check_float32(model, src)
+    _check_quantizable(model, src, exclude, op_types, dynamic=False)
+    from ..graph import summarize_onnx
+
+    calibration.check(summarize_onnx(model).inputs, src.name)
+
+    act, weight, reduce_range = cpu_types()
+    calib_method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                    "percentile": CalibrationMethod.Percentile}[method]
+    extra: dict[str, Any] = {"CalibPercentile": PERCENTILE} if method == "percentile" else {}
+    with tempfile.TemporaryDirectory(prefix="wb-ortq-") as tmp:
+        pre, how = _preprocess(src, Path(tmp), exclude)
+        q = Path(tmp) / "int8.onnx"
+        _run_ort("quantize_static", src, lambda: _quantize_static(
+            pre, q, _Reader(calibration, progress, method), QuantFormat.QDQ, calib_method,
+            per_channel, reduce_range, act, weight, exclude, op_types, extra))
+        qmodel, data = _read_output(q)
+        quantized = _qdq_quantized(qmodel)
+        ops = {n.name: n.op_type for n in qmodel.graph.node}
+        _verify(quantized, [n for n in quantized if ops[n] in WEIGHTED_OPS], qmodel, exclude,
+                src, ("QuantizeLinear", "DequantizeLinear"))
+        _write(out, data)
+    return OrtQuantResult(out, "static-qdq", method, per_channel, quantized, list(exclude),
+                          _ort_version(), time.perf_counter() - t0, act, weight, reduce_range,
+                          how, _histogram(qmodel), calibration.to_record())
+
+
+def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
+                            exclude: Any = ()) -> OrtQuantResult:
+    """Dynamic int8 quantization of MatMul/Gemm weights (transformer-style models): weights
+    stored in int8, activations quantized at run time per tensor (DynamicQuantizeLinear +
+    MatMulInteger), so no calibration is needed.
+
+    Args:
+        onnx_path: an fp32 ONNX model (Artifact or path).
+        out_path: where the int8 model goes (written atomically).
+        exclude: MatMul/Gemm node names kept in float.
+
+    Returns:
+        OrtQuantResult (``quantized``: the MatMul/Gemm nodes of the pre-processed model that
+        became MatMulInteger). Raises as ``quantize_static_qdq`` does.
+    """
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    t0 = time.perf_counter()
+    src, model = _load(onnx_path)
+    out = _check_out(out_path, src)
+    exclude = _check_exclude(exclude, model, src)
+    _check_float32(model, src)
+    _check_quantizable(model, src, exclude, ["MatMul", "Gemm"], dynamic=True)
+    _, weight, reduce_range = cpu_types()  # activations: always uint8 in dynamic mode
+    with tempfile.TemporaryDirectory(prefix="wb-ortq-") as tmp:
+        pre, how = _preprocess(src, Path(tmp), exclude)
+        premodel = _onnx_load(pre)
+        gemms = {n.name for n in premodel.graph.node if n.op_type == "Gemm"}
+        # 1.32 renames a Gemm to <name>_MatMul before it reads nodes_to_exclude
+        names = list(exclude) + [f"{n}_MatMul" for n in exclude if n in gemms]
+        q = Path(tmp) / "int8.onnx"
+        _run_ort("quantize_dynamic", src, lambda: quantize_dynamic(
+            str(pre), str(q), op_types_to_quantize=["MatMul"], per_channel=False,
+            reduce_range=reduce_range, weight_type=QuantType.QInt8,
+            nodes_to_exclude=names, extra_options={"MatMulConstBOnly": True}))
+        qmodel, data = _read_output(q)
+        integer = {n.name for n in qmodel.graph.node if n.op_type == "MatMulInteger"}
+        quantized = [n.name for n in premodel.graph.node if n.op_type in ("MatMul", "Gemm")
+                     and ({f"{n.name}_quant", f"{n.name}_MatMul_quant"} & integer)]
+        _verify(quantized, quantized, qmodel, exclude, src,
+                ("DynamicQuantizeLinear", "MatMulInteger"))
+        _write(out, data)
+    return OrtQuantResult(out, "dynamic", None, False, quantized, list(exclude),
+                          _ort_version(), time.perf_counter() - t0, "uint8", weight,
+                          reduce_range, how, _histogram(qmodel), None)
+
+
+# -- checks before ------------------------------------------------------------------------
+def _load(onnx_path: Any) -> tuple[Path, Any]:
+    from ..onnx_io import check_model_file, load_onnx
+
+    src = Path(getattr(onnx_path, "path", onnx_path))
+    if hasattr(onnx_path, "path") and getattr(onnx_path, "format", "onnx") != "onnx":
+        raise InputError(f"{src.name} is a {onnx_path.format} artifact; ONNX Runtime "
+                         "quantization takes an ONNX model",
+                         "quantize the ONNX artifact (wb.export's), or use backend='ncnn'")
+    check_model_file(src)
+    return src, load_onnx(src)
+
+
+def _onnx_load(path: Path) -> Any:
+    from ..onnx_io import load_onnx
+
+    return load_onnx(path)
+
+
+def _check_out(out_path: str | Path, src: Path) -> Path:
+    out = Path(out_path)
+    if out.suffix != ".onnx":
+        raise InputError(f"out_path {str(out)!r}: expected a .onnx file name",
+                         "e.g. runs/model.int8.onnx")
+    if out.resolve() == src.resolve():
+        raise InputError(f"out_path {str(out)!r} is the model being quantized",
+                         "write the int8 model beside it under a new name: nothing written "
+                         "before is overwritten")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"out_path {str(out)!r}: its folder cannot be made ({e.strerror})",
+                         "choose a folder you can write, e.g. inside the workspace") from e
+    if not os.access(out.parent, os.W_OK | os.X_OK) or out.is_dir():
+        raise InputError(f"out_path {str(out)!r}: "
+                         + ("is a folder" if out.is_dir() else "its folder is not writable"),
+                         "choose a file name in a folder you can write, e.g. inside the "
+                         "workspace")
+    return out
+
+
+def _check_exclude(exclude: Any, model: Any, src: Path) -> list[str]:
+    if isinstance(exclude, str):
+        exclude = [exclude]
+    names = [n.name for n in model.graph.node]
+    known = set(names)
+    out = []
+    for e in exclude:
+        name = e if isinstance(e, str) else getattr(e, "name", None)
+        if not isinstance(name, str):
+            raise InputError(f"exclude holds a {type(e).__name__}; expected node names",
+                             f"name nodes of {src.name} as the graph does, e.g. {names[:2]}")
+        if name not in known:
+            close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+            raise InputError(
+                f"exclude names {name!r}, which is not a node of {src.name}",
+                f"close matches: {close}" if close else
+                f"node names look like {names[:5]} (wb.ui.netron or the GraphSummary show "
+                "them all)")
+        out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def _check_op_types(op_types: Any) -> list[str] | None:
+    if op_types is None:
+        return None
+    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
+
+    op_types = [op_types] if isinstance(op_types, str) else list(op_types)
+    supported = sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
+    for op in op_types:
+        if op not in supported:
+            close = difflib.get_close_matches(op, supported, n=3)
+            raise InputError(f"op_types names {op!r}, which onnxruntime does not quantize",
+                             f"close matches: {close}" if close else
+                             f"onnxruntime quantizes {supported}")
+    return op_types
+
+
+def _check_float32(model: Any, src: Path) -> None:
+    from onnx import TensorProto
+
+    low = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    found = [f"input {v.name!r}" for v in g.input if v.name not in inits
+             and v.type.tensor_type.elem_type in low]
+    found += [f"initializer {t.name!r}" for t in g.initializer if t.data_type in low][:3]
+    if found:
+        raise InputError(
+            f"{src.name} is a float16/bfloat16 model ({', '.join(found[:3])}); int8 "
+            "quantization starts from float32",
+            "quantize the fp32 model (the export before any fp16 conversion): int8 scales are "
+            "computed from float32 weights and activations")
+
+
+def _check_quantizable(model: Any, src: Path, exclude: list[str], op_types: Any,
+                       dynamic: bool) -> None:
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    inits |= {o for n in g.node if n.op_type == "Constant" for o in n.output}
+    wanted = [op for op in WEIGHTED_OPS if op_types is None or op in op_types]
+    nodes = [n for n in g.node if n.op_type in wanted
+             and (not dynamic or (len(n.input) > 1 and n.input[1] in inits))]
+    if not nodes:
+        from collections import Counter
+
+        hist = dict(Counter(n.op_type for n in g.node).most_common())
+        what = ("a MatMul or Gemm with a constant weight" if dynamic else
+                f"an op with weights ({', '.join(wanted) or 'none among op_types'})")
+        raise InputError(f"{src.name} has no op int8 quantization applies to: it needs "
+                         f"{what}, the model has {hist}",
+                         "int8 pays on layers with weights; keep this model in float (or "
+                         "fp16)" + ("" if op_types is None else ", or widen op_types"))
+    if all(n.name in exclude for n in nodes):
+        raise InputError(f"exclude keeps every quantizable node of {src.name} in float "
+                         f"({[n.name for n in nodes][:5]})",
+                         "leave at least one Conv/Gemm/MatMul out of exclude, or skip "
+                         "quantization")
+
+
+# -- quantizing ---------------------------------------------------------------------------
+class _Reader:
+    """onnxruntime's CalibrationDataReader over a Calibration, with a progress bar."""
+
+    def __init__(self, calibration: Calibration, progress: bool, method: str) -> None:
+        from tqdm.auto import tqdm
+
+        self._feeds = calibration.feeds()
+        self._bar = tqdm(total=len(calibration), desc=f"int8 calibration ({method})",
+                         unit="sample", disable=not progress, leave=False)
+
+    def get_next(self) -> dict[str, Any] | None:
+        feed = next(self._feeds, None)
+        if feed is None:
+            self._bar.close()
+        else:
+            self._bar.update(1)
+        return feed
+
+
+def _quantize_static(pre: Path, q: Path, reader: _Reader, fmt: Any, calib_method: Any,
+                     per_channel: bool, reduce_range: bool, act: str, weight: str,
+                     exclude: list[str], op_types: Any, extra: dict[str, Any]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_static
+
+    types = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
+    quantize_static(str(pre), str(q), reader, quant_format=fmt, op_types_to_quantize=op_types,
+                    per_channel=per_channel, reduce_range=reduce_range,
+                    activation_type=types[act], weight_type=types[weight],
+                    nodes_to_exclude=list(exclude), calibrate_method=calib_method,
+                    extra_options=extra)
+
+
+def _preprocess(src: Path, tmp: Path, exclude: list[str]) -> tuple[Path, str]:
+    """``quant_pre_process`` (symbolic shape inference and the basic optimizer, as
+    onnxruntime recommends); without the optimizer when it would fuse away a node named in
+    ``exclude``; the model as it is when pre-processing fails."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    for skip, how in ((False, "shape inference + optimizer"), (True, "shape inference only")):
+        pre = tmp / f"pre{int(skip)}.onnx"
+        try:
+            quant_pre_process(str(src), str(pre), skip_optimization=skip)
+        except Exception:  # noqa: BLE001 - onnxruntime's pre-processing is optional
+            continue
+        names = {n.name for n in _onnx_load(pre).graph.node}
+        if all(e in names for e in exclude):
+            return pre, how
+    return src, "none"
+
+
+def _run_ort(what: str, src: Path, call: Any) -> None:
+    """Run onnxruntime's quantizer; its exceptions become a QuantizationError naming it.
+    The calibrators' print() lines ("Collecting tensor data ...") are dropped: the progress
+    bar says the same."""
+    import contextlib
+    import io
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            call()
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises plain exceptions of any kind
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise QuantizationError(f"onnxruntime's {what} failed on {src.name}: "
+                                f"{type(e).__name__}: {first}",
+                                "run onnxruntime.quantization.quant_pre_process on the model "
+                                "and check it loads in onnxruntime; exclude the node the "
+                                "error names, or narrow op_types") from e
+
+
+# -- checks after -------------------------------------------------------------------------
+def _read_output(q: Path) -> tuple[Any, bytes]:
+    import onnx
+
+    data = q.read_bytes()
+    return onnx.load_from_string(data), data
+
+
+def _qdq_quantized(model: Any) -> list[str]:
+    """Nodes that compute on int8 values in a QDQ graph: a weighted op whose data and weight
+    both come through DequantizeLinear; another op whose every input of data comes through
+    one and whose outputs all go to QuantizeLinear."""
+    g = model.graph
+    producer = {o: n.op_type for n in g.node for o in n.output}
+    consumers: dict[str, list[str]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.op_type)
+    qdq = ("QuantizeLinear", "DequantizeLinear")
+    out = []
+    for n in g.node:
+        if n.op_type in qdq or not n.input:
+            continue
+        from_dq = [producer.get(i) == "DequantizeLinear" for i in n.input if i]
+        if n.op_type in WEIGHTED_OPS:
+            ok = len(from_dq) > 1 and from_dq[0] and from_dq[1]
+        else:
+            ok = bool(from_dq) and from_dq[0] and all(
+                consumers.get(o) and all(c == "QuantizeLinear" for c in consumers[o])
+                for o in n.output)
+        if ok:
+            out.append(n.name)
+    return out
+
+
+def _verify(quantized: list[str], weighted: list[str], qmodel: Any, exclude: list[str],
+            src: Path, ops: tuple[str, str]) -> None:
+    """The output is int8 as reported: its quantize/dequantize nodes (``ops``) are there, at
+    least one weighted op is quantized, and no excluded node is."""
+    present = {n.op_type for n in qmodel.graph.node}
+    kinds = "/".join(ops)
+    if not set(ops) <= present or not weighted:
+        raise QuantizationError(
+            f"onnxruntime quantized nothing in {src.name}: the output has "
+            f"{'no ' + kinds + ' nodes' if not set(ops) <= present else 'no int8 weighted op'}",
+            "the model's Conv/Gemm/MatMul ops may lack shapes onnxruntime needs (run "
+            "quant_pre_process), or op_types/exclude left nothing to quantize")
+    leaked = [e for e in exclude if e in quantized]
+    if leaked:
+        raise QuantizationError(
+            f"onnxruntime quantized {leaked} of {src.name}, which exclude keeps in float",
+            "this onnxruntime renames nodes before it reads nodes_to_exclude; report it, "
+            "and exclude the renamed node")
+
+
+def _write(out: Path, data: bytes) -> None:
+    from ..fileio import atomic_write_bytes
+
+    try:
+        atomic_write_bytes(out, data)
+    except OSError as e:
+        raise InputError(f"out_path {str(out)!r} cannot be written: {e.strerror}",
+                         "choose a folder you can write with room for the model") from e
+
+
+def _histogram(model: Any) -> dict[str, int]:
+    from collections import Counter
+
+    return dict(Counter(n.op_type for n in model.graph.node).most_common())
+
+
+def _ort_version() -> str:
+    import onnxruntime
+
+    return onnxruntime.__version__
