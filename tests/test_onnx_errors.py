@@ -43,7 +43,7 @@ CASES = {
                   "produce the same value name 'y'", "rename one of them"),
     "shapes": (lambda: [helper.make_node("Add", ["x", "W"], ["y"])],
                (numpy_helper.from_array(np.ones(3, np.float32), "W"),), 17,
-               "shape inference failed", "initializers' shapes"),
+               "shapes contradict each other", "an initializer, input or output"),
 }
 
 
@@ -77,3 +77,56 @@ def test_a_bfloat16_input_runs_as_its_exact_float32(tmp_path, isolated):
     y = OrtRunner(path, isolated=isolated).run((x,))["y"]
     assert y.dtype == np.float32
     np.testing.assert_array_equal(y, [0.0, 2.25])
+
+
+# -- shapes that contradict each other, and nodes that fail at run time -------------------------
+def _mlp(tmp_path, w_shape=(8, 4), x_shape=(2, 8), extra=()):
+    """y = relu(x @ W + b), declared y: [2, 4]; ``extra`` nodes appended after it."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["mm"], name="matmul"),
+             helper.make_node("Add", ["mm", "b"], ["pre"], name="add"),
+             helper.make_node("Relu", ["pre"], ["y" if not extra else "r"], name="relu"),
+             *[n for n, _ in extra]]
+    inits = [numpy_helper.from_array(rng.standard_normal(w_shape).astype(np.float32), "W"),
+             numpy_helper.from_array(np.ones(w_shape[1], np.float32), "b"),
+             *[i for _, i in extra if i is not None]]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", T.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [2, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    p = tmp_path / "mlp.onnx"
+    p.write_bytes(m.SerializeToString())
+    return p
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_an_initializer_contradicting_the_declared_output_is_refused_not_run(tmp_path, isolated):
+    path = _mlp(tmp_path, w_shape=(8, 5))  # onnxruntime alone returns [2, 5] without a word
+    with pytest.raises(wb.ModelFileError) as e:
+        OrtRunner(path, isolated=isolated).run({"x": np.ones((2, 8), np.float32)})
+    assert "shapes contradict each other" in e.value.message and "(5) vs (4)" in e.value.message
+    assert "export it again" in e.value.hint
+    assert OrtRunner(_mlp(tmp_path)).run({"x": np.ones((2, 8), np.float32)})["y"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("x_shape, said", [((2, 10 ** 12), "Incompatible dimensions"),
+                                           ((-5, 8), "size -5 on axis 0")])
+def test_huge_or_negative_dims_are_refused_before_simplify_allocates(tmp_path, x_shape, said):
+    path = _mlp(tmp_path, x_shape=x_shape)
+    with pytest.raises(wb.ModelFileError) as e:
+        wb.simplify(path, workspace=tmp_path / "ws")
+    assert said in e.value.message and e.value.hint
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_a_gather_out_of_range_names_the_node_and_the_index(tmp_path, isolated):
+    from workbench.errors import OrtRunError
+
+    gather = helper.make_node("Gather", ["r", "idx"], ["y"], axis=0, name="pick")
+    idx = numpy_helper.from_array(np.array([0, 7], np.int64), "idx")
+    path = _mlp(tmp_path, extra=[(gather, idx)])
+    with pytest.raises(OrtRunError) as e:
+        OrtRunner(path, isolated=isolated).run({"x": np.ones((2, 8), np.float32)})
+    assert "node 'pick' (Gather)" in e.value.message
+    assert "index 7 is outside the axis" in e.value.message
+    assert "vocabulary size" in e.value.hint

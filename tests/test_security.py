@@ -104,3 +104,17 @@ def test_missing_external_data_on_import_is_a_hinted_error(tmp_path):
     assert "together in one folder" in e.value.hint
     assert ws.artifacts == [] and not list(ws.path.glob(".staging-*"))
     assert onnx.load(str(src), load_external_data=False).graph.node[0].op_type == "Add"
+
+
+def test_external_data_pointing_at_the_model_itself_is_refused(tmp_path):
+    src = _external_model(tmp_path / "in", "model.onnx")
+    ws = Workspace(tmp_path / "ws")
+    with pytest.raises(ModelFileError) as e:
+        ws.import_file(src)
+    assert "names itself as its external-data file" in e.value.message
+    assert "save_as_external_data=True" in e.value.hint
+    assert ws.artifacts == []
+    from workbench.runtime import OrtRunner
+
+    with pytest.raises(ModelFileError, match="names itself"):
+        OrtRunner(src, isolated=False).run(np.ones((4, 4), np.float32))

@@ -633,3 +633,26 @@ def test_a_folder_in_place_of_the_lock_file_is_a_workspace_error(tmp_path):
     with pytest.raises(WorkspaceError) as e:
         Workspace(tmp_path / "ws")
     assert ".lock cannot be opened" in e.value.message and "remove" in e.value.hint
+
+
+def test_an_artifact_changed_on_disk_is_refused_by_runners_and_stages(tmp_path):
+    import numpy as np
+
+    import workbench as wb
+    from workbench.errors import ModelFileError
+    from workbench.runtime import OrtRunner
+
+    ws = Workspace(tmp_path / "ws")
+    art = ws.import_file(_tiny_onnx(tmp_path / "tiny.onnx"))
+    x = np.ones((2, 3), np.float32)
+    assert OrtRunner(art).run({"x": x})["y"].shape == (2, 3)  # intact: runs
+    onnx.save(onnx.load(art.path), art.path)  # same graph, rewritten: not the recorded bytes
+    data = bytearray(art.path.read_bytes())
+    data[-1] ^= 1
+    art.path.write_bytes(bytes(data))
+    for make in (lambda: OrtRunner(art), lambda: wb.simplify(art)):
+        with pytest.raises(ModelFileError) as e:
+            make()
+        assert f"artifact {art.id}: tiny.onnx changed since its import stage wrote it" in \
+            e.value.message
+        assert "ws.import_file(" in e.value.hint

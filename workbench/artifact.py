@@ -150,8 +150,46 @@ class Artifact:
             metrics=rec.get("metrics", {}), created=rec.get("created", ""), workspace=workspace,
         )
 
+    def check_files(self) -> None:
+        """Refuse an artifact whose files changed on disk since its stage wrote them (the
+        sha256 its record holds), or ModelFileError naming the file: a runner or stage given
+        it would otherwise run on bytes nobody checked (a bit flipped, another model's
+        weights copied over). A file is hashed once per size and mtime (see _verified)."""
+        from .errors import ModelFileError
+
+        for rel, meta in self.files.items():
+            want = meta.get("sha256") if isinstance(meta, dict) else None
+            if not want:
+                continue
+            f = self.dir / rel
+            hint = (f"artifact {self.id} ({self.stage}) is no longer what its stage wrote: run "
+                    f"the stage again, or, if you changed the file on purpose, import it as "
+                    f"a new artifact (ws.import_file({str(f)!r}))")
+            try:
+                st = f.stat()
+            except OSError:
+                raise ModelFileError(f"artifact {self.id}: its file {rel} is missing", hint) \
+                    from None
+            if not f.is_file():
+                raise ModelFileError(f"artifact {self.id}: {rel} is no longer a file", hint)
+            key = (str(f), st.st_size, st.st_mtime_ns, st.st_ino)
+            if _VERIFIED.get(key) == want:
+                continue
+            got = sha256_file(f)
+            if got != want:
+                raise ModelFileError(
+                    f"artifact {self.id}: {rel} changed since its {self.stage} stage wrote it "
+                    f"(sha256 {got[:12]}..., recorded {want[:12]}...; "
+                    f"{meta.get('bytes', '?')} bytes recorded, {st.st_size} now)", hint)
+            _VERIFIED[key] = want
+
     def __repr__(self) -> str:
         return f"Artifact({self.id!r}, format={self.format!r}, path='{self.path}')"
+
+
+# files whose sha256 matched their record, by (path, size, mtime, inode): hashed once, not at
+# every runner made from the artifact
+_VERIFIED: dict[tuple[str, int, int, int], str] = {}
 
 
 class Workspace:

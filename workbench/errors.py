@@ -76,9 +76,18 @@ class RaiseError(WorkbenchError):
     """Raising failed (an opset upgrade the converter refuses, a rule that crashes)."""
 
 
-class NcnnRunError(WorkbenchError):
+class RunError(WorkbenchError):
+    """A backend loaded the model but failed to run it on the given inputs."""
+
+
+class NcnnRunError(RunError):
     """ncnn failed to run a layer on the given inputs (an extract returned an error, or a
     blob of invalid size); the message names the layer, its input shapes and ncnn's words."""
+
+
+class OrtRunError(RunError):
+    """onnxruntime failed inside a node on the given inputs (an index out of range, shapes
+    that do not meet); the message names the node and onnxruntime's words."""
 
 
 class QuantizationError(WorkbenchError):

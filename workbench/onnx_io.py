@@ -133,6 +133,13 @@ def check_external_location(model_path: Path, location: str) -> str:
     if not bad:
         resolved = (base / location).resolve()
         bad = not resolved.is_relative_to(base.resolve())
+        if not bad and resolved == model_path.resolve():  # the model's own bytes as weights
+            raise ModelFileError(
+                f"{str(model_path)!r} names itself as its external-data file ({location!r}): "
+                "its weights would be read from the model's own protobuf bytes",
+                "the .onnx and its weights are separate files: save it again with "
+                "onnx.save_model(..., save_as_external_data=True, location='name.data'); "
+                "if it came from elsewhere, do not trust it")
     if bad:
         raise ModelFileError(
             f"{str(model_path)!r} names external data at {location!r}, outside the model's "
@@ -207,3 +214,52 @@ def ensure_ort_readable(path: str | Path) -> Diagnostic | None:
     if diag is not None:
         atomic_write_bytes(Path(path), model.SerializeToString())
     return diag
+
+
+# what onnx's strict shape inference says when a model's declared shapes contradict what its
+# nodes compute (an initializer of another shape, a declared dim of -5, a MatMul of sizes
+# that do not meet); other inference errors (an op onnx has no schema for) are left to the
+# runtime, which knows more ops
+_SHAPE_CONTRADICTIONS = (
+    "Inferred shape and existing shape differ", "Incompatible dimensions",
+    "Inferred elem type differs", "Incompatible dimension", "must be non-negative",
+    "Negative dimension",
+)
+
+
+def check_shapes(model: onnx.ModelProto, path: str | Path | None = None) -> None:
+    """Refuse a model whose shapes contradict each other, or ModelFileError.
+
+    ONNX Runtime runs such a model without a word (an initializer [8, 5] behind an output
+    declared [2, 4] yields [2, 5]), so what it computes is not the model it says it is.
+    Checked: every declared dimension is >= 0, and onnx's strict shape inference (which
+    checks declared shapes against inferred ones) finds no contradiction."""
+    import onnx
+
+    name = repr(str(path)) if path is not None else "the model"
+    hint = ("the file was edited or damaged: an initializer, input or output no longer has "
+            "the shape the nodes around it need; export it again (or fix the named value's "
+            "shape); onnx.shape_inference.infer_shapes(model, strict_mode=True) lists each")
+    for where, values in (("input", model.graph.input), ("output", model.graph.output),
+                          ("value", model.graph.value_info)):
+        for v in values:
+            dims = v.type.tensor_type.shape.dim if v.type.HasField("tensor_type") else ()
+            for axis, d in enumerate(dims):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    raise ModelFileError(f"{name} declares {where} {v.name!r} with size "
+                                         f"{d.dim_value} on axis {axis}: a size is >= 0", hint)
+    for init in model.graph.initializer:
+        if any(d < 0 for d in init.dims):
+            raise ModelFileError(f"{name}: initializer {init.name!r} has dims {list(init.dims)}"
+                                 ": a size is >= 0", hint)
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except onnx.shape_inference.InferenceError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        found = [ln for ln in lines if any(c in ln for c in _SHAPE_CONTRADICTIONS)]
+        if found:
+            what = found[0].replace("[ShapeInferenceError] Inference error(s): ", "")
+            raise ModelFileError(f"{name}: its shapes contradict each other: {what[:400]}",
+                                 hint) from None
+    except Exception:  # noqa: BLE001 - not checkable here (a model over 2 GB): the runtime
+        return

@@ -199,6 +199,8 @@ class NcnnRunner(Runner):
                                  "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
         from .ncnn_model import check_model_files
 
+        if hasattr(source, "check_files"):  # an Artifact: its files as its stage wrote them
+            source.check_files()
         # what ncnn itself would run wrongly; the parsed graph serves every later check
         self._graph = check_model_files(self.param, self.bin)
         self.precision = precision

@@ -39,6 +39,8 @@ class OrtRunner(Runner):
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
+        if hasattr(source, "check_files"):  # an Artifact: its files as its stage wrote them
+            source.check_files()
         self.isolated = isolated
         self.num_threads = num_threads  # intra-op threads; 0: ONNX Runtime's default
         self.libraries = [str(x) for x in ([libraries] if isinstance(libraries, (str, Path))
@@ -124,7 +126,16 @@ class OrtRunner(Runner):
             if out is not None:
                 return out
             layouts[key] = None  # shapes that depend on the values: run it unbound from now
-        out = dict(zip(names, sess.run(names, feed), strict=True))
+        try:
+            out = dict(zip(names, sess.run(names, feed), strict=True))
+        except Exception as e:  # a node failed on these inputs: name it, say why
+            from ..errors import WorkbenchError
+            from .ort_session import explain_ort_run_error
+
+            if isinstance(e, WorkbenchError):
+                raise
+
+            raise explain_ort_run_error(str(e), self.path) from None
         if arena is not None and key not in layouts:
             layouts[key] = [(n, out[n].shape, out[n].dtype) for n in names]
         return out

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..customops import ORT_DOMAIN, missing_ort_hint, ort_model, track_session
 from ..errors import ModelFileError, WorkbenchError
 from ..onnx_io import (
+    check_shapes,
     external_data_files,
     external_locations,
     load_external_data,
@@ -40,6 +41,7 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
     model = load_onnx(path, external_data=False) if path is not None else path_or_model
     if path is not None:  # onnxruntime reads the external data itself: check where first
         external_locations(model, path)
+    check_shapes(model, path)  # onnxruntime runs a model whose shapes contradict it silently
     if (rewritten := ort_model(model, path, libraries)) is not None:
         model, path = rewritten, None
     for lib in _libraries(model, libraries):
@@ -143,3 +145,54 @@ def _missing_op(model: onnx.ModelProto, domain: str, op: str) -> Exception:
         f"{domain!r}, opset {opset}); used by node(s) {nodes}",
         ("for ai.onnx.contrib ops: pip install onnxruntime-extensions"
          if domain == ORT_DOMAIN else missing_ort_hint(domain, op)))
+
+
+# What onnxruntime says when a node fails at run time -> (what went wrong, what to do), on
+# "Non-zero status code returned while running <Op> node. Name:'<name>' Status Message: ..."
+_ORT_RUN_ERRORS = [
+    (r"indices element out of data bounds, idx=(-?\d+) must be within the inclusive range "
+     r"\[(-?\d+),(-?\d+)\]",
+     "index {0} is outside the axis it indexes (valid: {1} to {2})",
+     "an index input (token ids, class or position indices) holds a value past the axis: "
+     "check its values, e.g. token ids below the embedding's vocabulary size"),
+    (r"(?:out of bounds|out of range).*?(-?\d+)?",
+     "an index or position is out of range",
+     "an index input holds a value past the axis it indexes: check the values fed"),
+    (r"(?:requested shape|cannot be reshaped|Input shape:\{[^}]*\}, requested shape)",
+     "the target shape does not fit the number of elements it gets",
+     "the Reshape holds sizes fixed at export: feed the shape the model was exported with, "
+     "or export again with dynamic_axes for the axes that vary"),
+    (r"(?:not broadcastable|BroadcastIterator|Attempting to broadcast|Incompatible dimensions|"
+     r"dimension mismatch|Dimension mismatch|Invalid input shape|the same shape)",
+     "the shapes of its inputs do not fit together",
+     "an input of another size meets a size fixed at export (a constant, a weight): feed the "
+     "sizes the model was exported with, or export with dynamic_axes"),
+    (r"(?:Failed to allocate|bad_alloc|[Oo]ut of memory)",
+     "it could not allocate its output",
+     "the inputs are too large for this machine's memory (or a size computed from them is "
+     "wrong): feed smaller inputs"),
+]
+
+
+def explain_ort_run_error(message: str, path: Path | None) -> Exception:
+    """A hinted OrtRunError for onnxruntime's failure ``message`` while running a model."""
+    from ..errors import OrtRunError
+
+    name = str(path.name) if path is not None else "the model"
+    m = re.search(r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", message, re.S)
+    if m is None:
+        tail = message.split(" : ")[-1].strip()[:400]
+        return OrtRunError(f"onnxruntime failed to run {name}: {tail}",
+                           "the model loaded but failed on these inputs: check their shapes, "
+                           "dtypes and values against what the model was exported with")
+    op, node, status = m.group(1), m.group(2), " ".join(m.group(3).split())[:400]
+    where = f"node {node!r} ({op}) of {name}"
+    for pattern, what, hint in _ORT_RUN_ERRORS:
+        hit = re.search(pattern, status)
+        if hit:
+            groups = [g or "" for g in hit.groups()]
+            return OrtRunError(f"onnxruntime failed in {where}: {what.format(*groups)} "
+                               f"(onnxruntime: {status})", hint.format(*groups))
+    return OrtRunError(f"onnxruntime failed in {where}: {status}",
+                       f"the {op} node {node!r} fails on these inputs: check the shapes and "
+                       "values that reach it against the ones the model was exported with")

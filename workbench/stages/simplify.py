@@ -69,16 +69,17 @@ def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str)
                 f"fix what {source.stage} reported first"
                 + (f" ({bad.hint.splitlines()[0]})" if bad.hint else "")
                 + f", then run {stage} on the new artifact")
+        source.check_files()  # changed on disk since written: ModelFileError
         return source
     if isinstance(source, (str, Path)):
         import onnx
 
-        from ..onnx_io import check_model_file, load_onnx
+        from ..onnx_io import check_model_file, check_shapes, load_onnx
 
         if check_model_file(source) != "onnx":
             raise InputError(f"{stage} takes an ONNX model; {str(source)!r} is not .onnx",
                              "pass a .onnx file or the artifact wb.export returned")
-        load_onnx(source, external_data=False)  # not ONNX, truncated: a ModelFileError
+        model = load_onnx(source, external_data=False)  # not ONNX, truncated: ModelFileError
         try:
             onnx.checker.check_model(str(source))
         except onnx.checker.ValidationError as e:
@@ -87,6 +88,7 @@ def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str)
                 f"{str(e).strip().splitlines()[0][:300]}",
                 "the file is not a valid ONNX model; fix it (or export it again), then "
                 f"run {stage}") from None
+        check_shapes(model, source)  # shapes that contradict each other: ModelFileError
         return as_workspace(workspace).import_file(source)
     raise InputError(f"{stage} takes an Artifact or a path to a .onnx file, got "
                      f"{type(source).__name__}", "e.g. wb.simplify(wb.export(model, (x,)))")
