@@ -44,6 +44,7 @@ _LAZY = {
     "unregister": ("workbench.customops", "unregister"),
     "side_by_side": ("workbench.stages.sidebyside", "side_by_side"),
     "ui": ("workbench.ui", None),
+    "sweep": ("workbench.sweep", None),  # the package is callable: wb.sweep(...)
 }
 
 __all__ = [

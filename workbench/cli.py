@@ -1,15 +1,19 @@
-"""The ``workbench`` command: demo, inspect, export (the engine, headless)."""
+"""The ``workbench`` command: the engine headless, for scripts and CI. Every command takes
+``--json``; the exit code is 0 when all passed, 1 when a check, a tolerance or a sweep cell
+failed (a CI gate), 2 on bad input, 130 on Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError, WorkbenchError
+from .sweep.factory import load_factory
+
+__all__ = ["build_parser", "load_factory", "main"]
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -34,58 +38,18 @@ def _dynamic(text: str) -> tuple[str, int, str]:
             f"--dynamic {text!r}: expected NAME:AXIS[=DIM], e.g. input:0=batch") from None
 
 
-def load_factory(spec: str) -> Any:
-    """'package.module:factory' or 'path/to/file.py:factory' -> the object factory() returns."""
-    mod_name, sep, attr = spec.partition(":")
-    if not sep or not attr:
-        raise InputError(f"model {spec!r}: expected MODULE:FACTORY",
-                         "e.g. workbench export mypkg.models:make_net --input 1x3x224x224")
-    try:
-        if mod_name.endswith(".py") or Path(mod_name).is_file():
-            path = Path(mod_name)
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if module_spec is None or module_spec.loader is None or not path.is_file():
-                raise ImportError(f"no file {path}")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise InputError(f"model {spec!r}: cannot import {mod_name!r} ({e})",
-                         "run from the folder that holds it, or give a path to a .py file"
-                         ) from e
-    except Exception as e:  # the module's own code failed as it was imported
-        raise InputError(f"model {spec!r}: importing {mod_name!r} raised "
-                         f"{type(e).__name__}: {e}{_where(e)}",
-                         f"fix {mod_name} (run `python -c 'import {mod_name}'` to see the "
-                         "whole traceback)") from e
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise InputError(f"model {spec!r}: {mod_name} has no callable {attr!r}",
-                         f"define def {attr}(): return MyNet() in {mod_name}")
-    try:
-        return factory()
-    except Exception as e:
-        raise InputError(f"model {spec!r}: {attr}() raised {type(e).__name__}: {e}{_where(e)}",
-                         f"{attr}() must build the model and return it; call it in Python to "
-                         "see the whole traceback") from e
-
-
-def _where(e: BaseException) -> str:
-    """' (at file:line)' of the innermost frame of ``e``'s traceback, or ''."""
-    import traceback
-
-    frames = traceback.extract_tb(e.__traceback__)
-    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from .models import default_model
     from .pipeline import Pipeline
 
     model, inputs = default_model()
     result = Pipeline(model, inputs, workspace=args.workspace,
-                      export={"exporter": args.exporter}).run(progress=True)
+                      export={"exporter": args.exporter}).run(progress=not args.json)
+    if args.json:
+        _json({"ok": result.ok, "seconds": round(result.seconds, 3), "rows": result.rows(),
+               "errors": {k: _error(e) for k, e in result.errors.items()},
+               "compare": result.report.summary() if result.report is not None else None})
+        return 0 if result.ok else 1
     print("Deploy Workbench demo: super-resolution net (x3), input 1x3x64x64")
     print(result.table())
     for stage, art in result.artifacts.items():
@@ -130,6 +94,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     arts = [art]
     if args.simplify:
         arts.append(simplify(art))
+    if args.json:
+        _json({"ok": all(a.ok for a in arts), "artifacts": [_artifact(a) for a in arts]})
+        return 0 if all(a.ok for a in arts) else 1
     for a in arts:
         print(a.summary())
         for d in a.diagnostics:
@@ -145,6 +112,10 @@ def cmd_raise(args: argparse.Namespace) -> int:
     rules = [r for r in args.rules.split(",") if r] if args.rules else None
     art = raise_ops(args.file, rules=rules, target=args.target, opset=args.opset,
                     workspace=args.out)
+    if args.json:
+        _json({"ok": art.ok, "artifacts": [_artifact(art)],
+               "raised": RaiseReport.of(art).to_dict()})
+        return 0 if art.ok else 1
     print(RaiseReport.of(art))
     for d in art.diagnostics:
         if d.level != "info":
@@ -153,19 +124,200 @@ def cmd_raise(args: argparse.Namespace) -> int:
     return 0 if art.ok else 1
 
 
+def cmd_simplify(args: argparse.Namespace) -> int:
+    from .stages.simplify import simplify
+
+    art = simplify(args.file, backend=args.backend, workspace=args.out)
+    return _report_artifacts(args, [art])
+
+
+def cmd_to_ncnn(args: argparse.Namespace) -> int:
+    from .stages.ncnn import to_ncnn
+
+    if args.source.endswith(".onnx") or Path(args.source).suffix == ".onnx":
+        art = to_ncnn(args.source, workspace=args.out, fp16=args.fp16)
+    else:
+        model, inputs = _model_and_inputs(args.source, args.input, args.dtype)
+        art = to_ncnn(model, inputs, workspace=args.out, fp16=args.fp16)
+    return _report_artifacts(args, [art])
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .compare.compare import compare
+
+    model, inputs = _model_and_inputs(args.model, args.input, args.dtype)
+    tol = (args.atol, args.rtol) if args.atol is not None or args.rtol is not None else None
+    if tol is not None:
+        from .tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+
+        tol = (DEFAULT_ATOL if args.atol is None else args.atol,
+               DEFAULT_RTOL if args.rtol is None else args.rtol)
+    rep = compare(model, list(args.candidates), inputs, mode=args.mode, tolerance=tol,
+                  progress=not args.json)
+    div = rep.first_divergence
+    if args.json:
+        _json({"ok": rep.ok, "summary": rep.summary(),
+               "aligned_fraction": rep.aligned_fraction,
+               "verdicts": {k: {"ok": v.ok, "compared": v.compared, "explained": v.explained,
+                                "reasons": v.reasons} for k, v in rep.verdicts().items()},
+               "first_divergence": div.as_dict() if div is not None else None})
+    else:
+        print(rep.summary())
+        if args.table:
+            print(rep.table("csv"))
+    return 0 if rep.ok else 1
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep.run import sweep
+
+    matrix: dict[str, list[str]] = {}
+    for key in ("exporter", "opset", "simplify", "raise_", "ncnn"):
+        value = getattr(args, key)
+        if value:
+            matrix[key.rstrip("_")] = [v.strip() for v in value.split(",") if v.strip()]
+    models = args.models or None
+    try:
+        res = sweep(models, matrix, workspace=args.workspace, scheduler=args.scheduler,
+                    shared=args.shared, workers=args.workers, retry_failed=args.retry_failed,
+                    progress=not args.json, connect_timeout=args.connect_timeout,
+                    cell_timeout=args.cell_timeout)
+    except KeyboardInterrupt:
+        return 130
+    if args.json:
+        _json(res.to_dict())
+    else:
+        print(res.table())
+        if args.report:
+            from .sweep.report import write_report
+
+            print(f"report: {write_report(res.workspace, args.report)}")
+    return 0 if res.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .sweep.db import SweepDB
+    from .sweep.report import write_report
+
+    out = write_report(args.workspace, args.output, against=args.against)
+    with SweepDB(args.workspace, readonly=True) as db:
+        cells = db.cells()
+    failed = [c for c in cells if c.failed]
+    if args.json:
+        _json({"report": str(out.absolute()), "cells": len(cells), "failed": len(failed),
+               "ok": not failed})
+    else:
+        print(f"report: {out} ({len(cells)} cells, {len(failed)} failed)")
+    return 0
+
+
+def _model_and_inputs(spec: str, shapes: list[tuple[int, ...]] | None,
+                      dtype_name: str) -> tuple[Any, tuple]:
+    """A factory's (model, example inputs): from the factory itself when it returns both
+    (a sweep's factories do), else seeded random inputs of the --input shapes."""
+    import torch
+
+    got = load_factory(spec)
+    if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.nn.Module):
+        model, inputs = got
+        return model.eval(), (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+    if not isinstance(got, torch.nn.Module):
+        raise InputError(f"model {spec!r}: the factory returned {type(got).__name__}, expected "
+                         "an nn.Module or (model, example_inputs)",
+                         "return MyNet() (and give --input) or (MyNet(), (x,))")
+    if not shapes:
+        raise InputError(f"model {spec!r} returned a model without example inputs and no "
+                         "--input was given", "add --input 1x3x224x224 (once per input)")
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(f"--dtype {dtype_name!r} is not a torch dtype", "e.g. float32, int64")
+    gen = torch.Generator().manual_seed(0)
+    return got.eval(), tuple(torch.rand(s, generator=gen).to(dtype) for s in shapes)
+
+
+def _report_artifacts(args: argparse.Namespace, arts: list[Any]) -> int:
+    ok = all(a.ok for a in arts)
+    if args.json:
+        _json({"ok": ok, "artifacts": [_artifact(a) for a in arts]})
+        return 0 if ok else 1
+    for a in arts:
+        print(a.summary())
+        for d in a.diagnostics:
+            if d.level != "info":
+                print(f"  {d}")
+    print(f"model: {arts[-1].path}")
+    return 0 if ok else 1
+
+
+def _artifact(a: Any) -> dict[str, Any]:
+    return {"id": a.id, "stage": a.stage, "format": a.format, "path": str(a.path),
+            "ok": a.ok, "nodes": a.graph.node_count, "metrics": a.metrics,
+            "seconds": round(a.seconds, 3),
+            "diagnostics": [d.to_dict() for d in a.diagnostics]}
+
+
+def _error(e: WorkbenchError) -> dict[str, str]:
+    return {"class": type(e).__name__, "message": e.message, "hint": e.hint}
+
+
+def _json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+EXAMPLES = {
+    "demo": "  workbench demo --workspace runs/demo",
+    "inspect": "  workbench inspect model.onnx --json",
+    "export": "  workbench export mypkg.nets:make_net --input 1x3x224x224 --simplify\n"
+              "  workbench export nets.py:make --input 1x3x64x64 --dynamic input:0=batch --json",
+    "simplify": "  workbench simplify runs/x/0001-export/model.onnx --backend onnxsim\n"
+                "  workbench simplify model.onnx --json || echo 'numbers changed'",
+    "raise": "  workbench raise model.onnx --rules GELU,LayerNorm --opset 23",
+    "to-ncnn": "  workbench to-ncnn model.onnx --fp16\n"
+               "  workbench to-ncnn mypkg.nets:make_net --input 1x3x224x224 --json",
+    "compare": "  workbench compare mypkg.nets:make_net model.onnx model.ncnn.param "
+               "--input 1x3x224x224\n"
+               "  workbench compare workbench.zoo:vit vit.onnx --atol 1e-4 --rtol 1e-3 --json",
+    "sweep": "  workbench sweep resnet vit --exporter torchscript,dynamo --ncnn fp32,fp16\n"
+             "  workbench sweep mypkg.nets:a mypkg.nets:b --workspace runs/nightly "
+             "--report report.html\n"
+             "  workbench sweep --scheduler tcp://10.0.0.5:8786 --shared /mnt/runs/zoo\n"
+             "  workbench sweep --workspace runs/nightly --retry-failed",
+    "report": "  workbench report runs/nightly -o report.html\n"
+              "  workbench report runs/nightly -o diff.html --against runs/last-week",
+}
+
+
+def _sub(sub: Any, name: str, help_text: str, func: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text,
+                       epilog="examples:\n" + EXAMPLES[name],
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=func)
+    return p
+
+
+def _inputs_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+    p.add_argument("--input", type=_shape, action="append", required=required,
+                   help="example input shape, e.g. 1x3x224x224 (repeat for several inputs; "
+                   "not needed when the factory returns (model, inputs))")
+    p.add_argument("--dtype", default="float32")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="workbench", description=__doc__,
+        epilog="examples:\n" + "\n".join(EXAMPLES[k] for k in ("demo", "export", "compare",
+                                                               "sweep", "report")),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run the default super-resolution model through every stage")
+    d = _sub(sub, "demo", "run the default super-resolution model through every stage",
+             cmd_demo)
     d.add_argument("--workspace", default=None, help="folder for artifacts "
                    "(default ./workbench-runs/default)")
     d.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
-    d.set_defaults(func=cmd_demo)
-    i = sub.add_parser("inspect", help="print the graph summary of a model file")
+    i = _sub(sub, "inspect", "print the graph summary of a model file", cmd_inspect)
     i.add_argument("file")
-    i.add_argument("--json", action="store_true", help="print JSON")
-    i.set_defaults(func=cmd_inspect)
-    e = sub.add_parser("export", help="export MODULE:FACTORY to ONNX")
+    e = _sub(sub, "export", "export MODULE:FACTORY to ONNX", cmd_export)
     e.add_argument("model", help="MODULE:FACTORY or path/to/file.py:FACTORY returning an nn.Module")
     e.add_argument("--input", type=_shape, action="append", required=True,
                    help="example input shape, e.g. 1x3x224x224 (repeat for several inputs)")
@@ -176,14 +328,62 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME:AXIS[=DIM] dynamic axis, e.g. input:0=batch (repeatable)")
     e.add_argument("--simplify", action="store_true", help="also run the simplify stage")
     e.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
-    e.set_defaults(func=cmd_export)
-    r = sub.add_parser("raise", help="raise lowered subgraphs of an ONNX file to high-level ops")
+    s = _sub(sub, "simplify", "simplify an ONNX file (exit 1 when the numbers change)",
+             cmd_simplify)
+    s.add_argument("file", help="path to a .onnx file")
+    s.add_argument("--backend", default="onnxslim", choices=["onnxslim", "onnxsim", "onnxscript"])
+    s.add_argument("--out", default=None, help="workspace folder (default: the input's, or "
+                   "./workbench-runs/default)")
+    r = _sub(sub, "raise", "raise lowered subgraphs of an ONNX file to high-level ops", cmd_raise)
     r.add_argument("file", help="path to a .onnx file")
     r.add_argument("--rules", default=None, help="comma-separated rule names (default: all)")
     r.add_argument("--target", default="standard", choices=["standard", "functions"])
     r.add_argument("--opset", type=int, default=None, help="upgrade the model's opset first")
     r.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
-    r.set_defaults(func=cmd_raise)
+    n = _sub(sub, "to-ncnn", "convert an ONNX file or MODULE:FACTORY to ncnn through pnnx "
+             "(exit 1 when ncnn's numbers differ from torch's)", cmd_to_ncnn)
+    n.add_argument("source", help="a .onnx file, or MODULE:FACTORY (traced by pnnx)")
+    _inputs_args(n)
+    n.add_argument("--fp16", action="store_true", help="store fp16 weights")
+    n.add_argument("--out", default=None, help="workspace folder")
+    c = _sub(sub, "compare", "compare candidates with the torch model op by op "
+             "(exit 1 when a tolerance fails)", cmd_compare)
+    c.add_argument("model", help="MODULE:FACTORY: the torch reference")
+    c.add_argument("candidates", nargs="+", help=".onnx / .ncnn.param files")
+    _inputs_args(c)
+    c.add_argument("--mode", default="accumulated", choices=["accumulated", "isolated", "both"])
+    c.add_argument("--atol", type=float, default=None)
+    c.add_argument("--rtol", type=float, default=None)
+    c.add_argument("--table", action="store_true", help="also print every row (CSV)")
+    w = _sub(sub, "sweep", "every model through every stage under a matrix of choices, in "
+             "fresh processes, locally or on a Dask cluster; results in WORKSPACE/sweep.db; a "
+             "re-run resumes (exit 1 when a cell fails)", cmd_sweep)
+    w.add_argument("models", nargs="*", help="MODULE:FACTORY, path/file.py:FACTORY or zoo "
+                   "names (default: the project's zoo); each factory returns "
+                   "(model, example_inputs)")
+    w.add_argument("--exporter", help="comma-separated: torchscript,dynamo")
+    w.add_argument("--opset", help="comma-separated opsets, e.g. 13,17 (default: the exporter's)")
+    w.add_argument("--simplify", help="comma-separated: onnxslim,onnxsim,onnxscript,none")
+    w.add_argument("--raise", dest="raise_", help="comma-separated: on,off")
+    w.add_argument("--ncnn", help="comma-separated: fp32,fp16,none")
+    w.add_argument("--workspace", default=None, help="the sweep's folder (default "
+                   "./workbench-runs/sweep)")
+    w.add_argument("--workers", type=int, default=None, help="cells at a time on this machine "
+                   "(default: one per core; 1: serial)")
+    w.add_argument("--scheduler", default=None, help="a Dask scheduler, e.g. tcp://host:8786")
+    w.add_argument("--shared", default=None, help="a folder every Dask worker can write: "
+                   "artifacts stay there instead of coming back to the workspace")
+    w.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    w.add_argument("--connect-timeout", type=float, default=5.0,
+                   help="seconds to wait for --scheduler (default 5)")
+    w.add_argument("--cell-timeout", type=float, default=1800.0,
+                   help="seconds one cell may take (default 1800)")
+    w.add_argument("--report", default=None, help="also write the HTML report here")
+    o = _sub(sub, "report", "write a sweep's HTML report (one self-contained file)", cmd_report)
+    o.add_argument("workspace", help="the sweep's folder (holds sweep.db)")
+    o.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    o.add_argument("--against", default=None, help="an earlier sweep's folder: show what "
+                   "broke or improved since")
     return p
 
 
@@ -191,7 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        return 130
     except WorkbenchError as e:
+        if getattr(args, "json", False):
+            _json({"ok": False, "error": _error(e)})
         print(f"error: {e.message}", file=sys.stderr)
         if e.hint:
             print(f"hint: {e.hint}", file=sys.stderr)

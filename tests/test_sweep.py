@@ -1,0 +1,218 @@
+"""wb.sweep on this machine: the matrix checked, each cell in a fresh process, results in
+SQLite, resume, --retry-failed, Ctrl-C, and the bad inputs of issue 19."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import workbench as wb
+from workbench.errors import InputError, WorkspaceError
+from workbench.sweep.db import SweepDB, writer_lock
+from workbench.sweep.factory import model_and_inputs, spec_of
+from workbench.sweep.matrix import Matrix
+
+# Factories of the tests' own: torch is imported inside, so a failing factory's cell is quick.
+FACTORIES = textwrap.dedent("""
+    import os, time
+
+    def tiny():
+        import torch
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(4, 2, 1))
+        return net.eval(), (torch.rand(1, 3, 8, 8),)
+
+    def broken():
+        raise RuntimeError("no weights <img src=x onerror=alert(1)>")
+
+    def flaky():  # fails until the file FIXED names exists: a bug fixed between two sweeps
+        if not os.path.exists(os.environ["WB_TEST_FIXED"]):
+            raise RuntimeError("not fixed yet")
+        return tiny()
+
+    def nothing():
+        return None
+
+    def bare():
+        import torch
+        return torch.nn.ReLU()
+
+    def slow():
+        time.sleep(120)
+        return tiny()
+""")
+
+
+@pytest.fixture
+def nets(tmp_path: Path) -> Path:
+    path = tmp_path / "nets.py"
+    path.write_text(FACTORIES)
+    return path
+
+
+# -- the matrix and the factories, checked before anything runs ---------------------------------
+@pytest.mark.parametrize("matrix, expected", [
+    ({"exporters": ["dynamo"]}, "unknown choice 'exporters'"),
+    ({"exporter": ["torchscript", "onnxscript"]}, "unknown value 'onnxscript'"),
+    ({"opset": [99]}, "is not an opset"),
+    ({"ncnn": []}, "is empty"),
+    ({"precision": ["int8"]}, "'precision' is not supported"),
+    (["exporter"], "expected a dict"),
+])
+def test_a_bad_matrix_is_a_hinted_error_before_any_cell_runs(tmp_path, nets, matrix, expected):
+    with pytest.raises(InputError) as e:
+        wb.sweep([f"{nets}:tiny"], matrix, workspace=tmp_path / "ws", progress=False)
+    assert expected in e.value.message and e.value.hint
+    assert not (tmp_path / "ws").exists()  # nothing written for a refused sweep
+
+
+def test_the_matrix_crosses_every_choice_with_defaults_and_stable_ids():
+    m = Matrix.of({"exporter": ["torchscript", "dynamo"], "ncnn": ["fp32", "FP16"],
+                   "raise": ["off"], "opset": ["17"]})
+    cells = m.cells(["a:f", "b:g"], ["f", "g"])
+    assert len(cells) == 2 * 2 * 2
+    assert {c.options["ncnn"] for c in cells} == {"fp32", "fp16"}
+    assert all(c.options["raise"] is False and c.options["opset"] == 17
+               and c.options["simplify"] == "onnxslim" for c in cells)
+    assert len({c.id for c in cells}) == len(cells)
+    again = Matrix.of({"ncnn": ["fp32", "fp16"], "exporter": ["torchscript", "dynamo"],
+                       "raise": False, "opset": 17}).cells(["a:f", "b:g"], ["f", "g"])
+    assert [c.id for c in again] == [c.id for c in cells]
+
+
+@pytest.mark.parametrize("factory, expected", [
+    ("nothing", "returned None, expected (model, example_inputs)"),
+    ("bare", "returned a bare ReLU"),
+    ("broken", "broken() raised RuntimeError: no weights"),
+    ("missing", "has no callable 'missing'"),
+])
+def test_a_factory_that_raises_or_returns_no_model_is_a_hinted_error(nets, factory, expected):
+    with pytest.raises(InputError) as e:
+        model_and_inputs(f"{nets}:{factory}")
+    assert expected in e.value.message and e.value.hint
+
+
+def test_a_callable_becomes_a_spec_a_fresh_process_can_import():
+    from workbench import zoo
+
+    assert spec_of(zoo.vit) == "workbench.zoo:vit"
+    with pytest.raises(InputError, match="module-level function"):
+        spec_of(lambda: None)
+    with pytest.raises(InputError, match="expected a factory"):
+        spec_of(42)
+
+
+# -- a sweep, stored, resumed, retried ------------------------------------------------------------
+def test_a_sweep_stores_every_stage_resumes_and_retries_failed_cells(tmp_path, nets, monkeypatch):
+    fixed = tmp_path / "fixed"
+    monkeypatch.setenv("WB_TEST_FIXED", str(fixed))
+    ws = tmp_path / "ws"
+    models = [f"{nets}:tiny", f"{nets}:flaky"]
+    seen = []
+    res = wb.sweep(models, {"exporter": ["torchscript"]}, workspace=ws, workers=2,
+                   progress=False, on_cell=seen.append)
+    assert res.ran == 2 and res.resumed == 0 and not res.ok and len(seen) == 2
+    by = {c.name: c for c in res.cells}
+    tiny, flaky = by["tiny"], by["flaky"]
+    assert tiny.status == "ok" and flaky.status == "failed"
+    stages = {s.stage: s for s in tiny.stages}
+    assert list(stages) == ["model", "export", "simplify", "raise", "ncnn", "compare"]
+    assert all(s.status == "ok" for s in stages.values())
+    assert stages["export"].nodes == 3 and stages["export"].max_abs < 1e-5
+    assert stages["ncnn"].aligned_fraction > 0.5 and stages["raise"].aligned_fraction > 0.5
+    assert stages["export"].tools["torch"] and stages["ncnn"].tools["ncnn"]
+    assert all(s.seconds > 0 for s in stages.values())
+    assert (Path(tiny.folder) / "0001-export" / "model.onnx").is_file()
+    assert {o.candidate for o in tiny.ops} == {"raise", "ncnn"}
+    bad = flaky.stages[0]
+    assert (bad.stage, bad.error_class) == ("model", "InputError")
+    assert "not fixed yet" in bad.error and bad.hint
+    assert [s.status for s in flaky.stages[1:]] == ["skipped"] * 5
+    # the same sweep again: every cell was stored, none runs
+    again = wb.sweep(models, {"exporter": "torchscript"}, workspace=ws, progress=False)
+    assert again.ran == 0 and again.resumed == 2
+    assert [c.status for c in again.cells] == ["ok", "failed"]
+    # --retry-failed reruns the failed cell only (now fixed), not the finished one
+    fixed.write_text("")
+    retried = wb.sweep(models, {"exporter": "torchscript"}, workspace=ws, progress=False,
+                       retry_failed=True)
+    assert retried.ran == 1 and retried.ok
+    after = {c.name: c for c in retried.cells}
+    assert after["flaky"].attempts == 2 and after["tiny"].attempts == 1
+    assert after["tiny"].finished == tiny.finished
+    with SweepDB(ws, readonly=True) as db:
+        assert db.integrity() == "ok"
+    # a workspace of another sweep is refused, not mixed
+    with pytest.raises(WorkspaceError) as e:
+        wb.sweep([f"{nets}:tiny"], {"exporter": ["dynamo"]}, workspace=ws, progress=False)
+    assert "holds another sweep" in e.value.message and "new folder" in e.value.hint
+
+
+def test_a_folder_with_a_foreign_sweep_db_is_refused(tmp_path, nets):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "sweep.db").write_bytes(b"not sqlite at all " * 100)
+    with pytest.raises(WorkspaceError) as e:
+        wb.sweep([f"{nets}:tiny"], {}, workspace=ws, progress=False)
+    assert "is not a sweep database" in e.value.message and "move it aside" in e.value.hint
+
+
+def test_two_sweeps_on_one_workspace_the_second_is_refused_at_once(tmp_path, nets):
+    ws = tmp_path / "ws"
+    with writer_lock(ws):  # the lock a running sweep holds (flock: per open file)
+        t0 = time.perf_counter()
+        with pytest.raises(WorkspaceError) as e:
+            wb.sweep([f"{nets}:tiny"], {}, workspace=ws, progress=False)
+        assert time.perf_counter() - t0 < 5
+    assert "being written by another sweep" in e.value.message
+    assert f"pid {os.getpid()}" in e.value.message and "Ctrl-C" in e.value.hint
+
+
+def test_ctrl_c_stops_the_sweep_keeps_finished_cells_and_another_sweep_waits(tmp_path, nets):
+    """`workbench sweep` in a terminal: Ctrl-C while a cell runs exits 130, the finished cell
+    stays stored, the database is sound, no cell process is left, and a second sweep on the
+    same workspace meanwhile is refused."""
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, "-m", "workbench.cli", "sweep", f"{nets}:broken", f"{nets}:slow",
+           "--workspace", str(ws), "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the first cell is stored
+            time.sleep(1)
+            if (ws / "sweep.db").exists():
+                with sqlite3.connect(ws / "sweep.db") as c:
+                    if c.execute("SELECT count(*) FROM cells WHERE status != 'pending'"
+                                 ).fetchone()[0]:
+                        break
+        else:
+            pytest.fail("no cell finished in 120 s")
+        with pytest.raises(WorkspaceError, match="being written by another sweep"):
+            wb.sweep([f"{nets}:broken", f"{nets}:slow"], {}, workspace=ws, progress=False)
+        slow_dir = next(p for p in (ws / "cells").iterdir() if p.name.startswith("slow"))
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: 1 of 2 cell(s) stored" in err and "Traceback" not in err
+    with SweepDB(ws, readonly=True) as db:
+        assert db.integrity() == "ok"
+        status = {c.name: c.status for c in db.cells()}
+    assert status == {"broken": "failed", "slow": "pending"}
+    assert not (slow_dir / "result.json").exists()
+    ps = subprocess.run(["pgrep", "-f", str(slow_dir / "cell.json")], capture_output=True)
+    assert ps.returncode == 1, "a cell process outlived the sweep"
+    assert json.loads((slow_dir / "cell.json").read_text())["name"] == "slow"

@@ -1,0 +1,141 @@
+"""The sweep matrix: which choices to cross, each checked, and the cells they make."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InputError
+
+# Each axis: its allowed values (None: any int in a range) and its default.
+AXES: dict[str, tuple[tuple[Any, ...] | None, Any]] = {
+    "exporter": (("torchscript", "dynamo"), "torchscript"),
+    "opset": (None, None),  # None: the exporter's own default
+    "simplify": (("onnxslim", "onnxsim", "onnxscript", "none"), "onnxslim"),
+    "raise": ((True, False), True),
+    "ncnn": (("fp32", "fp16", "none"), "fp32"),
+}
+OPSETS = range(7, 26)
+_BOOL_WORDS = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One model under one combination of choices; ``id`` is stable across runs."""
+
+    model: str  # the factory spec
+    name: str  # the short model name shown in tables
+    choices: tuple[tuple[str, Any], ...]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.choices)
+
+    @property
+    def label(self) -> str:
+        """'torchscript opset=- onnxslim raise ncnn fp32'-like: the choices in one line."""
+        parts = []
+        for k, v in self.choices:
+            parts.append(f"{k}={'on' if v is True else 'off' if v is False else v}")
+        return " ".join(parts)
+
+    @property
+    def id(self) -> str:
+        text = json.dumps([self.model, list(self.choices)], sort_keys=True)
+        return f"{_slug(self.name)}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+@dataclass
+class Matrix:
+    """Choices to cross: {axis: [values]}; axes left out take their default value."""
+
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, spec: Matrix | dict[str, Any] | None) -> Matrix:
+        """Check ``spec`` ({axis: value or list of values}) and return it with defaults filled."""
+        if isinstance(spec, Matrix):
+            return spec
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict):
+            raise InputError(f"matrix: expected a dict {{choice: [values]}}, got "
+                             f"{type(spec).__name__}",
+                             "e.g. {'exporter': ['torchscript', 'dynamo'], 'ncnn': ['fp32', "
+                             "'fp16']}")
+        axes: dict[str, list[Any]] = {}
+        for key, values in spec.items():
+            if key == "precision":
+                raise InputError("matrix choice 'precision' is not supported by the sweep yet",
+                                 "sweep ncnn fp32/fp16 with 'ncnn': ['fp32', 'fp16']; int8 "
+                                 "runs through workbench.precision one model at a time")
+            if key not in AXES:
+                raise InputError(f"matrix: unknown choice {key!r}; known: {', '.join(AXES)}",
+                                 _example(None))
+            vals = values if isinstance(values, (list, tuple)) else [values]
+            if not vals:
+                raise InputError(f"matrix[{key!r}] is empty", _example(key))
+            axes[key] = _dedupe([_value(key, v) for v in vals])
+        for key, (_, default) in AXES.items():
+            axes.setdefault(key, [default])
+        return cls({k: axes[k] for k in AXES})
+
+    def cells(self, models: list[str], names: list[str]) -> list[Cell]:
+        """Every model crossed with every combination, models outermost."""
+        keys = list(self.axes)
+        return [Cell(spec, name, tuple(zip(keys, combo, strict=True)))
+                for spec, name in zip(models, names, strict=True)
+                for combo in itertools.product(*(self.axes[k] for k in keys))]
+
+    def to_json(self) -> str:
+        return json.dumps(self.axes, sort_keys=True)
+
+
+def _value(key: str, v: Any) -> Any:
+    allowed, _ = AXES[key]
+    if key == "opset":
+        if v is None or (isinstance(v, str) and v.lower() in ("default", "none", "-")):
+            return None
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            n = -1
+        if isinstance(v, bool) or n not in OPSETS:
+            raise InputError(f"matrix['opset']: {v!r} is not an opset from {OPSETS.start} to "
+                             f"{OPSETS.stop - 1}", _example(key))
+        return n
+    if key == "raise" and isinstance(v, str) and v.lower() in _BOOL_WORDS:
+        return _BOOL_WORDS[v.lower()]
+    if isinstance(v, str):
+        v = v.lower()
+    if v is None and key == "simplify":
+        return "none"
+    if allowed is not None and (v not in allowed or (key != "raise" and isinstance(v, bool))):
+        shown = ", ".join("on" if a is True else "off" if a is False else str(a) for a in allowed)
+        raise InputError(f"matrix[{key!r}]: unknown value {v!r}; expected one of {shown}",
+                         _example(key))
+    return v
+
+
+def _example(key: str | None) -> str:
+    examples = {"exporter": "'exporter': ['torchscript', 'dynamo']", "opset": "'opset': [13, 17]",
+                "simplify": "'simplify': ['onnxslim', 'none']", "raise": "'raise': [True, False]",
+                "ncnn": "'ncnn': ['fp32', 'fp16']"}
+    if key is None:
+        return "e.g. {" + ", ".join(examples.values()) + "}"
+    return f"e.g. {{{examples[key]}}}"
+
+
+def _dedupe(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:40] or "model"
