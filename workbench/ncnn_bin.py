@@ -47,25 +47,54 @@ def _conv(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]] | No
     deconv = layer.type.startswith("Deconvolution")
     if not layer.type.endswith("3D") and p(28 if deconv else 19):
         return []
-    if not deconv and p(8):  # int8 scales follow the weight: not sized here
-        return None
-    return [("weight", p(6), True)] + ([("bias", p(0), False)] if p(5) else [])
+    return ([("weight", p(6), True)] + ([("bias", p(0), False)] if p(5) else [])
+            + _int8_scales(layer, p))
+
+
+def _int8_scales(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+    """The raw fp32 scales an int8 layer (``8=int8_scale_term``) reads after its weight and
+    bias, as ``load_model`` of ncnn's convolution.cpp, convolutiondepthwise.cpp and
+    innerproduct.cpp reads them: the weight scales (one per output channel; a depthwise
+    convolution's one per group for terms 1 and 101, one in all for 2 and 102, none for
+    another term), the input blob's scale with them, then for a term above 100 (its output
+    requantized to int8) the output blob's scale. Only these three 2-D layer types read key
+    8 (the 1-D, 3-D and transposed convolutions ignore it), and InnerProduct never reads an
+    output scale."""
+    term = p(8)
+    if not term or layer.type not in ("Convolution", "ConvolutionDepthWise", "InnerProduct"):
+        return []
+    if layer.type != "ConvolutionDepthWise":
+        weights = p(0)
+    else:
+        weights = {1: p(7, 1), 101: p(7, 1), 2: 1, 102: 1}.get(term)
+    out = [] if weights is None else [("weight_scales", weights, False),
+                                      ("input_scale", 1, False)]
+    if term > 100 and layer.type != "InnerProduct":
+        out.append(("output_scale", 1, False))
+    return out
 
 
 def _recurrent(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
     nd = 2 if p(2) == 2 else 1
+    # int8 (8=int8_scale_term): raw scales of each gate row of weight_xc, then of weight_hc
     if layer.type == "LSTM":
         out_, hid = p(0), p(3, p(0))
         size = p(1) // nd // hid // 4
         blobs = [("weight_xc", size * hid * 4 * nd, True), ("bias_c", hid * 4 * nd, True),
                  ("weight_hc", out_ * hid * 4 * nd, True)]
-        return blobs + ([("weight_hr", hid * out_ * nd, True)] if out_ != hid else [])
-    g = 3 if layer.type == "GRU" else 1
-    n = p(0)
-    size = p(1) // nd // n // g
-    return [("weight_xc", size * n * g * nd, True),
-            ("bias_c", n * (4 if layer.type == "GRU" else 1) * nd, True),
-            ("weight_hc", n * n * g * nd, True)]
+        blobs += [("weight_hr", hid * out_ * nd, True)] if out_ != hid else []
+        rows = hid * 4 * nd
+    else:
+        g = 3 if layer.type == "GRU" else 1
+        n = p(0)
+        size = p(1) // nd // n // g
+        blobs = [("weight_xc", size * n * g * nd, True),
+                 ("bias_c", n * (4 if layer.type == "GRU" else 1) * nd, True),
+                 ("weight_hc", n * n * g * nd, True)]
+        rows = n * g * nd
+    if p(8):
+        blobs += [("weight_xc_scales", rows, False), ("weight_hc_scales", rows, False)]
+    return blobs
 
 
 def _gemm(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
@@ -98,8 +127,8 @@ _CONVS = ("Convolution", "ConvolutionDepthWise", "Deconvolution", "Deconvolution
 # layer type -> its blobs in load order: (role, element count, tagged)
 _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]] | None]] = {
     **{f"{c}{d}": _conv for c in _CONVS for d in ("", "1D", "3D")},
-    "InnerProduct": lambda la, p: None if p(8) else
-    [("weight", p(2), True)] + ([("bias", p(0), False)] if p(1) else []),
+    "InnerProduct": lambda la, p: [("weight", p(2), True)]
+    + ([("bias", p(0), False)] if p(1) else []) + _int8_scales(la, p),
     "BatchNorm": lambda la, p: [(r, p(0), False) for r in ("slope", "mean", "var", "bias")],
     "Scale": lambda la, p: [] if p(0) == -233 else
     [("scale", p(0), False)] + ([("bias", p(0), False)] if p(1) else []),
@@ -114,11 +143,13 @@ _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, boo
     "Bias": lambda la, p: [("bias", p(0), False)],
     "Normalize": lambda la, p: [("scale", p(3), False)],
     "MemoryData": _memorydata,
-    "Embed": lambda la, p: None if p(18) else
-    [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else []),
-    "MultiHeadAttention": _mha,
+    # int8 Embed (18=int8_scale_term): one raw weight scale after the weight and bias
+    "Embed": lambda la, p: [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else [])
+    + ([("weight_scales", 1, False)] if p(18) else []),
+    # 18=quantize_term: int8 or block-quantized weights, whose scales are not sized here
+    "MultiHeadAttention": lambda la, p: None if p(18) else _mha(la, p),
     "LSTM": _recurrent, "GRU": _recurrent, "RNN": _recurrent,
-    "Gemm": _gemm,
+    "Gemm": lambda la, p: None if p(18) else _gemm(la, p),
 }
 
 
