@@ -122,3 +122,75 @@ def test_an_int8_artifact_is_not_quantized_again(base, ncnn_int8):
 def test_a_non_artifact_is_refused(base, ncnn_fp32):
     with pytest.raises(wb.InputError, match="takes an Artifact"):
         wb.quantize(str(ncnn_fp32.path), base[3], progress=False)
+
+
+# -- sensitivity: which layer to keep in float -------------------------------------------------
+class Outlier(torch.nn.Module):
+    """Four convs; conv2 has one output channel 1000x the rest (activation outliers, as
+    LayerNorm/attention outputs have in transformers): int8 loses the others' precision."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.conv2 = nn.Conv2d(3, 16, 3, 1, 1), nn.Conv2d(16, 16, 3, 1, 1)
+        self.conv3, self.conv4 = nn.Conv2d(16, 16, 3, 1, 1), nn.Conv2d(16, 8, 3, 1, 1)
+        self.act = nn.ReLU()
+        with torch.no_grad():
+            self.conv2.weight[3] *= 1000
+            self.conv2.bias[3] = 1000 * self.conv2.weight[3].abs().sum()
+
+    def forward(self, x):
+        y = self.act(self.conv2(self.act(self.conv1(x))))
+        return self.conv4(self.act(self.conv3(y)))
+
+
+@pytest.fixture(scope="module")
+def outlier(tmp_path_factory):
+    torch.manual_seed(0)
+    model, x = Outlier().eval(), torch.rand(1, 3, 16, 16)
+    ws = wb.Workspace(tmp_path_factory.mktemp("outlier") / "ws")
+    nc = wb.to_ncnn(model, (x,), workspace=ws)
+    g = torch.Generator().manual_seed(1)
+    samples = [torch.rand(1, 3, 16, 16, generator=g) for _ in range(6)]
+    q = wb.quantize(nc, samples, method="minmax", requantize=False, progress=False)
+    return model, x, nc, q, samples
+
+
+def test_sensitivity_ranks_layers_by_what_their_own_error_costs_the_output(outlier):
+    model, x, nc, q, _ = outlier
+    rep = wb.compare(model, [nc, q], (x,), mode="both", progress=False)
+    ranked = rep.sensitivity(progress=False)
+    assert ranked[0].record.candidate.startswith("ncnn int8")  # the furthest candidate
+    measured = [s for s in ranked if s.final_snr_db is not None]
+    assert len(measured) >= 4
+    finals = [s.final_snr_db for s in measured]
+    assert finals == sorted(finals)
+    # the conv reading the outlier channel (conv3, fused with its ReLU: act#2) costs most
+    assert ranked[0].reference == "act#2" and "conv3" in ranked[0].record.covers, \
+        [(s.reference, s.final_snr_db) for s in ranked]
+    top = rep.sensitive(1)
+    assert top == [ranked[0].record] and top[0].reference == ranked[0].reference
+
+
+def test_keeping_the_most_sensitive_layer_float_recovers_more_than_the_least(outlier):
+    model, x, nc, q, samples = outlier
+    rep = wb.compare(model, [nc, q], (x,), mode="both", progress=False)
+    measured = [s for s in rep.sensitivity(progress=False) if s.final_snr_db is not None]
+    best = wb.quantize(nc, samples, method="minmax", requantize=False, progress=False,
+                       exclude=[measured[0].record])
+    worst = wb.quantize(nc, samples, method="minmax", requantize=False, progress=False,
+                        exclude=[measured[-1].record])
+    full = q.metrics["min_snr_db_vs_parent"]
+    got_best, got_worst = (a.metrics["min_snr_db_vs_parent"] for a in (best, worst))
+    print(f"\nint8 SNR vs fp32: full {full:.1f} dB, top layer float {got_best:.1f} dB, "
+          f"last layer float {got_worst:.1f} dB")
+    assert got_best > full + 2 and got_best > got_worst + 2
+
+
+def test_sensitive_needs_isolated_records_and_a_positive_k(outlier):
+    model, x, nc, q, _ = outlier
+    rep = wb.compare(model, [q], (x,), progress=False)  # accumulated only
+    with pytest.raises(wb.InputError, match="no isolated records"):
+        rep.sensitive(2)
+    with pytest.raises(wb.InputError, match="positive"):
+        rep.sensitive(0)

@@ -51,10 +51,12 @@ def _as_candidate(thing: Any, index: int) -> Candidate:
                              e.hint) from None
     own = runner is not thing
     if isinstance(runner, OrtRunner):
-        return Candidate(f"onnxruntime {_label(thing, runner.path)}", runner, "onnx",
+        int8 = " int8" if _stored_precision(thing) == "int8" else ""
+        return Candidate(f"onnxruntime{int8} {_label(thing, runner.path)}", runner, "onnx",
                          runner.path, own)
     if isinstance(runner, NcnnRunner):
-        return Candidate(f"ncnn {runner.precision} {_label(thing, runner.param)}", runner,
+        precision = "int8" if _stored_precision(thing) == "int8" else runner.precision
+        return Candidate(f"ncnn {precision} {_label(thing, runner.param)}", runner,
                          "ncnn", runner.param, own)
     raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
                      "ncnn artifacts, paths or their runners", "e.g. wb.compare(model, [onx, nc], "
@@ -82,6 +84,12 @@ def _cached_runner(thing: Any, make: Any) -> Any:
     while len(_RUNNERS) > _RUNNER_CACHE_SIZE:
         _RUNNERS.popitem(last=False)  # its worker twin goes with it
     return runner
+
+
+def _stored_precision(thing: Any) -> str | None:
+    """The precision the quantize stage recorded on an artifact (None for others)."""
+    params = getattr(thing, "params", None)
+    return params.get("precision") if isinstance(params, dict) else None
 
 
 def _label(thing: Any, path: Path) -> str:

@@ -28,6 +28,7 @@ class CompareReport:
     reference: Any = None
     unmeasured: dict[str, dict[str, str]] = field(default_factory=dict)  # cand -> {tensor: why}
     min_explained: float = 0.5
+    _sensitivity: dict[str, list[Any]] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
     @property
@@ -179,6 +180,26 @@ class CompareReport:
                 plots.diff_heatmap(ref, cand, channel=channel) if min(
                     len(_squeezed(ref)), len(_squeezed(cand))) >= 2 else None,
                 plots.ref_vs_cand_scatter(ref, cand)]
+
+    # -- which layers cost a low-precision candidate most --------------------------------------
+    def sensitivity(self, candidate: str | None = None, progress: bool = True) -> list[Any]:
+        """Every exactly aligned layer of ``candidate`` (default: the one furthest from the
+        reference) with the final-output SNR its own isolated error costs, most costly
+        first (compare/sensitivity.py). Needs mode "both" or "isolated"; computed once."""
+        from .sensitivity import _pick, sensitivity
+
+        name = _pick(self, candidate).name
+        if name not in self._sensitivity:
+            self._sensitivity[name] = sensitivity(self, name, progress)
+        return self._sensitivity[name]
+
+    def sensitive(self, k: int = 3, candidate: str | None = None) -> list[Any]:
+        """The ``k`` records whose isolated error costs the final output most (the module in
+        ``.reference``): what to keep in float, ``wb.quantize(..., exclude=rep.sensitive(k))``."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError(f"sensitive(k={k!r}): expected a positive number of layers",
+                             "e.g. rep.sensitive(3)")
+        return [s.record for s in self.sensitivity(candidate)[:k]]
 
     # -- one tensor, again ------------------------------------------------------------------
     def tensors(self, name: str, candidate: str | None = None) -> tuple[Any, Any]:

@@ -26,6 +26,7 @@ ROWS = 64  # rows sampled per comparison (evenly spaced)
 # ncnn blob roles that hold a weight matrix (not a bias, a norm's gamma, a constant)
 WEIGHT_ROLES = frozenset({"weight", "weight_xc", "weight_hc", "weight_hr", "A", "B",
                           "q_weight", "k_weight", "v_weight", "out_weight"})
+DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1"}  # how ncnn_bin says a blob is stored
 GATES = {"LSTM": 4, "GRU": 3}  # recurrent layers store their gates in another order
 
 
@@ -57,8 +58,8 @@ _CACHE: OrderedDict[tuple, dict[str, tuple[str, ...]]] = OrderedDict()
 def ncnn_weight_modules(param_path: str | Path, model: Any) -> dict[str, tuple[str, ...]]:
     """{ncnn layer name: the modules whose weights it holds, in the model's module order}.
 
-    Layers whose weights match no module (stored as int8, a constant of pnnx's own, a
-    model without named modules) are left out. Cached on the files and the parameters."""
+    Layers whose weights match no module (a constant of pnnx's own, a model without named
+    modules, a storage ncnn_bin cannot size) are left out. Cached on the files and the parameters."""
     from ..params import parse_ncnn_param
 
     param_path = Path(param_path)
@@ -91,11 +92,11 @@ def _link(param: Any, bin_path: Path, weights: list[tuple[str, Any]],
     out: dict[str, list[str]] = {}
     with open(bin_path, "rb") as f:
         for blob in layout.blobs:
-            if blob.role not in WEIGHT_ROLES or blob.storage not in ("float32", "float16"):
+            if blob.role not in WEIGHT_ROLES or blob.storage not in DTYPES:
                 continue
             f.seek(blob.offset)
-            dtype = np.float32 if blob.storage == "float32" else np.float16
-            data = np.fromfile(f, dtype, blob.count).astype(np.float32)
+            # int8 weights as they are: a row's cosine does not see its scale
+            data = np.fromfile(f, DTYPES[blob.storage], blob.count).astype(np.float32)
             if data.size != blob.count:
                 continue
             found = _best(data, by_size, GATES.get(blob.layer_type, 1))
