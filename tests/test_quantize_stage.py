@@ -194,3 +194,19 @@ def test_sensitive_needs_isolated_records_and_a_positive_k(outlier):
         rep.sensitive(2)
     with pytest.raises(wb.InputError, match="positive"):
         rep.sensitive(0)
+
+
+def test_blobs_ncnn_holds_in_int8_are_captured_as_activations(base, ncnn_fp32, ncnn_int8):
+    from workbench.runtime import NcnnRunner
+
+    _, x, _, _ = base
+    assert ncnn_int8.params["int8_blobs"]  # requantized conv-to-conv: blobs held in int8
+    a = NcnnRunner(ncnn_fp32).run(x, capture="all")
+    b = NcnnRunner(ncnn_int8).run(x, capture="all")
+    for blob in ncnn_int8.params["int8_blobs"]:
+        ref, got = np.asarray(a[blob]), np.asarray(b[blob])
+        assert np.abs(got).max() < 2 * np.abs(ref).max()  # not the integers ncnn holds
+        assert np.corrcoef(ref.ravel(), got.ravel())[0, 1] > 0.99
+    rep = wb.compare(base[0], [ncnn_int8], x, progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 1.0, rep.summary()

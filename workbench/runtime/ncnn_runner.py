@@ -326,6 +326,10 @@ class NcnnRunner(Runner):
         values = split_inputs(inputs, names, self.param.name)
         out = {}
         for name, v in zip(names, values, strict=True):
+            if getattr(v, "is_meta", False):  # shape only: torch cannot copy it out
+                raise InputError(f"input {name!r} of {self.param.name}: a meta tensor "
+                                 "holds no values", "pass a tensor with data (on the CPU), e.g. "
+                                 "torch.randn(shape)")
             arr = to_numpy(v)
             if arr.dtype.kind not in "fiub":
                 raise InputError(f"input {name!r} of {self.param.name}: dtype {arr.dtype} is "
@@ -508,6 +512,8 @@ class NcnnRunner(Runner):
                     raise self._explained(feed, f"ncnn extract({name!r}) returned {ret}")
                 # a view that keeps the Mat alive, no copy; a fed blob views `arr`: copied
                 out[name] = np.array(mat) if name in feed else np.asarray(mat)
+                if name in self._int8_scales() and name not in feed:
+                    out[name] = out[name] / np.float32(self._int8_scales()[name])
             return out
         ex = self.net.create_extractor()
         ex.set_light_mode(capture == "outputs")
@@ -531,6 +537,8 @@ class NcnnRunner(Runner):
                 result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
             else:
                 result[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
+            if name in self._int8_scales():  # held in int8: the activation is value / scale
+                result[name] = result[name] / np.float32(self._int8_scales()[name])
         for top, bottom in aliases.items():
             if bottom in result and top not in result:
                 result[top] = result[bottom]
@@ -544,6 +552,30 @@ class NcnnRunner(Runner):
         if crashed is not None:
             return explain_crash(self.param, self.bin, feed, self.precision, batch, crashed)
         return explain(self.param, self.bin, feed, self.precision, batch, what)
+
+    def _int8_scales(self) -> dict[str, float]:
+        """{blob: its int8 scale} of each blob an int8 layer hands on in int8 (ncnn2int8's
+        requantize, ``8=`` above 100: the output scale is stored after the layer's
+        weights). ncnn returns those blobs as the integers it holds; a capture divides
+        them by their scale, so every consumer sees activations."""
+        if not hasattr(self, "_int8"):
+            self._int8: dict[str, float] = {}
+            requant = {ly.name: ly.tops[0] for ly in self._graph.layers
+                       if ly.tops and str(ly.params.get(8, "0")).lstrip("-").isdigit()
+                       and int(ly.params.get(8, "0")) > 100}
+            if requant:
+                import numpy as np
+
+                from ..ncnn_bin import walk_bin
+
+                with open(self.param.with_suffix(".bin"), "rb") as f:
+                    for blob in walk_bin(self._graph, self.param.with_suffix(".bin")).blobs:
+                        if blob.role == "output_scale" and blob.layer in requant:
+                            f.seek(blob.offset)
+                            scale = float(np.fromfile(f, "<f4", 1)[0])
+                            if scale > 0:
+                                self._int8[requant[blob.layer]] = scale
+        return self._int8
 
     def _split_aliases(self) -> dict[str, str]:
         """{Split top blob: its bottom blob}: ncnn's Split outputs share their input's data."""
