@@ -35,8 +35,8 @@ FACTORIES = textwrap.dedent("""
     def broken():
         raise RuntimeError("no weights <img src=x onerror=alert(1)>")
 
-    def flaky():  # fails until the file FIXED names exists: a bug fixed between two sweeps
-        if not os.path.exists(os.environ["WB_TEST_FIXED"]):
+    def flaky():  # fails until a file "fixed" sits beside this one: a bug fixed between sweeps
+        if not os.path.exists(os.path.join(os.path.dirname(__file__), "fixed")):
             raise RuntimeError("not fixed yet")
         return tiny()
 
@@ -113,9 +113,8 @@ def test_a_callable_becomes_a_spec_a_fresh_process_can_import():
 
 
 # -- a sweep, stored, resumed, retried ------------------------------------------------------------
-def test_a_sweep_stores_every_stage_resumes_and_retries_failed_cells(tmp_path, nets, monkeypatch):
-    fixed = tmp_path / "fixed"
-    monkeypatch.setenv("WB_TEST_FIXED", str(fixed))
+def test_a_sweep_stores_every_stage_resumes_and_retries_failed_cells(tmp_path, nets):
+    fixed = nets.parent / "fixed"
     ws = tmp_path / "ws"
     models = [f"{nets}:tiny", f"{nets}:flaky"]
     seen = []
