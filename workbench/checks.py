@@ -16,6 +16,7 @@ from .tolerances import max_errors, within
 
 INPUTS_FILE = "example_inputs.npz"
 REFERENCE_FILE = "reference_outputs.npz"
+MAX_FEED_ELEMENTS = 1 << 31  # a random check input larger than this is a damaged shape
 
 
 def _load_npz(path) -> dict[str, np.ndarray]:
@@ -63,6 +64,15 @@ def random_feeds(graph: Any, example: dict[str, np.ndarray] | None = None,
                 else:
                     base = int(ex.shape[axis]) if ex is not None and ex.ndim > axis else 1
                     shape.append(base + 1 if bump else base)
+            elements = int(np.prod(shape, dtype=np.float64)) if shape else 1
+            if any(d < 0 for d in shape) or elements > MAX_FEED_ELEMENTS:
+                from .errors import InputError
+
+                raise InputError(
+                    f"input {t.name!r} is declared with shape {shape}: no check input of that "
+                    "size can be made (a size below 0, or more than "
+                    f"{MAX_FEED_ELEMENTS:.0e} elements)", "the model's declared input shape is "
+                    "damaged or wrong: export it again, or pass the inputs to check with (inputs=)")
             feed[t.name] = _random(rng, t.dtype, shape)
         if not bump or any(t.dynamic_dims for t in graph.inputs):
             feeds.append(feed)

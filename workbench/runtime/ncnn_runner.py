@@ -24,7 +24,7 @@ from ..errors import InputError
 from .base import Runner, split_inputs, to_numpy
 from .ncnn_failure import bad_mat
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16", "bf16")
 _TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
                  "long": "int64", "int64": "int64", "int32": "int32", "double": "float64",
                  "float64": "float64", "bool": "bool", "uint8": "uint8", "int8": "int8"}
@@ -167,12 +167,14 @@ class NcnnRunner(Runner):
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
                  isolated: bool = True, custom_ops: bytes | None = None,
-                 timeout: float | None = None, check_sizes: bool = True) -> None:
+                 timeout: float | None = None, check_sizes: bool = True,
+                 emulate: str | None = None) -> None:
         """An ncnn model (.ncnn.param + .ncnn.bin) in ncnn.
 
         Args:
             source: the Artifact wb.to_ncnn returned, or a path to the .ncnn.param.
-            precision: "fp32" (fp16 storage and arithmetic off) or "fp16" (ncnn's defaults).
+            precision: "fp32" (fp16 storage and arithmetic off), "fp16" (ncnn's defaults)
+                or "bf16" (ncnn's bf16 storage, fp16 off).
             num_threads: ncnn's threads.
             isolated: run in the crash-isolating worker process (a segfault becomes
                 BackendCrashed); False runs in this process.
@@ -182,6 +184,11 @@ class NcnnRunner(Runner):
             check_sizes: refuse a spatial or sequence size other than the converted one when
                 a layer holds a size from the conversion (``size_baked_layers``: ncnn would
                 compute garbage or crash). False feeds it anyway.
+            emulate: "arm-fp16" (with precision="fp16") or "bf16" (with precision="bf16"):
+                every weight and every blob between layers rounded to that storage, the
+                layers run in fp32 here (``ncnn_emulate``: storage only, not fp16
+                arithmetic, ARM's kernels or int8; ``self.emulation.diagnostic`` says so).
+                None runs ncnn as it is.
         """
         from .. import customops as cops
 
@@ -203,6 +210,10 @@ class NcnnRunner(Runner):
             source.check_files()
         # what ncnn itself would run wrongly; the parsed graph serves every later check
         self._graph = check_model_files(self.param, self.bin)
+        from .ncnn_emulate import check_emulate
+
+        self.emulate = emulate
+        self.emulation = check_emulate(emulate, precision, self._graph, self.bin)
         self.precision = precision
         self.num_threads = num_threads
         self.check_sizes = check_sizes
@@ -222,7 +233,8 @@ class NcnnRunner(Runner):
             self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
                                         (str(self.param),),
                                         {"precision": precision, "num_threads": num_threads,
-                                         **ship}, f"ncnn ({precision})", timeout=timeout)
+                                         "emulate": emulate, **ship},
+                                        f"ncnn ({emulate or precision})", timeout=timeout)
 
     @property
     def net(self):
@@ -230,7 +242,8 @@ class NcnnRunner(Runner):
             import ncnn
 
             net = ncnn.Net()
-            fp16 = self.precision == "fp16"
+            fp16 = self.precision == "fp16" and self.emulation is None  # emulated: fp32
+            net.opt.use_bf16_storage = self.precision == "bf16" and self.emulation is None
             # must be set before load_param: ncnn enables fp16 by default
             net.opt.use_fp16_storage = fp16
             net.opt.use_fp16_packed = fp16
@@ -255,7 +268,10 @@ class NcnnRunner(Runner):
                 raise InputError(f"ncnn cannot load {self.param.name}: a layer has parameters "
                                  "ncnn rejects", "convert again with wb.to_ncnn; `workbench "
                                  "inspect` lists the layers")
-            if net.load_model(str(self.bin)) != 0:
+            from .ncnn_emulate import load_rounded
+
+            if (net.load_model(str(self.bin)) if self.emulation is None else
+                    load_rounded(net, self._graph, self.bin, self.emulation)) != 0:
                 raise InputError(f"ncnn cannot load the weights {self.bin.name}: the file is "
                                  "shorter than the param needs (truncated or from another "
                                  "conversion)", "convert again; keep .param and .bin together")
@@ -497,6 +513,11 @@ class NcnnRunner(Runner):
         ncnn's Mats, which the worker writes to its reply file with pwrite. A copy through a
         mapping would hold a second resident copy of every blob while the Mats live."""
         import numpy as np
+
+        if self.emulation is not None:  # storage rounded between layers
+            from .ncnn_emulate import execute
+
+            return execute(self, feed, capture)
 
         if isinstance(capture, tuple):  # ("blobs", names): run_blobs
             ex = self.net.create_extractor()

@@ -94,6 +94,10 @@ class OrtRunner(Runner):
         values = split_inputs(inputs, [s["name"] for s in specs], self.path.name)
         feed = {}
         for spec, v in zip(specs, values, strict=True):
+            if getattr(v, "is_meta", False):  # shape only: torch cannot copy it out
+                raise InputError(f"input {spec['name']!r} of {self.path.name}: a meta tensor "
+                                 "holds no values", "pass a tensor with data (on the CPU), e.g. "
+                                 "torch.randn(shape)")
             arr = to_numpy(v)
             name, want, shape = spec["name"], spec["dtype"], spec["shape"]
             if want in _ORT_TYPES.values() and arr.dtype.name != want:

@@ -42,6 +42,11 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
     if path is not None:  # onnxruntime reads the external data itself: check where first
         external_locations(model, path)
     check_shapes(model, path)  # onnxruntime runs a model whose shapes contradict it silently
+    if not model.graph.output:
+        raise ModelFileError(f"{str(path) if path else 'the model'!r} declares no graph outputs: "
+                             "there is nothing to run it for",
+                             "a model needs at least one output: the file was edited or cut; "
+                             "export it again (output_names=...)")
     if (rewritten := ort_model(model, path, libraries)) is not None:
         model, path = rewritten, None
     for lib in _libraries(model, libraries):
