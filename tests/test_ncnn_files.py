@@ -197,3 +197,19 @@ def test_to_ncnn_records_the_failing_layer_in_its_diagnostic(pooled):
     assert len(failed) == 2  # fp32 and fp16
     assert all("(Pooling)" in d.message and "larger than its input 8x8" in d.hint
                for d in failed)
+
+
+def test_an_ncnn_artifact_whose_bin_changed_on_disk_is_refused(pooled):
+    bin_path = _bin(pooled.path)
+    data = bin_path.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x10  # same size: only the recorded sha256 tells
+    try:
+        bin_path.write_bytes(bytes(flipped))
+        with pytest.raises(wb.ModelFileError) as e:
+            NcnnRunner(pooled)
+        assert f"{pooled.id}: model.ncnn.bin changed since" in e.value.message
+        assert NcnnRunner(pooled.path).run((torch.randn(1, 3, 16, 16),))  # a bare path: runs
+    finally:
+        bin_path.write_bytes(data)
+    NcnnRunner(pooled)  # restored: accepted again

@@ -130,3 +130,33 @@ def test_a_gather_out_of_range_names_the_node_and_the_index(tmp_path, isolated):
     assert "node 'pick' (Gather)" in e.value.message
     assert "index 7 is outside the axis" in e.value.message
     assert "vocabulary size" in e.value.hint
+
+
+def test_a_model_without_outputs_is_refused_at_load(tmp_path):
+    path = _mlp(tmp_path)
+    m = onnx.load(path)
+    del m.graph.output[:]
+    path.write_bytes(m.SerializeToString())
+    with pytest.raises(wb.ModelFileError) as e:
+        OrtRunner(path, isolated=False).run({"x": np.ones((2, 8), np.float32)})
+    assert "declares no graph outputs" in e.value.message and "output_names" in e.value.hint
+
+
+def test_a_meta_tensor_is_refused_by_name_before_any_backend(tmp_path):
+    import torch
+
+    with pytest.raises(wb.InputError) as e:
+        OrtRunner(_mlp(tmp_path)).run({"x": torch.empty(2, 8, device="meta")})
+    assert "input 'x' of mlp.onnx: a meta tensor holds no values" in e.value.message
+
+
+def test_an_imported_model_with_a_huge_input_is_refused_by_simplify_not_a_memory_error(tmp_path):
+    path = _mlp(tmp_path)
+    m = onnx.load(path)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"  # a free batch...
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 10 ** 12  # ...and a huge width
+    path.write_bytes(m.SerializeToString())
+    art = wb.Workspace(tmp_path / "ws").import_file(path)  # import copies; it does not check
+    with pytest.raises(wb.WorkbenchError) as e:
+        wb.simplify(art)
+    assert "1000000000000" in e.value.message and e.value.hint
