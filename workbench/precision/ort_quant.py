@@ -27,6 +27,7 @@ Facts from onnxruntime 1.32's sources (``onnxruntime/quantization/quantize.py``,
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import platform
 import tempfile
@@ -58,7 +59,8 @@ class OrtQuantResult:
     MatMulInteger); ``excluded``: the nodes kept in float as asked; ``preprocess``: what
     ``quant_pre_process`` did ("shape inference + optimizer", "shape inference only", or
     "none" when it failed); ``activation_type``/``weight_type``/``reduce_range``: the types
-    chosen for this CPU; ``extra``: the options handed to onnxruntime besides those."""
+    chosen for this CPU; ``warnings``: what onnxruntime logged while quantizing (e.g. a
+    per-channel axis it could not use), for diagnostics."""
 
     path: Path
     mode: str  # "static-qdq" or "dynamic"
@@ -74,6 +76,7 @@ class OrtQuantResult:
     preprocess: str = ""
     op_histogram: dict[str, int] = field(default_factory=dict)
     calibration: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able, for the manifest."""
@@ -155,13 +158,13 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
         pre, how = _preprocess(src, Path(tmp), exclude)
         q = Path(tmp) / "int8.onnx"
         reader: Any = _Reader(calibration, progress, method)
-        cache = None
+        cache, logged = None, []
         if method == "entropy":
             cache = Path(tmp) / "ranges.json"
-            _run_ort("entropy calibration", src,
-                     lambda: _entropy_ranges(pre, Path(tmp), reader, op_types, cache))
+            logged += _run_ort("entropy calibration", src,
+                               lambda: _entropy_ranges(pre, Path(tmp), reader, op_types, cache))
             reader = None
-        _run_ort("quantize_static", src, lambda: _quantize_static(
+        logged += _run_ort("quantize_static", src, lambda: _quantize_static(
             pre, q, reader, QuantFormat.QDQ, calib_method, per_channel, reduce_range, act,
             weight, exclude, op_types, extra, cache))
         qmodel, data = _read_output(q)
@@ -172,7 +175,8 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
         _write(out, data)
     return OrtQuantResult(out, "static-qdq", method, per_channel, quantized, list(exclude),
                           _ort_version(), time.perf_counter() - t0, act, weight, reduce_range,
-                          how, _histogram(qmodel), calibration.to_record())
+                          how, _histogram(qmodel), calibration.to_record(),
+                          list(dict.fromkeys(logged)))
 
 
 def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
@@ -206,7 +210,7 @@ def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
         # 1.32 renames a Gemm to <name>_MatMul before it reads nodes_to_exclude
         names = list(exclude) + [f"{n}_MatMul" for n in exclude if n in gemms]
         q = Path(tmp) / "int8.onnx"
-        _run_ort("quantize_dynamic", src, lambda: quantize_dynamic(
+        logged = _run_ort("quantize_dynamic", src, lambda: quantize_dynamic(
             str(pre), str(q), op_types_to_quantize=["MatMul"], per_channel=False,
             reduce_range=reduce_range, weight_type=QuantType.QInt8,
             nodes_to_exclude=names, extra_options={"MatMulConstBOnly": True}))
@@ -219,7 +223,8 @@ def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
         _write(out, data)
     return OrtQuantResult(out, "dynamic", None, False, quantized, list(exclude),
                           _ort_version(), time.perf_counter() - t0, "uint8", weight,
-                          reduce_range, how, _histogram(qmodel), None)
+                          reduce_range, how, _histogram(qmodel), None,
+                          list(dict.fromkeys(logged)))
 
 
 # -- checks before ------------------------------------------------------------------------
@@ -415,16 +420,30 @@ def _preprocess(src: Path, tmp: Path, exclude: list[str]) -> tuple[Path, str]:
     return src, "none"
 
 
-def _run_ort(what: str, src: Path, call: Any) -> None:
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _run_ort(what: str, src: Path, call: Any) -> list[str]:
     """Run onnxruntime's quantizer; its exceptions become a QuantizationError naming it.
-    The calibrators' print() lines ("Collecting tensor data ...") are dropped: the progress
-    bar says the same."""
+    Its warnings (logged on the root logger) are returned instead of printed; the
+    calibrators' print() lines ("Collecting tensor data ...") are dropped: the progress bar
+    says the same."""
     import contextlib
     import io
 
+    root = logging.getLogger()
+    handler, saved = _Lines(), root.handlers[:]
+    root.handlers[:] = [handler]  # while quantizing only: ORT's lines go to the result
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             call()
+        return handler.lines
     except InputError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime raises plain exceptions of any kind
@@ -434,6 +453,8 @@ def _run_ort(what: str, src: Path, call: Any) -> None:
                                 "run onnxruntime.quantization.quant_pre_process on the model "
                                 "and check it loads in onnxruntime; exclude the node the "
                                 "error names, or narrow op_types") from e
+    finally:
+        root.handlers[:] = saved
 
 
 # -- checks after -------------------------------------------------------------------------
