@@ -66,7 +66,19 @@ PARAM_EDITS: dict[str, P] = {
     "tabs": lambda ls: [" ".join(x.split()).replace(" ", "\t") for x in ls],
     "long_line": lambda ls: [*ls[:3], ls[3] + " " * (1 << 20) + "7=1", *ls[4:]],
     "unicode_layer_name": lambda ls: _sub(ls, 3, "convrelu_0", "卷积_0"),
+    # layers ncnn loads but cannot run on a 16x16 input (issue 17 item 7: the layer named)
+    "pool_kernel_larger": lambda ls: _append(ls, "Pooling pool_0 1 1 2 out0 0=1 1=32 11=32 "
+                                             "2=1 12=1 5=1"),
+    "reshape_huge": lambda ls: _append(ls, "Reshape reshape_0 1 1 2 out0 0=100000 1=100000 "
+                                       "2=1000"),
 }
+
+
+def _append(lines: list[str], layer: str) -> list[str]:
+    """``layer`` after the last one, fed by it (its output renamed), counts raised by one."""
+    layers, blobs = (int(n) for n in lines[1].split())
+    last = lines[-1].replace(" out0 ", " 2 ", 1)
+    return [lines[0], f"{layers + 1} {blobs + 1}", *lines[2:-1], last, layer]
 PARAM_EXPECT = {"crlf": "either", "tabs": "either", "unicode_layer_name": "either",
                 "garbage_key": "either", "blob_count_large": "either"}
 
