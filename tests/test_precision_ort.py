@@ -272,7 +272,7 @@ def test_bad_output_paths_are_refused_and_nothing_is_lost(conv, tmp_path):
     assert "folder you can write" in e.value.hint
     before = art.path.read_bytes()
     with pytest.raises(InputError, match="is the model being quantized"):
-        quantize_dynamic_matmul(art, art.path)
+        quantize_static_qdq(art, art.path, cal, progress=False)
     assert art.path.read_bytes() == before
     old = tmp_path / "old.onnx"
     old.write_bytes(b"an earlier result")

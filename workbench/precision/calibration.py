@@ -23,7 +23,7 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".
                     ".ppm", ".pgm")
 
 
-@dataclass
+@dataclass(repr=False)
 class Calibration:
     """Calibration samples and where they came from.
 
@@ -50,6 +50,11 @@ class Calibration:
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def __repr__(self) -> str:  # the arrays themselves would flood a notebook cell
+        ins = ", ".join(str(t) for t in self.inputs)
+        return (f"Calibration({self.count} samples of {ins}; from {self.source}, seed "
+                f"{self.seed}, indices {self.indices[:8]}{'...' if self.count > 8 else ''})")
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.samples)

@@ -141,7 +141,6 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
                          "make one with workbench.precision.calibration.load_calibration("
                          "source, inputs=model)")
     src, model = _load(onnx_path)
-    out = _check_out(out_path, src)
     exclude = _check_exclude(exclude, model, src)
     op_types = _check_op_types(op_types)
     _check_float32(model, src)
@@ -149,6 +148,7 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
     from ..graph import summarize_onnx
 
     calibration.check(summarize_onnx(model).inputs, src.name)
+    out = _check_out(out_path, src)
 
     act, weight, reduce_range = cpu_types()
     calib_method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
@@ -198,10 +198,10 @@ def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
 
     t0 = time.perf_counter()
     src, model = _load(onnx_path)
-    out = _check_out(out_path, src)
     exclude = _check_exclude(exclude, model, src)
     _check_float32(model, src)
     _check_quantizable(model, src, exclude, ["MatMul", "Gemm"], dynamic=True)
+    out = _check_out(out_path, src)
     _, weight, reduce_range = cpu_types()  # activations: always uint8 in dynamic mode
     with tempfile.TemporaryDirectory(prefix="wb-ortq-") as tmp:
         pre, how = _preprocess(src, Path(tmp), exclude)
