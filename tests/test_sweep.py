@@ -37,7 +37,7 @@ FACTORIES = textwrap.dedent("""
 
     def flaky():  # fails until a file "fixed" sits beside this one: a bug fixed between sweeps
         if not os.path.exists(os.path.join(os.path.dirname(__file__), "fixed")):
-            raise RuntimeError("not fixed yet")
+            raise RuntimeError("not fixed yet <img src=x onerror=alert(1)>")
         return tiny()
 
     def nothing():

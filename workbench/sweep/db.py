@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import WorkspaceError
 from .cell import BAD, CellResult, OpPoint, StageResult
-from .matrix import Cell
+from .matrix import Cell, show
 
 DB_NAME = "sweep.db"
 LOCK_NAME = "sweep.lock"
@@ -64,8 +64,7 @@ class CellRecord:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={'on' if v is True else 'off' if v is False else v}"
-                        for k, v in self.choices.items())
+        return " ".join(f"{k}={show(v)}" for k, v in self.choices.items())
 
     @property
     def done(self) -> bool:

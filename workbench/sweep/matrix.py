@@ -39,7 +39,7 @@ class Cell:
         """'torchscript opset=- onnxslim raise ncnn fp32'-like: the choices in one line."""
         parts = []
         for k, v in self.choices:
-            parts.append(f"{k}={'on' if v is True else 'off' if v is False else v}")
+            parts.append(f"{k}={show(v)}")
         return " ".join(parts)
 
     @property
@@ -92,6 +92,11 @@ class Matrix:
 
     def to_json(self) -> str:
         return json.dumps(self.axes, sort_keys=True)
+
+
+def show(v: Any) -> str:
+    """A choice as a label shows it: on/off, 'default' for the exporter's own opset."""
+    return "on" if v is True else "off" if v is False else "default" if v is None else str(v)
 
 
 def _value(key: str, v: Any) -> Any:

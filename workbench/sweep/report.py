@@ -57,6 +57,9 @@ def write_report(workspace: str | os.PathLike[str], out: str | os.PathLike[str],
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, render(cells, meta, changes, title=str(Path(workspace).absolute()),
                                   against=str(against) if against else None))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(out, 0o666 & ~umask)  # a report is for others to open (the temp file was 0600)
     return out
 
 
@@ -224,7 +227,8 @@ def _diff(changes: SweepDiff, against: str) -> str:
 def _tools(cells: list[CellRecord]) -> str:
     rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>"
                    for k, v in tools_of(cells).items())
-    return (f"<h2 id='tools'>Tool versions</h2><table><tr><th>tool</th><th>version</th></tr>"
+    return (f"<h2 id='tools'>Tool versions</h2><table id='tool-versions'><tr><th>tool</th>"
+            f"<th>version</th></tr>"
             f"{rows}</table>")
 
 
