@@ -210,3 +210,55 @@ def test_blobs_ncnn_holds_in_int8_are_captured_as_activations(base, ncnn_fp32, n
     rep = wb.compare(base[0], [ncnn_int8], x, progress=False)
     (name,) = rep.aligned_fraction
     assert rep.aligned_fraction[name] == 1.0, rep.summary()
+
+
+# -- ONNX Runtime ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def onnx_fp32(base):
+    model, x, ws, _ = base
+    return wb.export(model, x, workspace=ws)
+
+
+def test_onnxruntime_int8_qdq_is_a_child_that_runs_int8(base, onnx_fp32):
+    from workbench.onnx_io import load_onnx
+    from workbench.runtime import OrtRunner
+
+    _, x, _, samples = base
+    q = wb.quantize(onnx_fp32, samples, method="minmax", progress=False)
+    assert q.format == "onnx" and q.parent_id == onnx_fp32.id
+    assert q.params["precision"] == "int8" and q.params["format"] == "QDQ"
+    ops = {n.op_type for n in load_onnx(q.path).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    assert q.metrics["quantized"] >= 3 and 15 < q.metrics["min_snr_db_vs_parent"] < 80
+    a, b = OrtRunner(onnx_fp32).run(x), OrtRunner(q).run(x)
+    assert all(not np.array_equal(a[n], b[n]) for n in a)
+    # compare names the candidate int8 and ranks its layers
+    rep = wb.compare(base[0], [onnx_fp32, q], x, mode="both", progress=False)
+    assert any(c.name.startswith("onnxruntime int8") for c in rep.candidates)
+    top = rep.sensitive(1)
+    assert top and top[0].candidate.startswith("onnxruntime int8")
+    kept = wb.quantize(onnx_fp32, samples, method="minmax", exclude=top, progress=False)
+    assert len(kept.params["exclude"]) == 1
+    assert kept.metrics["quantized"] == q.metrics["quantized"] - 1
+
+
+def test_onnxruntime_dynamic_needs_no_calibration(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                                torch.nn.Linear(32, 8)).eval()
+    x = (torch.randn(2, 4, 16),)
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    q = wb.quantize(onx, dynamic=True, progress=False)
+    assert q.params["format"] == "dynamic" and q.params["calibration"] is None
+    assert q.metrics["quantized"] == 2 and 15 < q.metrics["min_snr_db_vs_parent"] < 80
+
+
+def test_dynamic_quantization_of_a_model_without_matmul_is_refused(base, onnx_fp32):
+    with pytest.raises(wb.InputError, match="MatMul or Gemm") as e:
+        wb.quantize(onnx_fp32, dynamic=True, progress=False)
+    assert e.value.hint
+
+
+def test_onnxruntime_method_names_are_checked(base, onnx_fp32):
+    with pytest.raises(wb.InputError, match="not one of onnxruntime's"):
+        wb.quantize(onnx_fp32, base[3], method="kl", progress=False)

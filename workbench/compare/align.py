@@ -41,6 +41,7 @@ class CandidateTensor:
     output_index: int | None = None  # the model's k-th output: pairs with torch's output_k
     read_by_own: bool = False  # read by another node of its own module: not its output
     weights_of: tuple[str, ...] = ()  # modules whose weights its layer holds (ncnn)
+    node: str = ""  # the node (ONNX) or layer (ncnn) that writes it
 
 
 @dataclass

@@ -153,7 +153,7 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                            and scope in reader_scopes.get(name, ()))
                     out.append(CandidateTensor(name, i, "Constant" if is_const
                                                else node.op_type, hint, internal,
-                                               outputs.get(name), own))
+                                               outputs.get(name), own, node=node.name))
         return out
     from ..params import parse_ncnn_param
 
@@ -163,7 +163,8 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
             continue  # inputs, aliases of their bottom, constants
         # pnnx names the model's outputs out0, out1... in torch's order
         out.extend(CandidateTensor(top, i, layer.type, output_index=int(top[3:])
-                                   if re.fullmatch(r"out\d+", top) else None)
+                                   if re.fullmatch(r"out\d+", top) else None,
+                                   node=layer.name)
                    for top in layer.tops)
     return out
 
@@ -210,6 +211,7 @@ class Record:
     metrics: dict[str, Any]
     relation: str = "equal"  # how the candidate tensor relates to the reference tensor
     covers: tuple[str, ...] = ()  # the reference records a folded tensor spans
+    node: str = ""  # the candidate's node (ONNX) or layer (ncnn) that wrote it
 
     @property
     def exact(self) -> bool:
@@ -397,7 +399,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                             relation = al.relation(t.name)
                             rec = Record(cand.name, run_mode, t.order, t.name, rname,
                                          t.op_type, m, f"{relation}; {shapes}" if shapes
-                                         else relation, al.covers.get(t.name, ()))
+                                         else relation, al.covers.get(t.name, ()), t.node)
                             key = (cand.name, run_mode, t.name)
                             if key not in worst or _worse(m, worst[key].metrics):
                                 worst[key] = rec

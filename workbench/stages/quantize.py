@@ -152,7 +152,9 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
         exclude = [exclude]
     wanted = []
     for item in exclude or ():
-        name = getattr(item, "name", item)
+        # a record of a comparison: the node/layer that wrote it (quantization keeps node
+        # and layer names; tensor names it may change, e.g. onnxruntime's QDQ)
+        name = getattr(item, "node", None) or getattr(item, "name", item)
         if not isinstance(name, str):
             raise InputError(f"exclude item {item!r} is a {type(item).__name__}",
                              "give node/layer names, tensor names, or records of "
