@@ -240,13 +240,10 @@ def execute(runner: Any, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
     mats: dict[str, Any] = {}  # the rounded Mats handed to ncnn: alive as long as `ex`
     arrays: dict[str, Any] = {}
     for name, arr in feed.items():
-        held = arr if name in ints else emulation.round(arr)
-        arrays[name] = held = np.ascontiguousarray(held)
-        if isinstance(capture, tuple):
-            mats[name] = ncnn.Mat(held)  # an intermediate blob: as ncnn holds it
-        else:  # a model input, with its batch axis: captured as ncnn holds it
-            mats[name] = runner._mat(name, held).clone()
-            arrays[name] = np.asarray(mats[name])
+        held = np.ascontiguousarray(arr if name in ints else emulation.round(arr))
+        # a model input with its batch axis, as NcnnRunner feeds it; captured as ncnn holds it
+        mats[name] = runner._mat(name, held).clone()
+        arrays[name] = np.asarray(mats[name])
         ex.input(name, mats[name])
     if isinstance(capture, tuple):
         wanted = list(capture[1])

@@ -1,0 +1,175 @@
+"""ncnn storage emulation: NcnnRunner(art, precision="fp16", emulate="arm-fp16") rounds every
+weight and every blob between layers to fp16 (bf16 likewise), so what fp16 storage costs on
+an ARM phone shows on x86, where ncnn's own fp16 run computes in fp32. Real ncnn, real torch;
+the figures are printed (-s)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import workbench as wb
+from workbench.errors import InputError
+from workbench.ncnn_bin import walk_bin
+from workbench.precision.ncnn_int8 import calibration_table, write_int8_model
+from workbench.runtime import NcnnRunner
+from workbench.runtime.ncnn_emulate import round_bf16, round_fp16
+
+
+@pytest.fixture(scope="module")
+def default(tmp_path_factory):
+    model, (x,) = wb.default_model()
+    ws = wb.Workspace(tmp_path_factory.mktemp("emulate") / "ws")
+    return model, x, wb.to_ncnn(model, (x,), workspace=ws)
+
+
+def _snr(out, ref):
+    err = ((out.astype(np.float64) - ref) ** 2).sum()
+    return math.inf if err == 0 else 10 * math.log10(float((ref.astype(np.float64) ** 2).sum())
+                                                     / float(err))
+
+
+def _leftovers():
+    return {f for f in os.listdir(tempfile.gettempdir()) if f.startswith("wb-emulated-")}
+
+
+def test_emulated_storage_costs_what_fp16_and_bf16_store_on_the_default_model(default):
+    model, x, art = default
+    ref = model(x).detach().numpy()
+    runs = {}
+    for label, precision, emulate in (("fp32", "fp32", None), ("fp16 native", "fp16", None),
+                                      ("fp16 emulated arm-fp16", "fp16", "arm-fp16"),
+                                      ("bf16 native", "bf16", None),
+                                      ("bf16 emulated", "bf16", "bf16")):
+        runs[label] = NcnnRunner(art, precision=precision, emulate=emulate,
+                                 isolated=False).run((x,))["out0"]
+    print("\nfinal output vs torch fp32 (default model, 1x3x64x64 -> 1x3x192x192):")
+    for label, out in runs.items():
+        print(f"  ncnn {label:<24} max abs {np.abs(out - ref).max():.3e}  "
+              f"SNR {_snr(out, ref):6.2f} dB")
+    fp32, arm, bf16 = runs["fp32"], runs["fp16 emulated arm-fp16"], runs["bf16 emulated"]
+    assert not np.array_equal(arm, fp32)  # the emulated run really is another run
+    assert np.abs(arm - ref).max() > 10 * np.abs(fp32 - ref).max()
+    assert np.array_equal(round_fp16(arm), arm)  # the output as fp16 stores it
+    assert np.array_equal(round_bf16(bf16), bf16)
+    # fp16 keeps 3 more mantissa bits than bf16: about 18 dB, never less than 10
+    assert 50 < _snr(arm, ref) and _snr(bf16, ref) + 10 < _snr(arm, ref)
+    # the worker twin emulates the same (emulate= reaches it)
+    worker = NcnnRunner(art, precision="fp16", emulate="arm-fp16").run((x,))["out0"]
+    np.testing.assert_array_equal(worker, arm)
+
+
+def test_capture_all_returns_every_blob_as_stored(default):
+    _, x, art = default
+    native = NcnnRunner(art, isolated=False).run((x,), capture="all")
+    before = _leftovers()
+    for precision, emulate, rounded in (("fp16", "arm-fp16", round_fp16),
+                                        ("bf16", "bf16", round_bf16)):
+        runner = NcnnRunner(art, precision=precision, emulate=emulate, isolated=False)
+        got = runner.run((x,), capture="all")
+        assert list(got) == list(native)  # out0 first, then every blob, in ncnn's order
+        for name, value in got.items():
+            assert value.shape == native[name].shape, name
+            np.testing.assert_array_equal(rounded(value), value, err_msg=name)
+            assert not np.array_equal(value, native[name]), name
+        layout = walk_bin(runner._graph, runner.bin)
+        assert runner.emulation.weights == len(layout.blobs) and not runner.emulation.unrounded
+        diag = runner.emulation.diagnostic
+        assert diag.code == "ncnn-storage-emulated" and diag.level == "info"
+        assert "Not emulated: fp16 accumulation" in diag.message and "int8" in diag.message
+    assert _leftovers() == before  # the rounded weights' copy is gone once ncnn read it
+
+
+def test_a_layer_runs_on_rounded_weights_and_its_output_is_rounded(default):
+    model, x, art = default
+    runner = NcnnRunner(art, precision="fp16", emulate="arm-fp16", isolated=False)
+    stored = runner.run((x,), capture="all")
+    # conv1 + ReLU (ncnn's blob "2") from the stored interpolation (blob "1"), fed alone
+    got = runner.run_blobs({"1": stored["1"]}, ["2"])["2"]
+    np.testing.assert_array_equal(got, stored["2"])
+    inp = torch.from_numpy(stored["1"])[None]
+    conv = model.conv1
+
+    def torch_conv(w, b):
+        return round_fp16(torch.relu(nn.functional.conv2d(inp, w, b, padding=4))[0].detach()
+                          .numpy())
+
+    w16 = torch.from_numpy(round_fp16(conv.weight.detach().numpy()))
+    b16 = torch.from_numpy(round_fp16(conv.bias.detach().numpy()))
+    with_rounded = torch_conv(w16, b16)
+    with_fp32 = torch_conv(conv.weight, conv.bias)
+    same_rounded = float(np.mean(with_rounded == got))
+    same_fp32 = float(np.mean(with_fp32 == got))
+    print(f"\nconv1 outputs equal to torch's with fp16 weights: {same_rounded:.4f}, "
+          f"with fp32 weights: {same_fp32:.4f}")
+    # summation order may flip a rounding now and then; the weights ncnn used are fp16's
+    assert same_rounded > 0.99 and same_rounded > same_fp32 + 0.02
+    np.testing.assert_allclose(got, with_rounded, rtol=2 ** -10, atol=1e-6)
+
+
+def test_compare_measures_the_emulated_candidate_op_by_op(default):
+    model, x, art = default
+    rep = wb.compare(model, [NcnnRunner(art, precision="fp16", emulate="arm-fp16"),
+                             NcnnRunner(art)], (x,), mode="both", progress=False)
+    print("\n" + rep.summary())
+    emulated, fp32 = list(rep.aligned_fraction)
+    assert rep.aligned_fraction[emulated] == 1.0 and not rep.unmeasured[emulated]
+    rows = {(r["candidate"], r["mode"], r["name"]): r for r in rep.rows()}
+    for (cand, mode, name), row in rows.items():
+        if cand == emulated:  # every op costs fp16 storage: far above fp32's error
+            assert row["snr_db"] < rows[(fp32, mode, name)]["snr_db"] - 20, (mode, name)
+    assert {mode for cand, mode, _ in rows if cand == emulated} == {"accumulated", "isolated"}
+
+
+class Lookup(nn.Module):
+    """An index input (an embedding) then a Linear: the indices must not be rounded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(3000, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.emb(idx))
+
+
+def test_integer_inputs_stay_integers(tmp_path):
+    torch.manual_seed(0)
+    model = Lookup().eval()
+    idx = torch.tensor([[2999, 2049, 1, 0, 1025]])
+    art = wb.to_ncnn(model, (idx,), workspace=wb.Workspace(tmp_path / "ws"))
+    got = NcnnRunner(art, precision="fp16", emulate="arm-fp16", isolated=False).run(
+        (idx,), capture="all")
+    rows = got[next(n for n in got if n not in ("out0", "in0"))]  # the Embed's output
+    want = round_fp16(model.emb.weight.detach().numpy()[idx[0].numpy()])
+    np.testing.assert_array_equal(rows.reshape(want.shape), want)  # the rows indexed
+    np.testing.assert_allclose(got["out0"], model(idx).detach().numpy(), atol=5e-3)
+
+
+def test_emulate_refuses_what_it_cannot_emulate(default, tmp_path):
+    _, x, art = default
+    cases = [
+        (dict(precision="fp32", emulate="arm-fp16"),
+         "emulates fp16 storage, but precision='fp32'", "precision='fp16', emulate='arm-fp16'"),
+        (dict(precision="fp16", emulate="bf16"),
+         "emulates bf16 storage, but precision='fp16'", "precision='bf16', emulate='bf16'"),
+        (dict(precision="fp16", emulate="fp8"), "emulate='fp8' is not one of", "arm-fp16"),
+        (dict(precision="fp16", emulate="ARM-FP16"), "not one of", "emulate='arm-fp16'"),
+    ]
+    for kwargs, message, hint in cases:
+        with pytest.raises(InputError, match=message.replace("(", r"\(")) as e:
+            NcnnRunner(art, **kwargs)
+        assert hint in e.value.hint, kwargs
+    table = calibration_table(art, [(x.numpy(),)], "minmax", isolated=False, progress=False)
+    q = write_int8_model(art, None, table, tmp_path / "q" / "m.ncnn.param")
+    with pytest.raises(InputError, match=r"holds int8 weights \(convrelu_0 \(Convolution\)") \
+            as e:
+        NcnnRunner(q.param, precision="fp16", emulate="arm-fp16")
+    assert "does not emulate int8" in e.value.hint and "parent" in e.value.hint
+    NcnnRunner(q.param, isolated=False).run((x,))  # the int8 model itself still runs
