@@ -152,6 +152,27 @@ def test_entropy_and_percentile_choose_other_ranges(conv, per_channel, tmp_path,
     assert any(not math.isclose(mine[k], minmax[k], rel_tol=1e-6) for k in mine)
 
 
+def test_calibration_in_passes_gives_the_ranges_of_one_pass(conv, tmp_path, monkeypatch):
+    """onnxruntime keeps every intermediate output of a pass in memory, so calibration runs
+    a few samples a pass and merges the ranges: minmax ranges must equal one pass's."""
+    from workbench.precision import ort_quant
+
+    art, _, _, _ = conv
+    rng = np.random.default_rng(5)
+    cal = load_calibration([rng.random((1, 3, 64, 64), dtype=np.float32) * (1 + i)
+                            for i in range(6)], inputs=art, progress=False)
+    scales = []
+    for chunk in (6, 2):  # one pass of 6, three of 2 (the largest sample is in the last)
+        monkeypatch.setattr(ort_quant, "CALIB_CHUNK", chunk)
+        res = quantize_static_qdq(art, tmp_path / f"c{chunk}.onnx", cal, progress=False)
+        _, _, inits = _graph(res.path)
+        scales.append({k: numpy_helper.to_array(v) for k, v in inits.items()
+                       if k.endswith("_scale")})
+    assert scales[0].keys() == scales[1].keys() and len(scales[0]) > 5
+    for k in scales[0]:
+        np.testing.assert_array_equal(scales[0][k], scales[1][k])
+
+
 def test_excluded_nodes_stay_float(conv, tmp_path):
     art, cal, probe, ref = conv
     res = quantize_static_qdq(art, tmp_path / "ex.onnx", cal, exclude=["/conv2/Conv"],

@@ -48,6 +48,12 @@ PERCENTILE = 99.999  # onnxruntime's default for the percentile method
 # a single candidate, the full range: "entropy" = minmax. 512 bins gives 193 candidate
 # clips at ~1.4x minmax's calibration time (2048, TensorRT's and ncnn's count, takes ~4x).
 ENTROPY_BINS = 512
+# Samples per calibration pass. onnxruntime's calibrators keep every intermediate output of
+# every sample of a pass in memory (ResNet-50 at 224x224: ~100 MB a sample), so a pass of 64
+# would take gigabytes; the ranges are merged pass by pass (quantize_static's
+# CalibStridedMinMax, any method). Its CalibMaxIntermediateOutputs is not used: in 1.32 it
+# drops the outputs it collected without merging their ranges.
+CALIB_CHUNK = 8
 
 
 @dataclass
@@ -154,6 +160,7 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
     calib_method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                     "percentile": CalibrationMethod.Percentile}[method]
     extra: dict[str, Any] = {"CalibPercentile": PERCENTILE} if method == "percentile" else {}
+    extra["CalibStridedMinMax"] = _chunk(len(calibration))
     with tempfile.TemporaryDirectory(prefix="wb-ortq-") as tmp:
         pre, how = _preprocess(src, Path(tmp), exclude)
         q = Path(tmp) / "int8.onnx"
@@ -349,22 +356,38 @@ def _check_quantizable(model: Any, src: Path, exclude: list[str], op_types: Any,
 
 
 # -- quantizing ---------------------------------------------------------------------------
+def _chunk(n: int) -> int:
+    """The largest number of samples <= CALIB_CHUNK that divides ``n`` (onnxruntime's
+    strided calibration needs equal passes)."""
+    return max(d for d in range(1, min(n, CALIB_CHUNK) + 1) if n % d == 0)
+
+
 class _Reader:
-    """onnxruntime's CalibrationDataReader over a Calibration, with a progress bar."""
+    """onnxruntime's CalibrationDataReader over a Calibration (``set_range`` for passes of
+    a few samples each), with a progress bar over all passes."""
 
     def __init__(self, calibration: Calibration, progress: bool, method: str) -> None:
         from tqdm.auto import tqdm
 
+        self._cal = calibration
         self._feeds = calibration.feeds()
         self._bar = tqdm(total=len(calibration), desc=f"int8 calibration ({method})",
                          unit="sample", disable=not progress, leave=False)
 
+    def __len__(self) -> int:
+        return len(self._cal)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        names = self._cal.input_names
+        self._feeds = (dict(zip(names, s, strict=True))
+                       for s in self._cal.samples[start_index:end_index])
+
     def get_next(self) -> dict[str, Any] | None:
         feed = next(self._feeds, None)
-        if feed is None:
-            self._bar.close()
-        else:
+        if feed is not None:
             self._bar.update(1)
+            if self._bar.n >= len(self._cal):
+                self._bar.close()
         return feed
 
 
@@ -384,7 +407,10 @@ def _entropy_ranges(pre: Path, tmp: Path, reader: _Reader, op_types: Any,
                                    calibrate_method=CalibrationMethod.Entropy,
                                    extra_options={"num_bins": ENTROPY_BINS,
                                                   "num_quantized_bins": 128})
-    calibrator.collect_data(reader)
+    step = _chunk(len(reader))
+    for start in range(0, len(reader), step):  # a pass at a time; histograms accumulate
+        reader.set_range(start, start + step)
+        calibrator.collect_data(reader)
     save_tensors_data(calibrator.compute_data(), cache)
 
 
