@@ -173,3 +173,62 @@ def test_emulate_refuses_what_it_cannot_emulate(default, tmp_path):
         NcnnRunner(q.param, precision="fp16", emulate="arm-fp16")
     assert "does not emulate int8" in e.value.hint and "parent" in e.value.hint
     NcnnRunner(q.param, isolated=False).run((x,))  # the int8 model itself still runs
+
+
+def test_weights_stored_in_fp16_are_rounded_to_bf16_as_fp32(default, tmp_path):
+    from workbench.params import parse_ncnn_param
+    from workbench.runtime.ncnn_emulate import Emulation, rounded_bin
+
+    model, x, _ = default
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"), fp16=True)
+    graph = parse_ncnn_param(art.path)
+    bin_path = art.path.with_name(art.path.name[: -len(".param")] + ".bin")
+    src = walk_bin(graph, bin_path)
+    assert {b.storage for b in src.blobs} == {"float16", "float32"}
+    arm = rounded_bin(graph, bin_path, Emulation("arm-fp16"))
+    raw = bin_path.read_bytes()
+    assert len(arm) == len(raw)
+    for b in src.blobs:  # fp16 weights already are what ARM stores; fp32 ones (biases) not
+        at = slice(b.offset, b.offset + (2 if b.storage == "float16" else 4) * b.count)
+        if b.storage == "float16":
+            assert arm[at] == raw[at]
+        else:
+            np.testing.assert_array_equal(np.frombuffer(arm[at], "<f4"),
+                                          round_fp16(np.frombuffer(raw[at], "<f4")))
+    emulation = Emulation("bf16")
+    data = rounded_bin(graph, bin_path, emulation)
+    out = tmp_path / "bf16.ncnn.bin"
+    out.write_bytes(data)
+    layout = walk_bin(graph, out)
+    assert layout.complete and layout.end == len(data) and emulation.weights == len(src.blobs)
+    for a, b in zip(src.blobs, layout.blobs, strict=True):
+        assert b.storage == "float32" and (a.layer, a.role, a.count) == (b.layer, b.role, b.count)
+        dtype = "<f2" if a.storage == "float16" else "<f4"
+        want = round_bf16(np.fromfile(bin_path, dtype, a.count, offset=a.offset)
+                          .astype(np.float32))
+        np.testing.assert_array_equal(np.fromfile(out, "<f4", b.count, offset=b.offset), want)
+    runs = NcnnRunner(art, precision="bf16", emulate="bf16", isolated=False).run((x,))
+    assert np.array_equal(round_bf16(runs["out0"]), runs["out0"])
+
+
+def test_weights_after_a_layer_the_walk_cannot_size_are_copied_and_said(tmp_path):
+    from workbench.params import parse_ncnn_param
+    from workbench.runtime.ncnn_emulate import Emulation, rounded_bin
+
+    param = tmp_path / "m.ncnn.param"
+    param.write_text("7767517\n4 4\nInput in0 0 1 in0\n"
+                     "Convolution c1 1 1 in0 a 0=2 1=1 5=1 6=6\n"
+                     "MyLayer mine 1 1 a b\n"
+                     "Convolution c2 1 1 b out0 0=2 1=1 5=0 6=4\n")
+    values = np.random.default_rng(0).standard_normal(8 + 4).astype("<f4")
+    head = (0).to_bytes(4, "little") + values[:6].tobytes() + values[6:8].tobytes()
+    tail = (0).to_bytes(4, "little") + values[8:].tobytes()
+    (tmp_path / "m.ncnn.bin").write_bytes(head + tail)
+    emulation = Emulation("arm-fp16")
+    data = rounded_bin(parse_ncnn_param(param), tmp_path / "m.ncnn.bin", emulation)
+    np.testing.assert_array_equal(np.frombuffer(data, "<f4", 8, 4), round_fp16(values[:8]))
+    assert data[len(head):] == tail  # past MyLayer nothing can be placed: left as it was
+    assert (emulation.weights, emulation.unrounded) == (2, "mine (MyLayer)")
+    diag = emulation.diagnostic
+    assert diag.level == "warning" and diag.code == "ncnn-storage-emulated-partly"
+    assert "from layer mine (MyLayer) on were not rounded" in diag.message
