@@ -11,15 +11,16 @@ Facts from onnxruntime 1.32's sources (``onnxruntime/quantization/quantize.py``,
 - QDQ is the recommended format on CPU since 1.11 (QOperator is slower on x64).
 - CPU types: x86 without VNNI: uint8 activations, int8 weights, ``reduce_range=True``
   (7-bit weights, against the saturation of AVX2's u8s8 dot product); x86 with VNNI: the
-  same with ``reduce_range=False``; ARM: int8 activations and weights. (1.32's docstring of
-  ``quantize_static``; earlier releases said only "U8S8 on x86".)
+  same with ``reduce_range=False``; ARM: int8 activations and weights (the docstring of
+  ``quantize_static`` in 1.32; check it again on another release).
 - ``quant_pre_process`` runs symbolic shape inference and ONNX Runtime's basic optimizer; the
   optimizer renames nodes it fuses (MatMul+Add -> ``<name>/MatMulAddFusion`` Gemm), so when a
   node named in ``exclude`` would vanish, pre-processing runs again without the optimizer.
 - ``method="entropy"`` through ``quantize_static`` alone searches nothing (see
   ``ENTROPY_BINS``), so the ranges are computed by onnxruntime's own ``create_calibrator``
   with more bins and handed to ``quantize_static`` as its calibration cache
-  (``calibration_cache_path``, new in 1.32's API; older releases have no cache argument).
+  (``calibration_cache_path``: present in 1.32; a release without it needs another way
+  in, e.g. calling ``QDQQuantizer`` with the ranges).
 - Dynamic quantization turns every Gemm into ``<name>_MatMul`` + ``<name>_Add`` *before* it
   reads ``nodes_to_exclude`` (1.32), so an excluded Gemm is passed under both names.
 """
