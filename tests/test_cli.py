@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -125,3 +126,78 @@ def test_export_factory_that_raises_is_an_error_not_a_traceback(tmp_path, capsys
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert "hint:" in err
+
+
+# -- the commands that mirror the engine (issue 19): --json, exit codes for CI, --help ----------
+NETS = textwrap.dedent("""
+    import torch
+
+    def make(seed=0):
+        torch.manual_seed(seed)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(),
+                                  torch.nn.Conv2d(4, 2, 1))
+        return net.eval(), (torch.rand(1, 3, 8, 8),)
+
+    def other():  # the same architecture, other weights
+        return make(seed=1)
+
+    def broken():
+        raise RuntimeError("no weights")
+""")
+
+
+def test_every_command_has_help_with_examples():
+    from workbench.cli import build_parser
+
+    parser = build_parser()
+    top = parser.format_help()
+    commands = ("demo", "inspect", "export", "simplify", "raise", "to-ncnn", "compare", "sweep",
+                "report")
+    assert all(c in top for c in commands) and "examples:" in top
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in commands:
+        text = sub.choices[name].format_help()
+        assert "examples:" in text and f"workbench {name}" in text and "--json" in text, name
+
+
+def test_simplify_to_ncnn_and_compare_as_json_and_a_failed_tolerance_exits_1(tmp_path, capsys):
+    nets = tmp_path / "nets.py"
+    nets.write_text(NETS)
+    ws = str(tmp_path / "ws")
+    assert main(["export", f"{nets}:other", "--input", "1x3x8x8", "--out", ws, "--json"]) == 0
+    other_onnx = json.loads(capsys.readouterr().out)["artifacts"][0]["path"]
+    assert main(["to-ncnn", f"{nets}:make", "--out", ws, "--json"]) == 0
+    ncnn = json.loads(capsys.readouterr().out)
+    assert ncnn["ok"] and ncnn["artifacts"][0]["format"] == "ncnn"
+    assert ncnn["artifacts"][0]["metrics"]["max_abs"] < 1e-4
+    assert main(["simplify", other_onnx, "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)["artifacts"][0]
+    assert sim["stage"] == "simplify" and sim["ok"] and sim["nodes"] == 3
+    # make's own ncnn model passes; the ONNX of other weights fails: exit 1, a CI gate
+    assert main(["compare", f"{nets}:make", ncnn["artifacts"][0]["path"], "--json"]) == 0
+    good = json.loads(capsys.readouterr().out)
+    assert good["ok"] and good["first_divergence"] is None
+    assert main(["compare", f"{nets}:make", other_onnx, "--json"]) == 1
+    bad = json.loads(capsys.readouterr().out)
+    assert not bad["ok"] and bad["first_divergence"]["op_type"] == "Conv"
+    assert list(bad["aligned_fraction"].values())[0] > 0.5
+
+
+def test_sweep_exits_1_when_a_cell_fails_and_prints_json(tmp_path, capsys):
+    nets = tmp_path / "nets.py"
+    nets.write_text(NETS)
+    ws = tmp_path / "ws"
+    rc = main(["sweep", f"{nets}:broken", "--workspace", str(ws), "--ncnn", "fp32,none",
+               "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not out["ok"] and out["ran"] == 2
+    assert [c["choices"]["ncnn"] for c in out["cells"]] == ["fp32", "none"]
+    stage = out["cells"][0]["stages"][0]
+    assert stage["status"] == "failed" and "no weights" in stage["error"] and stage["hint"]
+    # a bad choice is bad input: exit 2 with a hint, as JSON under --json
+    assert main(["sweep", f"{nets}:broken", "--workspace", str(ws), "--ncnn", "int4",
+                 "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert "unknown value 'int4'" in err["message"] and err["hint"]
+    assert main(["report", str(ws), "-o", str(tmp_path / "r.html")]) == 0
+    assert "2 cells, 2 failed" in capsys.readouterr().out

@@ -75,17 +75,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    import torch
 
     from .stages.export import export
     from .stages.simplify import simplify
 
-    model = load_factory(args.model)
-    dtype = getattr(torch, args.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise InputError(f"--dtype {args.dtype!r} is not a torch dtype", "e.g. float32, int64")
-    gen = torch.Generator().manual_seed(0)
-    inputs = tuple(torch.rand(s, generator=gen).to(dtype) for s in args.input)
+    model, inputs = _model_and_inputs(args.model, args.input, args.dtype)
     axes: dict[str, dict[int, str]] = {}
     for name, axis, dim in args.dynamic or ():
         axes.setdefault(name, {})[axis] = dim
@@ -213,14 +207,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _model_and_inputs(spec: str, shapes: list[tuple[int, ...]] | None,
                       dtype_name: str) -> tuple[Any, tuple]:
-    """A factory's (model, example inputs): from the factory itself when it returns both
-    (a sweep's factories do), else seeded random inputs of the --input shapes."""
+    """A factory's (model, example inputs): seeded random inputs of the --input shapes, else
+    the factory's own when it returns both (a sweep's factories do)."""
     import torch
 
     got = load_factory(spec)
     if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.nn.Module):
         model, inputs = got
-        return model.eval(), (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        if not shapes:
+            return model.eval(), (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        got = model
     if not isinstance(got, torch.nn.Module):
         raise InputError(f"model {spec!r}: the factory returned {type(got).__name__}, expected "
                          "an nn.Module or (model, example_inputs)",
@@ -318,10 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     i = _sub(sub, "inspect", "print the graph summary of a model file", cmd_inspect)
     i.add_argument("file")
     e = _sub(sub, "export", "export MODULE:FACTORY to ONNX", cmd_export)
-    e.add_argument("model", help="MODULE:FACTORY or path/to/file.py:FACTORY returning an nn.Module")
-    e.add_argument("--input", type=_shape, action="append", required=True,
-                   help="example input shape, e.g. 1x3x224x224 (repeat for several inputs)")
-    e.add_argument("--dtype", default="float32")
+    e.add_argument("model", help="MODULE:FACTORY or path/to/file.py:FACTORY returning an "
+                   "nn.Module or (model, example_inputs)")
+    _inputs_args(e)
     e.add_argument("--opset", type=int, default=17)
     e.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
     e.add_argument("--dynamic", type=_dynamic, action="append",
