@@ -93,6 +93,8 @@ def test_a_layer_runs_on_rounded_weights_and_its_output_is_rounded(default):
     # conv1 + ReLU (ncnn's blob "2") from the stored interpolation (blob "1"), fed alone
     got = runner.run_blobs({"1": stored["1"]}, ["2"])["2"]
     np.testing.assert_array_equal(got, stored["2"])
+    with pytest.raises(InputError, match="blob 'in0' .* model input and was not fed"):
+        runner.run_blobs({"2": stored["2"]}, ["1"])  # "1" is made from the input
     inp = torch.from_numpy(stored["1"])[None]
     conv = model.conv1
 

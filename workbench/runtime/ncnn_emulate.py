@@ -212,7 +212,7 @@ def _needed(graph: Any, wanted: list[str], fed: set[str]) -> list[Any]:
         if blob in fed:
             continue
         producer = graph.producers.get(blob)
-        if producer is None:
+        if producer is None or graph.layer(producer).type == "Input":
             raise InputError(f"blob {blob!r} of {graph.path.name} is a model input and was not "
                              "fed", "feed every model input the wanted blobs depend on")
         if producer not in need:
