@@ -25,6 +25,9 @@ _LAZY = {
     "GraphView": ("workbench.ui.graphview", "GraphView"),
     "CompareView": ("workbench.ui.compare_view", "CompareView"),
     "compare_view": ("workbench.ui.compare_view", None),
+    # a sweep's matrix, filling in while it runs
+    "SweepView": ("workbench.ui.sweep_view", "SweepView"),
+    "sweep_view": ("workbench.ui.sweep_view", None),  # the module is callable
 }
 
 __all__ = ["netron", "NetronView", *_LAZY]
