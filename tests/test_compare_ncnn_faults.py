@@ -200,3 +200,31 @@ def test_steps_of_a_leaf_module_ncnn_runs_as_several_layers_are_attributed_to_it
     bad = _damaged(art, tmp_path / "bad", layer, scale=0.3)
     first = wb.compare(model, [bad], (x,), mode="both", progress=False).first_divergence
     assert first is not None and first.reference == "conv2", first
+
+
+class Batched(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pad = nn.ZeroPad2d((1, 2, 0, 1))
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.pad(x) - 0.1)
+
+
+def test_inner_blobs_of_a_batched_input_are_captured_whole_and_aligned(tmp_path):
+    """pnnx feeds a batch-2 input with batch_index=0; ncnn's inner Mats then hold n=2
+    items, and numpy's view of a Mat shows the first only: captured with the batch axis."""
+    from workbench.runtime import NcnnRunner
+
+    torch.manual_seed(0)
+    model, x = Batched().eval(), torch.randn(2, 4, 6, 6)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    got = NcnnRunner(art).run((x,), capture="all")
+    inner = [n for n, v in got.items() if n not in ("in0", "out0")]
+    assert inner and all(np.shape(got[n])[0] == 2 for n in inner), \
+        {n: np.shape(v) for n, v in got.items()}
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.aligned_fraction[name] == 1.0 and rep.ok, rep.summary()
+    assert not rep.unmeasured[name], rep.unmeasured

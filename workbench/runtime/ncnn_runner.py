@@ -504,8 +504,26 @@ class NcnnRunner(Runner):
         import ncnn
 
         spec = self.in_specs.get(name)
-        batch = spec.batch_axis if spec is not None else None
+        batch = spec.batch_axis if spec is not None else (
+            0 if name in self._batched_blobs() else None)  # an inner blob captured batched
         return ncnn.Mat(arr, batch_index=batch) if batch is not None else ncnn.Mat(arr)
+
+    def _batched_blobs(self) -> set[str]:
+        """Inner blobs a capture found holding a batch (ncnn's Mat.n > 1): fed back (an
+        isolated run) with their batch axis first, as they were captured."""
+        if not hasattr(self, "_batched"):
+            self._batched: set[str] = set()
+        return self._batched
+
+    def _blob_array(self, name: str, mat: Any) -> Any:
+        """A captured blob as numpy. A Mat holding a batch (Mat.n > 1: a batched input runs
+        through) comes with its batch axis first; ``np.asarray`` gives the first item only."""
+        import numpy as np
+
+        if getattr(mat, "n", 1) > 1:
+            self._batched_blobs().add(name)
+            return np.array(mat.numpy(batch_index=0))
+        return np.asarray(mat)  # a view that keeps the Mat alive, no copy
 
     def _execute(self, feed: dict[str, Any], capture: Any,
                  arena: Any = None) -> dict[str, Any]:
@@ -532,7 +550,7 @@ class NcnnRunner(Runner):
                 if ret != 0 or bad_mat(mat):
                     raise self._explained(feed, f"ncnn extract({name!r}) returned {ret}")
                 # a view that keeps the Mat alive, no copy; a fed blob views `arr`: copied
-                out[name] = np.array(mat) if name in feed else np.asarray(mat)
+                out[name] = np.array(mat) if name in feed else self._blob_array(name, mat)
                 if name in self._int8_scales() and name not in feed:
                     out[name] = out[name] / np.float32(self._int8_scales()[name])
             return out
@@ -557,7 +575,7 @@ class NcnnRunner(Runner):
             if spec is not None and spec.batch_axis is not None:
                 result[name] = np.array(mat.numpy(batch_index=spec.batch_axis))
             else:
-                result[name] = np.asarray(mat)  # a view that keeps the Mat alive, no copy
+                result[name] = self._blob_array(name, mat)
             if name in self._int8_scales():  # held in int8: the activation is value / scale
                 result[name] = result[name] / np.float32(self._int8_scales()[name])
         for top, bottom in aliases.items():
