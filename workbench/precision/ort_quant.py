@@ -49,11 +49,13 @@ PERCENTILE = 99.999  # onnxruntime's default for the percentile method
 # a single candidate, the full range: "entropy" = minmax. 512 bins gives 193 candidate
 # clips at ~1.4x minmax's calibration time (2048, TensorRT's and ncnn's count, takes ~4x).
 ENTROPY_BINS = 512
-# Samples per calibration pass. onnxruntime's calibrators keep every intermediate output of
-# every sample of a pass in memory (ResNet-50 at 224x224: ~100 MB a sample), so a pass of 64
-# would take gigabytes; the ranges are merged pass by pass (quantize_static's
-# CalibStridedMinMax, any method). Its CalibMaxIntermediateOutputs is not used: in 1.32 it
-# drops the outputs it collected without merging their ranges.
+# Samples per calibration pass. onnxruntime's histogram calibrators (entropy, percentile)
+# keep every activation of every sample of a pass in memory: ResNet-50 at 224x224, percentile,
+# 16 samples peaked at 2.6 GB in one pass and 1.3 GB in passes of 4 (~115 MB a sample), so 64
+# in one pass would take ~8 GB. Ranges are merged pass by pass (quantize_static's
+# CalibStridedMinMax, which serves every method; minmax, which reduces inside the graph and
+# keeps only min/max, merges exactly). Its CalibMaxIntermediateOutputs is not used: in 1.32
+# it drops the outputs it collected without merging their ranges.
 CALIB_CHUNK = 8
 
 
