@@ -50,6 +50,19 @@ FACTORIES = textwrap.dedent("""
     def slow():
         time.sleep(120)
         return tiny()
+
+    def segfault():  # a native crash, as a bad kernel in a backend would make
+        import signal
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    def kills_its_worker():  # the Dask worker running the cell dies mid-cell, once
+        import signal
+        marker = os.path.join(os.path.dirname(__file__), "worker-killed")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getppid(), signal.SIGKILL)  # the cell's parent: the worker
+            os._exit(1)
+        raise RuntimeError("second attempt ran")
 """)
 
 
@@ -155,6 +168,16 @@ def test_a_sweep_stores_every_stage_resumes_and_retries_failed_cells(tmp_path, n
     with pytest.raises(WorkspaceError) as e:
         wb.sweep([f"{nets}:tiny"], {"exporter": ["dynamo"]}, workspace=ws, progress=False)
     assert "holds another sweep" in e.value.message and "new folder" in e.value.hint
+
+
+def test_a_native_crash_costs_one_cell_and_is_reported_with_its_signal(tmp_path, nets):
+    res = wb.sweep([f"{nets}:segfault", f"{nets}:broken"], {}, workspace=tmp_path / "ws",
+                   workers=2, progress=False)
+    by = {c.name: c for c in res.cells}
+    crash = by["segfault"].stages[0]
+    assert by["segfault"].status == "crashed" and crash.error_class == "BackendCrashed"
+    assert "signal SIGSEGV" in crash.error and "cell.log" in crash.hint
+    assert by["broken"].status == "failed" and "no weights" in by["broken"].stages[0].error
 
 
 def test_a_folder_with_a_foreign_sweep_db_is_refused(tmp_path, nets):

@@ -18,10 +18,14 @@ from workbench.sweep.db import SweepDB
 
 @pytest.fixture(scope="module")
 def client():
+    import dask
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster) as c:
+    # a task whose worker dies is given up at once (KilledWorker) rather than after 3 deaths:
+    # the sweep's own single retry is then what the test sees
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                         dashboard_address=None) as cluster, Client(cluster) as c:
         yield c
 
 
@@ -53,6 +57,18 @@ def test_cells_run_on_the_cluster_and_their_artifacts_come_back(tmp_path, client
     assert (Path(flaky.folder) / "cell.log").is_file() and flaky.attempts == 2
     with SweepDB(ws, readonly=True) as db:
         assert db.integrity() == "ok"
+
+
+def test_a_worker_lost_mid_cell_is_retried_once_and_the_attempts_reported(tmp_path, client):
+    nets = tmp_path / "nets.py"
+    nets.write_text(FACTORIES)
+    res = wb.sweep([f"{nets}:kills_its_worker"], {}, workspace=tmp_path / "ws", client=client,
+                   progress=False)
+    cell = res.cells[0]
+    assert (tmp_path / "worker-killed").exists()  # the first attempt killed its worker
+    assert cell.attempts == 2  # ...and the second ran to the factory's own error
+    assert cell.status == "failed" and "second attempt ran" in cell.stages[0].error
+    client.wait_for_workers(2, timeout=60)  # the nanny restarted it
 
 
 def test_a_scheduler_that_does_not_answer_is_a_hinted_error_not_a_hang(tmp_path):
