@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,7 +93,9 @@ class SweepDB:
                 raise WorkspaceError(f"workspace {str(self.folder)!r} cannot be created: "
                                      f"{e.strerror or e}", hint) from e
         try:
-            uri = f"file:{self.path}?mode=ro" if readonly else str(self.path)
+            # a URI for read-only: its path percent-encoded ('?' or '#' in a folder name)
+            uri = (f"file:{urllib.parse.quote(str(self.path))}?mode=ro" if readonly
+                   else str(self.path))
             self.conn = sqlite3.connect(uri, uri=readonly, timeout=30.0,
                                         isolation_level=None)  # transactions are explicit
             if not readonly:
