@@ -33,6 +33,7 @@ _LAZY = {
     "quantize": ("workbench.stages.quantize", "quantize"),
     "compare": ("workbench.compare", None),  # the package is callable: wb.compare(...)
     "CompareReport": ("workbench.compare.report", "CompareReport"),
+    "precision_table": ("workbench.compare.speed", "precision_table"),
     "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),
