@@ -310,10 +310,13 @@ class NcnnRunner(Runner):
         """
         from ..errors import BackendCrashed
 
-        try:
-            result = super().run(inputs, capture)
-        except BackendCrashed as e:  # name the layer that crashed (ncnn_failure)
-            raise self._explained(self.feed(inputs), "", crashed=e) from e
+        self._check_capture(capture)
+        feed = self.feed(inputs)
+        try:  # Runner.run, keeping the feed: a crash is explained from it (ncnn_failure)
+            result = (self._remote.execute(feed, capture) if self.isolated
+                      else self._execute(feed, capture))
+        except BackendCrashed as e:
+            raise self._explained(feed, "", crashed=e) from e
         outs = self.output_names
         ordered = {n: shapes.fit(result[n], self._out_shape(n)) for n in outs if n in result}
         if capture == "all":
