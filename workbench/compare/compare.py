@@ -56,6 +56,8 @@ def _as_candidate(thing: Any, index: int) -> Candidate:
                          runner.path, own)
     if isinstance(runner, NcnnRunner):
         precision = "int8" if _stored_precision(thing) == "int8" else runner.precision
+        if getattr(runner, "emulate", None):  # storage rounded between layers, not native
+            precision = f"{precision} emulated {runner.emulate}"
         return Candidate(f"ncnn {precision} {_label(thing, runner.param)}", runner,
                          "ncnn", runner.param, own)
     raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
