@@ -1,0 +1,443 @@
+"""Precision: what int8, fp16 and bf16 cost ResNet-50, MobileNetV2 and a ViT, how fast they run,
+and whether the sensitivity ranking finds a layer planted to break int8 (issue 18).
+
+Models: ``workbench.zoo`` ``resnet50`` (1x3x224x224), ``mobilenet_v2`` (1x3x64x64) and ``vit``
+(1x3x32x32); seeded random weights, nothing downloaded. Each is exported to ONNX
+(``wb.export``, TorchScript exporter, opset 17) and converted to ncnn (``wb.to_ncnn(model)``;
+``to_ncnn(onnx artifact)`` if that raises ConversionError), in a temporary workspace.
+
+Calibration: ``--samples`` (default 64) smooth synthetic images, seeded: uniform noise at 1/8
+of the input size, upsampled bilinearly to it (not real photographs; nothing here may be
+downloaded). ONNX Runtime int8 is ``wb.quantize(onx, samples)``: static QDQ, MinMax,
+per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2int8's format.
+
+1. Accuracy beside speed (``wb.precision_table``): final-output SNR against torch fp32 on the
+   zoo's seeded example input, and the latency ratio against the same backend's fp32 (median
+   of ``--repeat`` interleaved plain runs in this process, ``--threads`` threads for every
+   backend) for ORT int8 (QDQ), ncnn int8, ncnn fp16 native, ncnn fp16 storage emulated as on
+   ARM (``NcnnRunner(nc, precision="fp16", emulate="arm-fp16")``; storage only, not timed) and
+   ncnn bf16. Printed, no target.
+2. Sensitivity finds the culprit: in a copy of the model, one mid-network layer (the Conv2d /
+   Linear at the middle of the weighted modules in execution order; the BatchNorm right after
+   it when there is one, since ONNX and ncnn fold it into the conv) gets an outlier output
+   channel: its weight and bias for that channel scaled so the channel's RMS is 100x the mean
+   RMS of the others on the example input. The copy is exported, converted and quantized again
+   (same samples), ``rep = wb.compare(copy, [int8], (x,), mode="both")``; targets, for ORT and
+   ncnn each: ``rep.sensitive(1)`` is that layer (its module is the record's ``reference``, or
+   the record ``covers`` it), and ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the
+   final-output SNR by >= 10 dB over full int8. A miss says which layer ranked first, where the
+   culprit ranked, and the SNRs.
+3. Calibration + quantization time of ResNet-50 (``Artifact.seconds`` of wb.quantize: reading
+   the samples, calibrating, writing, the check run) for ORT and ncnn: target < 60 s on 2 cores.
+
+The machine is shared (other work runs on it): the load average is printed at the start and the
+end. It is a report, not a test: the exit status is 0 whatever the figures say.
+
+Run:  cd /work/main && .venv/bin/python bench/precision.py [--models resnet50,mobilenet_v2,vit]
+          [--samples 64] [--repeat 10] [--threads 1] [--skip-culprit]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from _common import engine_state, print_figures, print_table  # bench/ is on sys.path
+
+MODELS = ("resnet50", "mobilenet_v2", "vit")
+OUTLIER = 100.0  # the planted channel's RMS over the others' mean
+GAIN_DB = 10.0  # excluding the top 3 must raise the final SNR by this much
+QUANT_SECONDS = 60.0  # ResNet-50 calibration + quantization
+TOP_K = 3
+
+
+def load() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def smooth_images(shape: tuple[int, ...], n: int, seed: int = 0) -> list[Any]:
+    """``n`` seeded images of ``shape`` (1xCxHxW): noise at 1/8 the size, bilinear up, in [0, 1]."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(seed)
+    _, c, h, w = shape
+    out = []
+    for _ in range(n):
+        low = torch.rand(1, c, max(2, h // 8), max(2, w // 8), generator=g)
+        out.append(F.interpolate(low, size=(h, w), mode="bilinear", align_corners=False))
+    return out
+
+
+# -- building -------------------------------------------------------------------------------------
+@dataclass
+class Built:
+    onx: Any
+    nc: Any
+    nc_note: str
+    q_ort: Any
+    q_nc: Any
+
+
+def build(model: Any, x: tuple, samples: list[Any], ws: Any) -> Built:
+    import workbench as wb
+
+    onx = wb.export(model, x, workspace=ws, exporter="torchscript", opset=17)
+    note = ""
+    try:
+        nc = wb.to_ncnn(model, x, workspace=ws)
+    except wb.ConversionError as e:
+        note = f"to_ncnn(model) failed ({str(e).splitlines()[0][:120]}); ncnn from the ONNX"
+        nc = wb.to_ncnn(onx, workspace=ws)
+    q_ort = wb.quantize(onx, samples, progress=False)
+    q_nc = wb.quantize(nc, samples, progress=False)
+    return Built(onx, nc, note, q_ort, q_nc)
+
+
+def final_snr(model: Any, art: Any, x: tuple) -> float:
+    """The worst final output's SNR of ``art`` against torch on ``x``."""
+    from workbench.precision.snr import snr_db
+    from workbench.runtime import TorchRunner, runner_for
+
+    ref = list(TorchRunner(model).run(tuple(t.clone() for t in x)).values())
+    got = list(runner_for(art).run(tuple(t.numpy() for t in x)).values())
+    return min(snr_db(r, g) for r, g in zip(ref, got, strict=True))
+
+
+# -- the planted outlier --------------------------------------------------------------------------
+@dataclass
+class Plant:
+    module: str  # the module whose output channel was scaled
+    producer: str  # the Conv2d / Linear picked at mid-depth
+    channel: int
+    factor: float
+    ratio: float  # the channel's RMS over the others' mean, measured after
+
+
+def _execution_order(model: Any, x: tuple) -> list[str]:
+    import torch
+
+    names = {m: n for n, m in model.named_modules()}
+    order: list[str] = []
+
+    def hook(mod: Any, *_: Any) -> None:
+        order.append(names[mod])
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_pre_hook(hook) for m in leaves]
+    try:
+        with torch.no_grad():
+            model(*[t.clone() for t in x])
+    finally:
+        for h in handles:
+            h.remove()
+    return order
+
+
+def _channel_rms(model: Any, module: str, x: tuple) -> Any:
+    import torch
+
+    mod = dict(model.named_modules())[module]
+    got: dict[str, Any] = {}
+
+    def hook(_m: Any, _i: Any, out: Any) -> None:
+        got.setdefault("out", out.detach())
+
+    h = mod.register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            model(*[t.clone() for t in x])
+    finally:
+        h.remove()
+    out = got["out"]
+    axis = 1 if out.dim() == 4 else out.dim() - 1  # NCHW convs; (..., C) Linears
+    dims = [d for d in range(out.dim()) if d != axis]
+    return out.pow(2).mean(dim=dims).sqrt()
+
+
+def plant_outlier(model: Any, x: tuple) -> tuple[Any, Plant]:
+    """A copy of ``model`` with one mid-network output channel 100x the others (see top)."""
+    import torch
+    from torch import nn
+
+    m = copy.deepcopy(model)
+    mods = dict(m.named_modules())
+    order = _execution_order(m, x)
+    weighted = [n for n in dict.fromkeys(order) if isinstance(mods[n], (nn.Conv2d, nn.Linear))
+                and mods[n].weight.shape[0] >= 8]
+    producer = weighted[len(weighted) // 2]
+    after = order[order.index(producer) + 1] if order.index(producer) + 1 < len(order) else None
+    target = (after if after is not None and isinstance(mods[after], nn.BatchNorm2d)
+              and mods[after].num_features == mods[producer].weight.shape[0] else producer)
+    rms = _channel_rms(m, target, x)
+    c = int(torch.argmax(rms))
+    others = float(torch.cat([rms[:c], rms[c + 1:]]).mean())
+    factor = OUTLIER * others / float(rms[c])
+    mod = mods[target]
+    with torch.no_grad():
+        mod.weight[c] *= factor
+        if mod.bias is not None:
+            mod.bias[c] *= factor
+    rms = _channel_rms(m, target, x)
+    ratio = float(rms[c]) / float(torch.cat([rms[:c], rms[c + 1:]]).mean())
+    return m, Plant(target, producer, c, factor, ratio)
+
+
+@dataclass
+class Culprit:
+    backend: str
+    rank: int | None  # 1-based rank of the first record covering the planted module
+    top: list[tuple[str, str, float | None, float]]  # (reference, node, final dB, isolated dB)
+    full_db: float
+    excluded_db: float | None  # wb.quantize(..., exclude=rep.sensitive(3)); None: it raised
+    excluded: list[str]
+    seconds: float
+    covered_by: str = ""
+    error: str = ""  # what wb.quantize(exclude=rep.sensitive(3)) raised
+    # the workaround when it raised: the top 3 *quantizable* layers, names mapped to the
+    # float model (see workaround_names)
+    workaround_db: float | None = None
+    workaround: list[str] = field(default_factory=list)
+
+
+def _covers(rec: Any, module: str) -> bool:
+    from workbench.compare.align import call_module
+
+    return any(call_module(n) == module for n in (rec.reference, *rec.covers))
+
+
+QDQ_SUFFIXES = ("_DequantizeLinear", "_QuantizeLinear")
+NCNN_INT8_LAYERS = ("Convolution", "ConvolutionDepthWise", "InnerProduct")
+
+
+def workaround_names(sens: list[Any], parent: Any, backend: str) -> list[str]:
+    """The first TOP_K ranked records that name a quantizable layer of the float parent:
+    onnxruntime's QDQ node names (``<tensor>_DequantizeLinear``) cut back to their tensor
+    (the quantized model's nodes are not the float model's); ncnn layers that never run in
+    int8 (LayerNorm, ...) skipped. Only used when ``exclude=rep.sensitive(3)`` raised."""
+    if backend == "onnxruntime":
+        from workbench.onnx_io import load_onnx
+
+        g = load_onnx(parent.path, external_data=False).graph
+        known = {n.name for n in g.node} | {o for n in g.node for o in n.output}
+        ok = {}
+    else:
+        from workbench.params import parse_ncnn_param
+
+        layers = parse_ncnn_param(parent.path).layers
+        known = {ly.name for ly in layers if ly.type in NCNN_INT8_LAYERS}
+        ok = {t: ly.name for ly in layers if ly.type in NCNN_INT8_LAYERS for t in ly.tops}
+    out: list[str] = []
+    for s in sens:
+        name = s.record.node or s.record.name
+        for suffix in QDQ_SUFFIXES:
+            if backend == "onnxruntime" and name.endswith(suffix):
+                name = name[: -len(suffix)]
+        name = ok.get(name, name)
+        if name in known and name not in out:
+            out.append(name)
+        if len(out) == TOP_K:
+            break
+    return out
+
+
+def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], backend: str,
+                plant: Plant) -> Culprit:
+    import workbench as wb
+
+    t0 = time.perf_counter()
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    sens = rep.sensitivity(progress=False)
+    rank = next((i + 1 for i, s in enumerate(sens) if _covers(s.record, plant.module)), None)
+    top = [(s.record.reference, s.record.node, s.final_snr_db, s.isolated_snr_db)
+           for s in sens[:TOP_K]]
+    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0,
+                sens[rank - 1].record.reference if rank else "")
+    try:
+        qx = wb.quantize(parent, samples, exclude=rep.sensitive(TOP_K), progress=False)
+        c.excluded_db, c.excluded = final_snr(model, qx, x), list(qx.params["exclude"])
+    except wb.WorkbenchError as e:
+        c.error = f"{type(e).__name__}: {e.message.splitlines()[0][:240]}"
+        c.workaround = workaround_names(sens, parent, backend)
+        if c.workaround:
+            qw = wb.quantize(parent, samples, exclude=c.workaround, progress=False)
+            c.workaround_db = final_snr(model, qw, x)
+    c.seconds = time.perf_counter() - t0
+    return c
+
+
+# -- the run --------------------------------------------------------------------------------------
+@dataclass
+class ModelResult:
+    name: str
+    table: Any = None
+    quant_seconds: dict[str, float] = field(default_factory=dict)
+    plant: Plant | None = None
+    culprits: list[Culprit] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
+    import workbench as wb
+    from workbench import zoo
+    from workbench.runtime import NcnnRunner
+
+    res = ModelResult(name)
+    model, x = zoo.get(name)
+    samples = smooth_images(tuple(x[0].shape), args.samples, seed=1)
+    ws = wb.Workspace(os.path.join(root, name))
+    t0 = time.perf_counter()
+    b = build(model, x, samples, ws)
+    if b.nc_note:
+        res.notes.append(f"{name}: {b.nc_note}")
+    res.quant_seconds = {"onnxruntime": b.q_ort.seconds, "ncnn": b.q_nc.seconds}
+    print(f"[{name}] built in {time.perf_counter() - t0:.0f} s (quantize: ORT "
+          f"{b.q_ort.seconds:.1f} s, ncnn {b.q_nc.seconds:.1f} s); load {load()}", flush=True)
+    cands = [b.onx, b.q_ort, b.nc, b.q_nc, NcnnRunner(b.nc, precision="fp16"),
+             NcnnRunner(b.nc, precision="fp16", emulate="arm-fp16"),
+             NcnnRunner(b.nc, precision="bf16")]
+    res.table = wb.precision_table(model, cands, x, repeat=args.repeat, warmup=2,
+                                   threads=args.threads, progress=False)
+    print(res.table, flush=True)
+    if args.skip_culprit:
+        return res
+    m2, plant = plant_outlier(model, x)
+    res.plant = plant
+    print(f"[{name}] outlier planted in {plant.module} channel {plant.channel} (producer "
+          f"{plant.producer}; x{plant.factor:.1f} -> RMS {plant.ratio:.1f}x the others)",
+          flush=True)
+    ws2 = wb.Workspace(os.path.join(root, name + "-outlier"))
+    b2 = build(m2, x, samples, ws2)
+    for backend, q, parent in (("onnxruntime", b2.q_ort, b2.onx), ("ncnn", b2.q_nc, b2.nc)):
+        try:
+            c = culprit_run(m2, x, q, parent, samples, backend, plant)
+        except Exception as e:  # noqa: BLE001 - a report: say what failed, go on
+            res.errors.append(f"{name} {backend} culprit: {type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:300]}")
+            traceback.print_exc()
+            continue
+        res.culprits.append(c)
+        print(f"[{name}] {backend}: culprit rank {c.rank}, top {c.top}, SNR full "
+              f"{c.full_db:.1f} dB -> excluded {_fmt(c.excluded_db)} dB {c.error}; workaround "
+              f"{c.workaround} -> {_fmt(c.workaround_db)} dB ({c.seconds:.0f} s)", flush=True)
+    return res
+
+
+def _fmt(v: float | None, f: str = "{:.1f}") -> str:
+    return "-" if v is None else ("inf" if math.isinf(v) else f.format(v))
+
+
+def report(results: list[ModelResult], args: argparse.Namespace, load_start: str) -> None:
+    rows = [["model", "candidate", "SNR vs torch dB", "dB vs fp32", "latency ms",
+             "speed-up vs fp32", "note"]]
+    for r in results:
+        if r.table is None:
+            continue
+        for row in r.table.rows:
+            rows.append([r.name, row.label, _fmt(row.snr_db), _fmt(row.snr_delta_db, "{:+.1f}"),
+                         _fmt(row.latency_ms, "{:.2f}"), _fmt(row.speedup, "{:.2f}x"),
+                         ("bit-identical to fp32" if "bit-identical" in row.note else
+                          "emulated, not timed" if row.latency_ms is None else "")])
+    print("\naccuracy and speed (no target; final outputs on the zoo's seeded input, "
+          f"{args.threads} thread(s) per backend, median of {args.repeat} interleaved runs)")
+    print_table(rows)
+
+    figures = [["figure", "target", "measured", "result"]]
+    passed: list[str] = []
+    failed: list[str] = []
+    missing: list[str] = []
+    notes: list[str] = []
+
+    def add(label: str, target: str, measured: str, ok: bool | None) -> None:
+        result = "n/a" if ok is None else "PASS" if ok else "FAIL"
+        figures.append([label, target, measured, result])
+        (missing if ok is None else passed if ok else failed).append(label)
+
+    for r in results:
+        if r.plant is None:
+            continue
+        for c in r.culprits:
+            tag = f"{r.name} {c.backend}"
+            add(f"{tag}: culprit ranked first", "rank 1",
+                f"rank {c.rank}" if c.rank else "not ranked", c.rank == 1)
+            gain = None if c.excluded_db is None else c.excluded_db - c.full_db
+            add(f"{tag}: SNR gain, exclude=rep.sensitive({TOP_K})", f">= +{GAIN_DB:.0f} dB",
+                "quantize raised" if gain is None else
+                f"{gain:+.1f} dB ({_fmt(c.full_db)} -> {_fmt(c.excluded_db)})",
+                gain is not None and gain >= GAIN_DB)
+            if c.error:
+                notes.append(f"  {tag}: wb.quantize(exclude=rep.sensitive({TOP_K})) raised "
+                             f"{c.error}")
+            if c.workaround_db is not None:
+                wgain = c.workaround_db - c.full_db
+                add(f"{tag}: SNR gain, top {TOP_K} quantizable kept float (workaround)",
+                    f">= +{GAIN_DB:.0f} dB", f"{wgain:+.1f} dB ({_fmt(c.full_db)} -> "
+                    f"{_fmt(c.workaround_db)}; {c.workaround})", wgain >= GAIN_DB)
+            if c.rank != 1 or gain is None or gain < GAIN_DB:
+                first = c.top[0] if c.top else None
+                notes.append(
+                    f"  {tag}: planted {r.plant.module} (channel {r.plant.channel}); ranked "
+                    f"first: {first[0] if first else '-'} (layer {first[1] if first else '-'}, "
+                    f"final {_fmt(first[2] if first else None)} dB, isolated "
+                    f"{_fmt(first[3] if first else None)} dB); culprit at rank "
+                    f"{c.rank} ({c.covered_by or 'no record covers it'}); top {TOP_K}: "
+                    f"{[t[0] for t in c.top]} -> excluded {c.excluded}; full int8 "
+                    f"{_fmt(c.full_db)} dB, excluded {_fmt(c.excluded_db)} dB")
+        for backend in ("onnxruntime", "ncnn"):
+            if not any(c.backend == backend for c in r.culprits):
+                add(f"{r.name} {backend}: culprit", "rank 1, +10 dB", "failed to run", None)
+    for r in results:
+        if r.name == "resnet50":
+            for backend, s in r.quant_seconds.items():
+                add(f"resnet50 {backend}: calibration + quantization ({args.samples} samples)",
+                    f"< {QUANT_SECONDS:.0f} s", f"{s:.1f} s", s < QUANT_SECONDS)
+    for r in results:
+        notes.extend(f"  {n}" for n in r.notes)
+        notes.extend(f"  ERROR {e}" for e in r.errors)
+    print("\nfigures")
+    print_figures(figures, passed, failed, missing,
+                  ["notes:" if notes else "", *notes,
+                   f"load average (1, 5, 15 min): start {load_start}, end {load()}; "
+                   f"os.cpu_count()={os.cpu_count()}",
+                   engine_state()])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--skip-culprit", action="store_true")
+    args = p.parse_args()
+    if not 1 <= args.samples <= 64:
+        sys.exit("--samples: 1 to 64 (the issue calibrates on <= 64)")
+    load_start = load()
+    print(f"bench/precision.py: models {args.models}; {args.samples} smooth synthetic "
+          f"calibration images (seeded noise at 1/8 size, bilinear up; not photographs); "
+          f"load average {load_start}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-precision-") as root:
+        for name in args.models.split(","):
+            try:
+                results.append(run_model(name, args, root))
+            except Exception as e:  # noqa: BLE001 - a report: say what failed, go on
+                traceback.print_exc()
+                r = ModelResult(name)
+                r.errors.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                results.append(r)
+    report(results, args, load_start)
+
+
+if __name__ == "__main__":
+    main()
