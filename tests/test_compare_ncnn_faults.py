@@ -228,3 +228,33 @@ def test_inner_blobs_of_a_batched_input_are_captured_whole_and_aligned(tmp_path)
     (name,) = rep.aligned_fraction
     assert rep.aligned_fraction[name] == 1.0 and rep.ok, rep.summary()
     assert not rep.unmeasured[name], rep.unmeasured
+
+
+class Seq(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(8, 12, num_layers=3, batch_first=True)
+        self.head = nn.Linear(12, 4)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.head(y)
+
+
+def test_a_multi_layer_lstm_is_one_module_and_a_fault_in_any_layer_is_named_there(tmp_path):
+    """torch runs the three layers as one call, ncnn as three LSTM layers: the first two
+    (and the states of the last) are steps inside the module, attributed to it; the last
+    layer's output is the module's, pinned by its weights."""
+    model, x = _seeded(Seq, 1, 6, 8)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    al = rep.alignments[name]
+    assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
+    assert set(al.attributed.values()) == {"lstm"}
+    lstms = [ly.name for ly in parse_ncnn_param(art.path).layers if ly.type == "LSTM"]
+    assert len(lstms) == 3
+    for layer in (lstms[0], lstms[2]):
+        bad = _damaged(art, tmp_path / f"bad-{layer}", layer, "weight_xc", scale=0.3)
+        first = wb.compare(model, [bad], (x,), mode="both", progress=False).first_divergence
+        assert first is not None and first.reference.startswith("lstm"), (layer, first)

@@ -250,7 +250,8 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     # the module each record belongs to: a leaf is its own (each of its calls: relu,
     # relu#1); 'layer1/Tensor.add_0' was called by layer1; 'F.interpolate_0' by the model
     ref_module = [m if (m := call_module(n)) in modules else (n.split("/")[0] if "/" in n
-                                                              else "") for n in ref_names]
+                                                              else _tuple_of(n, modules))
+                  for n in ref_names]
     calls: dict[str, list[int]] = {}  # leaf module -> the indices of its calls
     for j, (n, m) in enumerate(zip(ref_names, ref_module, strict=True)):
         if call_module(n) == m:
@@ -417,6 +418,13 @@ def _attribute_between(out: Alignment, tensors: list[CandidateTensor],
         module = call_module(name) if call_module(name) in calls else ref_module[after]
         del out.unaligned[t.name]
         _attribute(out, t, module or name)
+
+
+def _tuple_of(name: str, modules: set[str]) -> str:
+    """'lstm.1' (the second element of a module's tuple output) -> 'lstm'; else ''."""
+    base, _, k = name.rpartition(".")
+    base = call_module(base)
+    return base if k.isdigit() and base in modules and name not in modules else ""
 
 
 def _attribute(out: Alignment, t: CandidateTensor, module: str) -> None:

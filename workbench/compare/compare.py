@@ -183,9 +183,25 @@ def _with_weights(tensors: list[CandidateTensor], cand: Candidate,
     held = ncnn_weight_modules(cand.path, reference)
     if not held:
         return tensors
-    names = [layer.name for layer in parse_ncnn_param(cand.path).layers]
-    return [dataclasses.replace(t, weights_of=held[names[t.order]])
-            if names[t.order] in held else t for t in tensors]
+    layers = parse_ncnn_param(cand.path).layers
+    names = [layer.name for layer in layers]
+    out = [dataclasses.replace(t, weights_of=held[names[t.order]])
+           if names[t.order] in held else t for t in tensors]
+    # A multi-layer LSTM/GRU/RNN is one torch call and one ncnn layer per torch layer: the
+    # layers before the last, and the last one's state outputs (torch returns the states
+    # of every layer stacked), are steps inside the module, aligned only when equal to one
+    # of its records. The last layer's output stays pinned to the module by its weights.
+    last: dict[str, int] = {}
+    for t in out:
+        if t.op_type in RECURRENT and len(t.weights_of) == 1:
+            last[t.weights_of[0]] = max(last.get(t.weights_of[0], -1), t.order)
+    return [dataclasses.replace(t, hint=t.weights_of[0], internal=True)
+            if t.op_type in RECURRENT and len(t.weights_of) == 1 and (
+                t.order < last[t.weights_of[0]] or t.name != layers[t.order].tops[0])
+            else t for t in out]
+
+
+RECURRENT = ("LSTM", "GRU", "RNN")
 
 
 def _scope(node: Any) -> str | None:
