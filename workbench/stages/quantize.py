@@ -209,9 +209,12 @@ def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bo
         sample = cal.samples[0] if cal is not None else _example(source)
         diags, metrics = _check(OrtRunner(source.path), OrtRunner(out), sample, source)
         metrics.update({"quantized": len(res.quantized), "excluded": list(res.excluded)})
+        diags.extend(Diagnostic("info", "quantizer-warning", w) for w in res.warnings)
         params = {"backend": "onnxruntime", "precision": "int8",
                   "format": "dynamic" if dynamic else "QDQ", "method": None if dynamic
                   else method, "per_channel": per_channel, "exclude": exclude,
+                  "activation_type": res.activation_type, "weight_type": res.weight_type,
+                  "reduce_range": res.reduce_range, "preprocess": res.preprocess,
                   "calibration": cal.to_record() if cal is not None else None}
         return ws.commit(d, stage="quantize", format="onnx", main=main, parent=source,
                          params=params, seconds=time.perf_counter() - t0, diagnostics=diags,
