@@ -14,6 +14,62 @@ class WorkbenchError(Exception):
     def __str__(self) -> str:
         return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
 
+    def cause_line(self) -> str:
+        """The innermost chained exception in one line ('' without one, or when the message
+        already quotes it): what went wrong under the workbench's words."""
+        root, seen = self, set()
+        while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+            seen.add(id(root))
+            root = nxt
+        if root is self:
+            return ""
+        first = next((ln.strip() for ln in str(root).splitlines() if ln.strip()), "")
+        if first and first in self.message:
+            return ""
+        return f"{type(root).__name__}: {first}"[:300]
+
+    def advice_lines(self) -> list[str]:
+        """What a notebook shows first: the message, the hint and the cause's one line."""
+        lines = [f"{type(self).__name__}: {self.message}"]
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        if cause := self.cause_line():
+            lines.append(f"cause: {cause}")
+        return lines
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's hook (its shell calls it for an exception that defines it, also for
+        %tb): the advice leads and the full traceback follows under a rule, so the message
+        and hint are the first lines a notebook shows and nothing of the traceback is lost."""
+        import sys
+        import traceback
+
+        red, green, dim, off = "\x1b[1;31m", "\x1b[32m", "\x1b[2m", "\x1b[0m"
+        head = self.advice_lines()
+        out = [f"{red}{head[0]}{off}"]
+        out += [f"{green}{ln}{off}" if ln.startswith("hint: ") else ln for ln in head[1:]]
+        out.append(f"{dim}── full traceback (for a bug report; the advice is above) ──{off}")
+        try:  # IPython's coloured traceback when running under it, else the plain one
+            shell = sys.modules["IPython"].get_ipython()
+            tb = shell.InteractiveTB.structured_traceback(type(self), self,
+                                                          self.__traceback__)
+        except Exception:  # noqa: BLE001 - any failure falls back to the stdlib's format
+            tb = traceback.format_exception(type(self), self, self.__traceback__)
+        return out + [ln.rstrip("\n") for ln in tb]
+
+    def _repr_html_(self) -> str:
+        """The same advice as HTML, the traceback folded in a <details> (for display(err))."""
+        import html
+        import traceback
+
+        head = self.advice_lines()
+        rows = [f"<div><b>{html.escape(head[0])}</b></div>"]
+        rows += [f"<div>{html.escape(ln)}</div>" for ln in head[1:]]
+        tb = "".join(traceback.format_exception(type(self), self, self.__traceback__))
+        rows.append(f"<details><summary>traceback</summary><pre>{html.escape(tb)}</pre>"
+                    "</details>")
+        return "<div class='wb-error'>" + "".join(rows) + "</div>"
+
 
 class InputError(WorkbenchError, ValueError):
     """An argument given to a stage is not what the stage needs."""

@@ -86,12 +86,23 @@ def export_error(e: Exception, exporter: str, opset: int, log: str) -> ExportErr
     cause = _root_cause(e, text)
     tail = "\n".join(_ANSI.sub("", log).splitlines()[-15:])
     other = "dynamo" if exporter == "torchscript" else "torchscript"
+    hint = (f"the message names the first error; trying exporter='{other}' often gets past "
+            "exporter limitations, and data-dependent Python control flow needs "
+            "torch.where/torch.cond")
+    if exporter == "torchscript" and _SDPA_CAUSAL.search(text):
+        # nn.TransformerEncoderLayer / MultiheadAttention hand is_causal on as a tensor
+        # under the tracer; torch.export keeps it a bool (checked: tests/test_errors_advice.py)
+        hint = ("the dynamo exporter handles this op: wb.export(model, inputs, "
+                "exporter='dynamo'). The TorchScript tracer turns attention's is_causal flag "
+                "(nn.TransformerEncoderLayer, nn.MultiheadAttention) into a tensor, which "
+                "scaled_dot_product_attention refuses")
     return ExportError(
         f"{exporter} export failed: {type(e).__name__}: {first}"
         + (f"\ncaused by {cause}" if cause and cause not in first else "")
-        + (f"\nexporter output (last lines):\n{tail}" if tail.strip() else ""),
-        f"read the first error above; trying exporter='{other}' often gets past exporter "
-        "limitations, and data-dependent Python control flow needs torch.where/torch.cond")
+        + (f"\nexporter output (last lines):\n{tail}" if tail.strip() else ""), hint)
+
+
+_SDPA_CAUSAL = re.compile(r"scaled_dot_product_attention\(\).*is_causal.*Tensor")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # torch colours its dynamo messages
