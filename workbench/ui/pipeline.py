@@ -1,9 +1,11 @@
 """``wb.ui.Pipeline(model, inputs)``: the stage panels as tabs, each feeding the next.
 
 Export feeds simplify, simplify feeds raise, the last ONNX model feeds ncnn (when ncnn
-converts from ONNX) and every artifact made feeds compare. "Run all" runs the stages in
-order, as ``wb.Pipeline`` does headless; each tab can also be run on its own, again and
-again with other settings, and the next stages pick up its newest artifact.
+converts from ONNX) and every artifact made feeds compare. Quantize takes the newest ONNX
+model (onnxruntime) or the ncnn model, and the last comparison's sensitivity ranking; its
+int8 artifact joins compare's candidates. "Run all" runs the stages in order, as
+``wb.Pipeline`` does headless (quantize on demand only); each tab can also be run on its
+own, again and again with other settings, and the next stages pick up its newest artifact.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .panels import (
     CustomOpsPanel,
     ExportPanel,
     NcnnPanel,
+    QuantizePanel,
     RaisePanel,
     SimplifyPanel,
     StagePanel,
@@ -31,7 +34,8 @@ class Pipeline:
     def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
                  export: dict[str, Any] | None = None, simplify: dict[str, Any] | None = None,
                  raise_: dict[str, Any] | None = None, ncnn: dict[str, Any] | None = None,
-                 compare: dict[str, Any] | None = None) -> None:
+                 compare: dict[str, Any] | None = None,
+                 quantize: dict[str, Any] | None = None) -> None:
         import ipywidgets as w
 
         self.model = model
@@ -45,6 +49,7 @@ class Pipeline:
         panels["raise"] = RaisePanel(workspace=ws, **(raise_ or {}))
         panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **(ncnn or {}))
         panels["compare"] = ComparePanel(model, inputs, workspace=ws, **(compare or {}))
+        panels["quantize"] = QuantizePanel(model, inputs, workspace=ws, **(quantize or {}))
         self.panels = panels
         self._wire()
 
@@ -68,8 +73,9 @@ class Pipeline:
         self.widget.add_class("wb-pipeline")
 
     def _order(self) -> list[str]:
-        """The stages "Run all" runs (custom ops only on demand: it registers, then re-exports)."""
-        return [s for s in self.panels if s != "custom_ops"]
+        """The stages "Run all" runs (custom ops only on demand: it registers, then re-exports;
+        quantize too: int8 is a choice made after the float model checks out)."""
+        return [s for s in self.panels if s not in ("custom_ops", "quantize")]
 
     def _wire(self) -> None:
         p = self.panels
@@ -78,6 +84,8 @@ class Pipeline:
         if "raise" in p:
             p["raise"].upstream = p["simplify"]
         p["ncnn"].upstream = p[onnx_stages[-1]]
+        p["quantize"].upstreams = {"onnxruntime": p[onnx_stages[-1]], "ncnn": p["ncnn"]}
+        p["quantize"]._select()
 
         def feed(panel: StagePanel) -> None:
             art = panel.artifact
@@ -90,13 +98,20 @@ class Pipeline:
             if panel.stage in onnx_stages:
                 # ncnn from ONNX takes the newest ONNX model down the chain
                 p["ncnn"].source = art
+            if panel.stage != "quantize":  # the float model int8 starts from
+                p["quantize"].set_source(art)
             p["compare"].set_candidates(self._candidates())
             self._refresh()
 
-        for stage in ["export", "simplify", "raise", "ncnn"]:
+        for stage in ["export", "simplify", "raise", "ncnn", "quantize"]:
             if stage in p:
                 p[stage].on_result(feed)
-        p["compare"].on_result(lambda _p: self._refresh())
+
+        def compared(panel: StagePanel) -> None:
+            p["quantize"].set_report(panel.result)  # its sensitivity ranking, on demand
+            self._refresh()
+
+        p["compare"].on_result(compared)
 
     def _candidates(self) -> list[Artifact]:
         """The newest ONNX model of the chain and the ncnn model, what compare checks."""
@@ -105,6 +120,8 @@ class Pipeline:
         out = onnx[:1]
         if self.panels["ncnn"].artifact is not None:
             out.append(self.panels["ncnn"].artifact)
+        if self.panels["quantize"].artifact is not None:
+            out.append(self.panels["quantize"].artifact)
         return out
 
     @property

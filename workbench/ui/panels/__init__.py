@@ -6,7 +6,7 @@ is plain widget values (``panel.status.value``, ``panel.result_html.value``...) 
 read. ``panel.code()`` is the engine call for the current settings, ready to paste.
 
 Modules: ``base`` (StagePanel and the HTML helpers), ``export`` (export, custom ops),
-``transform`` (simplify, raise), ``ncnn``, ``compare``.
+``transform`` (simplify, raise), ``ncnn``, ``compare``, ``quantize``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from .base import (
 from .compare import ComparePanel
 from .export import CustomOpsPanel, ExportPanel
 from .ncnn import NcnnPanel
+from .quantize import QuantizePanel
 from .transform import RaisePanel, SimplifyPanel
 
 __all__ = ["LEVEL_COLOURS", "ComparePanel", "CustomOpsPanel", "ExportPanel", "NcnnPanel",
-           "RaisePanel", "SimplifyPanel", "StagePanel", "artifact_html", "code_block_html",
+           "QuantizePanel", "RaisePanel", "SimplifyPanel", "StagePanel", "artifact_html", "code_block_html",
            "diagnostics_html", "error_html", "histogram_html"]
