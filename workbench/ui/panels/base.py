@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...artifact import Artifact, Workspace, as_workspace
+from ...diagnostics import group_diagnostics
 from ...errors import InputError, WorkbenchError
 from ..code import program
 
@@ -37,19 +38,33 @@ def code_block_html(code: Any) -> str:
 
 
 def diagnostics_html(diags: list[Any]) -> str:
-    """Diagnostics as a list: level, code, message and hint, coloured by level."""
+    """Diagnostics as a list, grouped (diagnostics.group_diagnostics): the user's own problems
+    first, by level, with their hints; repeats and library-internal warnings one line each
+    with a count, folded under one summary; site-packages paths shortened."""
     if not diags:
         return "<div><i>no diagnostics</i></div>"
+    view = group_diagnostics(diags)
     items = []
-    for d in diags:
-        colour = LEVEL_COLOURS.get(d.level, "#333")
-        hint = f"<div style='margin-left:1em'>hint: {_esc(d.hint)}</div>" if d.hint else ""
-        where = f" [{_esc(d.source)}]" if d.source else ""
-        items.append(f"<li class='wb-diag wb-diag-{_esc(d.level)}'>"
-                     f"<b style='color:{colour}'>{_esc(d.level)}</b> "
-                     f"<code>{_esc(d.code)}</code>{where}: "
-                     f"<span style='white-space:pre-wrap'>{_esc(d.message)}</span>{hint}</li>")
-    return "<ul class='wb-diagnostics' style='margin:0;padding-left:1.2em'>" + "".join(items) + "</ul>"
+    for g in view.own:
+        colour = LEVEL_COLOURS.get(g.level, "#333")
+        hint = f"<div style='margin-left:1em'>hint: {_esc(g.hint)}</div>" if g.hint else ""
+        times = f" <span class='wb-diag-count'>×{g.count}</span>" if g.count > 1 else ""
+        where = f" [{_esc(', '.join(g.sources))}]" if g.sources else ""
+        items.append(f"<li class='wb-diag wb-diag-{_esc(g.level)}'>"
+                     f"<b style='color:{colour}'>{_esc(g.level)}</b> "
+                     f"<code>{_esc(g.code)}</code>{times}{where}: "
+                     f"<span style='white-space:pre-wrap'>{_esc(g.message)}</span>{hint}</li>")
+    if view.internal:
+        n = sum(g.count for g in view.internal)
+        libs = sorted({g.package for g in view.internal if g.package})
+        lines = "".join(f"<li class='wb-diag wb-diag-internal' title='{_esc(g.message)}'>"
+                        f"{_esc(g.line())}</li>" for g in view.internal)
+        items.append(f"<li class='wb-diag-internal-group' style='color:#78909c'><details>"
+                     f"<summary>{n} from library internals ({_esc(', '.join(libs))}), "
+                     f"{len(view.internal)} distinct: nothing to change in your model"
+                     f"</summary><ul style='padding-left:1.2em'>{lines}</ul></details></li>")
+    return ("<ul class='wb-diagnostics' style='margin:0;padding-left:1.2em'>" + "".join(items)
+            + "</ul>")
 
 
 def error_html(e: BaseException) -> str:
