@@ -7,6 +7,7 @@ import time
 
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper
 
 import workbench as wb
@@ -331,3 +332,73 @@ def test_compare_view_says_not_ok_when_nothing_was_compared(tmp_path):
     text = CompareView(rep, figures=False).children[0].value
     assert "NOT OK" in text and "nothing compared" in text
     assert "every aligned tensor is within tolerance" not in text
+
+
+class _GeluFlatten(torch.nn.Module):
+    """A lowered op (GELU -> Div/Erf/Add/Mul: steps inside 'act'), a flatten by the input's
+    own batch size (Shape/Gather/Concat: index glue) and constants."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.act = torch.nn.GELU()
+        self.fc = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.conv(x))
+        return self.fc(y.reshape(y.shape[0], -1))
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory):
+    torch.manual_seed(0)
+    m, x = _GeluFlatten().eval(), torch.randn(2, 3, 8, 8)
+    ws = wb.Workspace(tmp_path_factory.mktemp("gv-why") / "ws")
+    onx = wb.export(m, x, workspace=ws, input_names=["x"], dynamic_axes={"x": {0: "n"}})
+    rep = wb.compare(m, [onx], x, mode="both", progress=False)
+    return onx, rep
+
+
+def test_every_grey_node_says_why(lowered):
+    onx, rep = lowered
+    al = rep.alignments[rep.candidates[0].name]
+    gv = GraphView(onx, color_by="accumulated", report=rep)
+    kinds = set()
+    for i, n in enumerate(gv.nodes):
+        drawn = gv.canvas.graph["nodes"][i]
+        assert drawn["why"] == n["why"] and drawn["kind"] == n["kind"]  # handed to the browser
+        outs = n["outputs"]
+        if n["value"] is not None:
+            assert n["kind"] == "aligned" and "aligned to torch" in gv.why(n["id"])
+            continue
+        kinds.add(n["kind"])
+        why = gv.why(n["id"])
+        assert why.startswith("no value: ") and why in gv.canvas.tooltips[i]  # the hover
+        if any(t in al.attributed for t in outs):
+            module = next(al.attributed[t] for t in outs if t in al.attributed)
+            assert n["kind"] == "attributed" and f"a step inside module {module!r}" in why
+        elif any("glue" in al.unaligned.get(t, "") for t in outs):
+            assert n["kind"] == "glue" and "shape or index glue" in why
+        elif n["op"] == "Constant":
+            assert n["kind"] == "constant" and "a constant" in why
+        else:
+            assert n["kind"] in ("unaligned", "uncaptured") and why != "no value: "
+    # the model was built to have each kind of grey node
+    assert {"attributed", "glue", "constant"} <= kinds, kinds
+    # the side panel says it too
+    step = next(n for n in gv.nodes if n["kind"] == "attributed")
+    gv.select(step["id"])
+    assert "wb-graphview-why" in gv.last_html and "a step inside module" in gv.last_html
+    assert gv.last_error is None
+    # colouring by op type keeps the account, without the "no value" lead
+    gv.recolor("op_type")
+    assert gv.why(step["id"]).startswith("a step inside module")
+    i = [n["id"] for n in gv.nodes].index(step["id"])
+    assert gv.why(step["id"]) in gv.canvas.tooltips[i]
+
+
+def test_without_a_report_nodes_have_no_account(compared):
+    _, _, onx, _ = compared
+    gv = GraphView(onx)
+    assert all(n["why"] == "" and n["kind"] == "" for n in gv.nodes)
+    assert all("\n" not in t for t in gv.canvas.tooltips)

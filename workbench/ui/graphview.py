@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -200,6 +201,61 @@ def op_colors(ops: list[str]) -> tuple[list[str], list[list]]:
     return [color[op] for op in ops], items
 
 
+# -- why a node has a value or not ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeAccount:
+    """What the comparison's accounting (its Alignment) says of one node: ``kind`` is
+    aligned, attributed, constant, glue, unaligned, uncaptured or '' (no comparison), and
+    ``text`` says it in words, e.g. "a step inside module 'self_attn' ..."."""
+
+    kind: str
+    text: str
+
+
+def node_accounts(nodes: list[dict[str, Any]], alignment: Any) -> list[NodeAccount]:
+    """One NodeAccount per node, from its output tensors' places in ``alignment`` (pairs,
+    attributed, unaligned with the reason). A node whose outputs are in none of them was not
+    captured; a Constant node that was not is still a constant."""
+    from ..compare.align import CONSTANT_OPS
+
+    if alignment is None:
+        return [NodeAccount("", "") for _ in nodes]
+    out = []
+    for n in nodes:
+        found: list[NodeAccount] = []
+        for t in n["outputs"]:
+            if t in alignment.pairs:
+                rel = alignment.relation(t)
+                found.append(NodeAccount("aligned", f"aligned to torch {alignment.pairs[t]!r}"
+                                         + ("" if rel == "equal" else f" ({rel})")))
+            elif t in alignment.attributed:
+                m = alignment.attributed[t]
+                where = f"module {m!r}" if m else "the model's own forward()"
+                found.append(NodeAccount(
+                    "attributed", f"a step inside {where}: torch computed no such tensor, so "
+                    "nothing is measured against it (the module's output is)"))
+            elif t in alignment.unaligned:
+                why = alignment.unaligned[t]
+                kind = ("constant" if why.startswith("a constant") else
+                        "glue" if "glue" in why else
+                        "uncaptured" if why == "not captured" else "unaligned")
+                text = {"constant": why, "glue": f"shape or index glue ({why.split(' (')[0]}), "
+                        "not an activation", "uncaptured": "not captured by the comparison"
+                        }.get(kind, f"unaligned: {why}")
+                found.append(NodeAccount(kind, text))
+        if not found:
+            found = [NodeAccount("constant", "a constant (not an activation)")
+                     if n["op"] in CONSTANT_OPS else
+                     NodeAccount("uncaptured", "not in the comparison (no output of it was "
+                                 "captured)")]
+        best = next((a for a in found if a.kind == "aligned"), found[0])
+        texts = list(dict.fromkeys(a.text for a in found if a.kind == best.kind))
+        out.append(NodeAccount(best.kind, "; ".join(texts)))
+    return out
+
+
 # -- the widget ----------------------------------------------------------------------------
 
 
@@ -233,6 +289,7 @@ class GraphView(widgets.HBox):
 
     selected = traitlets.Unicode("")
     last_figures: list[Any]  # the figures of the last selected node (for scripts and tests)
+    last_html: str  # what the side panel shows of the last selected node
 
     def __init__(self, artifact_or_summary: Any, values: dict[str, float] | None = None,
                  color_by: str = "op_type", report: Any = None, metric: str = "max_abs",
@@ -253,6 +310,9 @@ class GraphView(widgets.HBox):
         self.candidate = (self._match_candidate(artifact_or_summary, candidate)
                           if report is not None else None)
         self.records = self._records_by_node() if self.candidate is not None else {}
+        alignment = (self.report.alignments.get(self.candidate.name)
+                     if self.candidate is not None else None)
+        self.accounts = node_accounts(nodes, alignment)  # why each node has a value or not
         self._given_values = values
         self.values = self._node_values(values)
         colors, strokes, legend = self._colors()
@@ -261,7 +321,8 @@ class GraphView(widgets.HBox):
                                                             overflow="auto"))
         self.output.add_class("wb-graphview-output")
         self.canvas = GraphCanvas(
-            graph={"nodes": [{"id": n["id"], "op": n["op"]} for n in nodes],
+            graph={"nodes": [{"id": n["id"], "op": n["op"], "why": a.text, "kind": a.kind}
+                             for n, a in zip(nodes, self.accounts, strict=True)],
                    "edges": self.payload["edges"]},
             colors=colors, strokes=strokes, legend=legend, tooltips=self._tooltips(),
             title=f"{self.payload['title']} ({self.payload['format']}, {len(nodes)} nodes)")
@@ -278,6 +339,7 @@ class GraphView(widgets.HBox):
         super().__init__([left, self.output], layout=widgets.Layout(width="100%"))
         self.add_class("wb-graphview-box")
         self.last_figures, self.last_error = [], None
+        self.last_html = ""  # the side panel's text for the last selected node
         traitlets.link((self.canvas, "selected"), (self, "selected"))
         self.observe(self._on_select, names="selected")
         with self.output:
@@ -287,9 +349,25 @@ class GraphView(widgets.HBox):
     # -- what is shown ----------------------------------------------------------------------
     @property
     def nodes(self) -> list[dict[str, Any]]:
-        """The nodes as drawn: id, op type, outputs, value and colour."""
-        return [{**n, "value": v, "color": c} for n, v, c in
-                zip(self.payload["nodes"], self.values, self.canvas.colors, strict=True)]
+        """The nodes as drawn: id, op type, outputs, value, colour and ``why`` (the
+        comparison's account of the node: aligned to, a step inside, a constant...)."""
+        return [{**n, "value": v, "color": c, "why": a.text, "kind": a.kind}
+                for n, v, c, a in zip(self.payload["nodes"], self.values, self.canvas.colors,
+                                      self.accounts, strict=True)]
+
+    def why(self, node: str) -> str:
+        """Why a node (by name, or by a tensor it produces) has its value, or none: the
+        text its hover and its side panel show."""
+        i = self._node_index(node, "node")
+        return self._why(i)
+
+    def _why(self, i: int) -> str:
+        a = self.accounts[i]
+        if self.color_by == "op_type" or self.values[i] is not None:
+            return a.text
+        if a.kind == "aligned":  # aligned, but this mode measured nothing for it
+            return f"no {self.color_by} value: {a.text}, not measured in this mode"
+        return f"no value: {a.text}" if a.text else "no value"
 
     def color_of(self, node: str) -> str:
         """The colour a node (by name, or by a tensor it produces) is drawn in."""
@@ -425,10 +503,12 @@ class GraphView(widgets.HBox):
 
     def _tooltips(self) -> list[str]:
         out = []
-        for n, v in zip(self.payload["nodes"], self.values, strict=True):
+        for i, (n, v) in enumerate(zip(self.payload["nodes"], self.values, strict=True)):
             tip = f"{n['id']} ({n['op']})"
             if v is not None:
                 tip += f"\n{self.color_by}: {v:.3g}"
+            if why := self._why(i):
+                tip += f"\n{why}"
             out.append(tip)
         return out
 
@@ -445,6 +525,7 @@ class GraphView(widgets.HBox):
         self.output.clear_output()
         self.last_figures = []
         self.last_error = None
+        self.last_html = ""
         if not change["new"]:
             return
         with self.output:
@@ -473,16 +554,19 @@ class GraphView(widgets.HBox):
             f"<td>{'yes' if r.metrics.get('passed') else 'no'}</td></tr>"
             for mode in ("accumulated", "isolated") for r in recs.get(mode, []))
         value = self.values[i]
-        display(HTML(
+        self.last_html = (
             f'<div class="wb-graphview-node" data-node="{html.escape(node["id"])}">'
             f"<b>{html.escape(node['id'])}</b> &middot; {html.escape(node['op'])}"
             + (f" &middot; {html.escape(self.color_by)} {value:.3g}" if value is not None else "")
             + f"<br>outputs: {html.escape(', '.join(node['outputs']) or '-')}"
+            + (f'<div class="wb-graphview-why" data-kind="{html.escape(self.accounts[i].kind)}">'
+               f"{html.escape(self._why(i))}</div>" if self._why(i) else "")
             + (f"<table><tr><th>mode</th><th>tensor</th><th>torch module</th><th>max abs</th>"
                f"<th>cosine</th><th>passed</th></tr>{rows}</table>" if rows else "")
-            + "</div>"))
+            + "</div>")
+        display(HTML(self.last_html))
         if not recs:
-            print("No comparison for this node" + (" (not aligned to a torch module)."
+            print("No comparison for this node" + (" (see why above)."
                                                    if self.report is not None else "."))
             return
         tensor = max((r for rs in recs.values() for r in rs),
