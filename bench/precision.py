@@ -223,6 +223,15 @@ def _covers(rec: Any, module: str) -> bool:
     return any(call_module(n) == module for n in (rec.reference, *rec.covers))
 
 
+def _folded_into(rec: Any, plant: Plant) -> bool:
+    """The record of the conv a planted BatchNorm was folded into: the exporter folds the BN
+    into the Conv node, whose record names the conv (relation: equal up to the folding) and
+    lists no covers."""
+    from workbench.compare.align import call_module
+
+    return plant.producer != plant.module and call_module(rec.reference) == plant.producer
+
+
 QDQ_SUFFIXES = ("_DequantizeLinear", "_QuantizeLinear")
 NCNN_INT8_LAYERS = ("Convolution", "ConvolutionDepthWise", "InnerProduct")
 
@@ -265,11 +274,16 @@ def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], b
     t0 = time.perf_counter()
     rep = wb.compare(model, [q], x, mode="both", progress=False)
     sens = rep.sensitivity(progress=False)
-    rank = next((i + 1 for i, s in enumerate(sens) if _covers(s.record, plant.module)), None)
+    rank = next((i + 1 for i, s in enumerate(sens) if _covers(s.record, plant.module)
+                 or _folded_into(s.record, plant)), None)
     top = [(s.record.reference, s.record.node, s.final_snr_db, s.isolated_snr_db)
            for s in sens[:TOP_K]]
-    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0,
-                sens[rank - 1].record.reference if rank else "")
+    how = ""
+    if rank:
+        hit = sens[rank - 1].record
+        how = hit.reference + ("" if _covers(hit, plant.module) else
+                               " (the conv the planted BatchNorm was folded into)")
+    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how)
     try:
         qx = wb.quantize(parent, samples, exclude=rep.sensitive(TOP_K), progress=False)
         c.excluded_db, c.excluded = final_snr(model, qx, x), list(qx.params["exclude"])
@@ -384,7 +398,8 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
         for c in r.culprits:
             tag = f"{r.name} {c.backend}"
             add(f"{tag}: culprit ranked first", "rank 1",
-                f"rank {c.rank}" if c.rank else "not ranked", c.rank == 1)
+                (f"rank {c.rank}" + (" (folded conv)" if "folded" in c.covered_by else ""))
+                if c.rank else "not ranked", c.rank == 1)
             gain = None if c.excluded_db is None else c.excluded_db - c.full_db
             add(f"{tag}: SNR gain, exclude=rep.sensitive({TOP_K})", f">= +{GAIN_DB:.0f} dB",
                 "quantize raised" if gain is None else
