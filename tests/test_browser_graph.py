@@ -100,6 +100,24 @@ def test_graph_view_draws_error_colours_and_a_click_shows_the_plot(ran):
     assert small.locator(".wb-node.wb-selected").count() == 1  # same drawing, not a new one
 
 
+def test_a_grey_node_says_why_on_hover_and_in_the_side_panel(ran):
+    nb = ran
+    small = nb.page.locator(".wb-graphview.wb-drawn").nth(0)
+    small.locator(".wb-zoom-fit").click()  # whatever an earlier test panned to
+    small.scroll_into_view_if_needed()
+    const = small.locator('.wb-node[data-op="Constant"]').first
+    const.hover()
+    tip = const.locator("title").text_content()  # the browser's hover text for the node
+    assert "a constant" in tip, tip
+    node = const.get_attribute("data-id")
+    const.click()
+    why = nb.page.locator(f'.wb-graphview-output .wb-graphview-node[data-node="{node}"] '
+                          ".wb-graphview-why").first
+    why.wait_for(timeout=60_000)
+    assert "a constant" in why.inner_text() and why.get_attribute("data-kind") == "constant"
+    nb.screenshot("graphview-grey-node-why")
+
+
 def test_compare_view_table_filters_and_marks_the_first_divergence(ran):
     nb = ran
     view = nb.page.locator(".wb-compare-view").first
