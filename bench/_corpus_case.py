@@ -163,8 +163,8 @@ def _alignment_counts(rep: Any) -> dict[str, Any]:
         if unexplained is not None:
             out["unexplained"] = count(unexplained)
         else:  # counted ones only: al.unaligned may also list tensors not considered
-            out["unexplained"] = (al.considered - (out["aligned"] or 0)
-                                  - (out["attributed"] or 0))
+            # considered excludes the attributed tensors (Alignment.considered)
+            out["unexplained"] = al.considered - (out["aligned"] or 0)
         reasons = unexplained if isinstance(unexplained, dict) else al.unaligned
         out["unexplained_reasons"] = Counter(reason_group(r) for r in reasons.values()
                                              ).most_common(5)
@@ -293,6 +293,9 @@ def _through_workbench(res: dict[str, Any], model: Any, inputs: tuple,
         if not check["ok"]:
             res["outcome"] = "mismatch"
             res["mismatch"] = check
+            # did to_ncnn say so? an error diagnostic on the artifact, with its hint
+            flags = [d for d in art.diagnostics if d.level == "error"]
+            res["mismatch"]["flagged"] = [{"code": d.code, "hint": d.hint} for d in flags]
             return res
         res["outcome"] = "pass"
         res["other_shapes"] = check["other_shapes"]  # passed as torch.allclose broadcasts

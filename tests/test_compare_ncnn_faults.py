@@ -258,3 +258,24 @@ def test_a_multi_layer_lstm_is_one_module_and_a_fault_in_any_layer_is_named_ther
         bad = _damaged(art, tmp_path / f"bad-{layer}", layer, "weight_xc", scale=0.3)
         first = wb.compare(model, [bad], (x,), mode="both", progress=False).first_divergence
         assert first is not None and first.reference.startswith("lstm"), (layer, first)
+
+
+class Rolled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, 1, 1)
+
+    def forward(self, x):
+        return torch.roll(self.conv(x), shifts=(1, 2), dims=(2, 3))
+
+
+def test_glue_read_only_by_one_call_is_attributed_to_it(tmp_path):
+    """ncnn runs torch.roll as Slices and Concats; the Slices have no torch counterpart and
+    are read only by the Concats that make the roll: attributed to torch.roll_0."""
+    model, x = _seeded(Rolled, 1, 3, 8, 8)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    al = rep.alignments[name]
+    assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
+    assert al.attributed and set(al.attributed.values()) == {"torch.roll_0"}, al.attributed

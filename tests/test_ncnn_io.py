@@ -323,3 +323,12 @@ def test_a_fully_convolutional_graph_takes_other_sizes(conv):
 
 def _convert_at(tmp_path, model, x):
     return wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+
+
+def test_a_shape_mismatch_hint_says_which_kind_of_axis_went_wrong():
+    from workbench.stages.ncnn import _shape_hint
+
+    same_rank = _shape_hint([np.zeros((1, 20)), np.zeros((3,))], [np.zeros((1, 21)), np.zeros(3)])
+    assert "axis 1" in same_rank and "pnnx evaluated a size" in same_rank
+    other_rank = _shape_hint([np.zeros((2, 4))], [np.zeros((4,))])
+    assert "batch or layout" in other_rank

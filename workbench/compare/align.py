@@ -42,6 +42,7 @@ class CandidateTensor:
     read_by_own: bool = False  # read by another node of its own module: not its output
     weights_of: tuple[str, ...] = ()  # modules whose weights its layer holds (ncnn)
     node: str = ""  # the node (ONNX) or layer (ncnn) that writes it
+    inputs: tuple[str, ...] = ()  # what that node reads (ncnn: through Split aliases)
 
 
 @dataclass
@@ -388,7 +389,42 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 out.covers[t.name] = tuple(dict.fromkeys(spans))
         low = max(low, j)  # a named call found behind low leaves the order where it was
     _attribute_between(out, tensors, ref_names, ref_module, calls)
+    _attribute_feeders(out, tensors, ref_module, {n: j for j, n in enumerate(ref_names)})
     return out
+
+
+def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
+                       ref_module: list[str], index: dict[str, int]) -> None:
+    """An unexplained tensor read only by one module's steps or outputs (the per-layer
+    slices of an initial LSTM state, the pieces of a lowered torch.roll) is a step of that
+    module: attributed to it. Repeated until nothing changes, so a chain of such glue
+    (a Concat feeding the Slices) goes with it."""
+    readers: dict[str, list[str]] = {}
+    for t in tensors:
+        for name in t.inputs:
+            readers.setdefault(name, []).append(t.name)
+
+    def owner(name: str) -> str | None:
+        if name in out.attributed:
+            return out.attributed[name] or None
+        if name in out.pairs and out.pairs[name] in index:
+            # a module's record, or a functional call of the model itself (torch.roll_0)
+            return ref_module[index[out.pairs[name]]] or out.pairs[name]
+        return None
+
+    changed = True
+    while changed:
+        changed = False
+        for t in tensors:
+            # only a tensor torch has no counterpart of; one whose nearest counterpart
+            # differs may be a real error, and stays listed
+            if not out.unaligned.get(t.name, "").startswith("no reference tensor"):
+                continue
+            owners = {owner(r) for r in readers.get(t.name, ())}
+            if len(owners) == 1 and None not in owners:
+                del out.unaligned[t.name]
+                _attribute(out, t, owners.pop())
+                changed = True
 
 
 def _attribute_between(out: Alignment, tensors: list[CandidateTensor],

@@ -155,18 +155,29 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                            and scope in reader_scopes.get(name, ()))
                     out.append(CandidateTensor(name, i, "Constant" if is_const
                                                else node.op_type, hint, internal,
-                                               outputs.get(name), own, node=node.name))
+                                               outputs.get(name), own, node=node.name,
+                                               inputs=tuple(n for n in node.input if n)))
         return out
     from ..params import parse_ncnn_param
 
     out = []
-    for i, layer in enumerate(parse_ncnn_param(cand.path).layers):
+    layers = parse_ncnn_param(cand.path).layers
+    alias = {top: layer.bottoms[0] for layer in layers if layer.type == "Split"
+             for top in layer.tops}
+
+    def source(blob: str) -> str:  # a Split's top is its bottom
+        while blob in alias:
+            blob = alias[blob]
+        return blob
+
+    for i, layer in enumerate(layers):
         if layer.type in ("Input", "Split", "MemoryData"):
             continue  # inputs, aliases of their bottom, constants
         # pnnx names the model's outputs out0, out1... in torch's order
         out.extend(CandidateTensor(top, i, layer.type, output_index=int(top[3:])
                                    if re.fullmatch(r"out\d+", top) else None,
-                                   node=layer.name)
+                                   node=layer.name,
+                                   inputs=tuple(source(b) for b in layer.bottoms))
                    for top in layer.tops)
     return out
 

@@ -381,12 +381,30 @@ def _check_numbers(param: Path, args: tuple,
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
-                                    "a batch or layout axis was handled differently; see the "
-                                    "_ncnn.py pnnx wrote"))
+                                    _shape_hint(reference, got)))
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
     return metrics, diags
+
+
+def _shape_hint(reference: list, got: list) -> str:
+    """Why ncnn's outputs have other shapes than torch's: another rank is a batch or layout
+    axis handled differently; the same rank with one size off is a size pnnx computed
+    differently (a slice end or a view written as an expression of the input's size)."""
+    import numpy as np
+
+    pairs = [(np.shape(r), np.shape(g)) for r, g in zip(reference, got, strict=False)
+             if np.shape(r) != np.shape(g)]
+    if pairs and all(len(a) == len(b) for a, b in pairs):
+        axes = sorted({k for a, b in pairs for k, (x, y) in enumerate(zip(a, b, strict=True))
+                       if x != y})
+        return (f"same rank, other size on axis {', '.join(map(str, axes))}: pnnx evaluated "
+                "a size (a slice end, a view or reshape computed from the input's shape) "
+                "differently from torch; pnnx's own converted model does the same. Write "
+                "that size as a constant, or slice with explicit bounds, and convert again")
+    return ("a batch or layout axis was handled differently (another rank); see the "
+            "_ncnn.py pnnx wrote for how each output is read")
 
 
 def _identical(a: list | None, b: list) -> bool:
