@@ -27,7 +27,8 @@ HINTED = [
     "onnx_mutate-dangling_input-ort",
     "ncnn_param-magic_wrong", "ncnn_param-drop_middle_layer", "ncnn_param-weight_size_changed",
     "ncnn_bin-cut-minus4",
-    "input-ort-channels4", "input-ncnn-rank5", "input-ort-strings",
+    "input-ort-channels4", "input-ncnn-rank5", "input-ort-strings", "input-torch-strings",
+    "input-torch-object", "input-torch-meta_tensor", "input-compare-strings",
     "worker-ort-KILL-during-0.2", "worker-ort-STOP-during-0.2", "worker-ort-timeout-0.3",
     "ws-manifest-version-99", "ws-lock-folder",
     "ext_data-parent-3-import", "ext_data-absolute-ort", "ext_data-symlink-file-out-import",
@@ -47,10 +48,7 @@ OK = [
 ]
 # run for the no-death/no-loss/no-escape checks only (neither hinted nor right-result asserted):
 # the engine's known gaps, the team's to-do list (bench/corpus.py counts them all)
-GAPS = {
-    "input-torch-strings": "TorchRunner passes a string array to torch.as_tensor (TypeError; "
-                           "workbench/inputs.py)",
-}
+GAPS: dict[str, str] = {}
 SELFTEST = {
     "selftest-write-outside": ("selftest_write_outside", "write outside"),
     "selftest-lose": ("selftest_lose", "artifact lost"),

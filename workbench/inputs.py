@@ -33,10 +33,17 @@ def as_tensor_tuple(inputs: Any, what: str = "example inputs") -> tuple:
     out = []
     for i, x in enumerate(inputs):
         if isinstance(x, np.ndarray):
-            x = torch.from_numpy(x)
+            if x.dtype.kind not in "biufc":  # strings, objects, datetimes: no tensor holds them
+                raise InputError(f"{what}[{i}] is a numpy array of dtype {x.dtype}, expected "
+                                 "numbers", "models take numeric tensors: convert strings "
+                                 "with a tokenizer and objects to arrays of numbers first")
+            x = torch.from_numpy(np.ascontiguousarray(x))
         if not isinstance(x, torch.Tensor):
             raise InputError(f"{what}[{i}] is a {type(x).__name__}, expected a torch.Tensor",
                              "wrap numbers with torch.tensor(...); ONNX graph inputs are tensors")
+        if x.is_meta:
+            raise InputError(f"{what}[{i}] is a meta tensor (shape {list(x.shape)}, no values)",
+                             "pass a tensor with data on the CPU, e.g. torch.randn(shape)")
         out.append(x)
     return tuple(out)
 
