@@ -54,20 +54,30 @@ def resume_figure(models: list[str], matrix: dict, ws: Path, workers: int) -> No
         cmd += [f"--{key}", ",".join(values)]
     n = len(models) * len(matrix.get("exporter", [1])) * len(matrix.get("ncnn", [1]))
     half = max(1, n // 2)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    done = 0
+    # SIGINT back to its default in the child: a shell starts background jobs with SIGINT
+    # ignored, and Python started so would never see the Ctrl-C this figure sends
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    done, polls, last_error = 0, 0, ""
     while proc.poll() is None:
         time.sleep(1)
+        polls += 1
         try:
-            with sqlite3.connect(ws / "sweep.db") as c:
+            c = sqlite3.connect(f"file:{ws / 'sweep.db'}?mode=ro", uri=True)
+            try:
                 done = c.execute("SELECT count(*) FROM cells WHERE status != 'pending'"
                                  ).fetchone()[0]
-        except sqlite3.OperationalError:
+            finally:
+                c.close()
+        except sqlite3.OperationalError as e:  # not created yet
+            last_error = str(e)
             continue
         if done >= half:
             proc.send_signal(signal.SIGINT)
             break
     rc = proc.wait()
+    print(f"  polled {polls} time(s), last saw {done} stored"
+          + (f", last poll error: {last_error}" if last_error else ""), flush=True)
     with SweepDB(ws, readonly=True) as db:
         before = {c.cell_id: c.finished for c in db.cells() if c.done}
     print(f"  first run stopped (exit {rc}) with {len(before)} of {n} cells stored", flush=True)

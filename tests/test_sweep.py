@@ -207,7 +207,10 @@ def test_ctrl_c_stops_the_sweep_keeps_finished_cells_and_another_sweep_waits(tmp
     ws = tmp_path / "ws"
     cmd = [sys.executable, "-m", "workbench.cli", "sweep", f"{nets}:broken", f"{nets}:slow",
            "--workspace", str(ws), "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child, as in a terminal (a suite run as a background job
+    # inherits SIGINT ignored)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the first cell is stored
