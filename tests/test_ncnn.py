@@ -43,6 +43,8 @@ def test_module_converts_with_pnnx_parent_and_matches_torch(converted):
     not_run = art.diagnostics_with("fp16-not-exercised")
     assert art.metrics["fp16_exercised"] is not bool(not_run)
     assert (art.metrics["max_abs_fp16"] is None) is bool(not_run)
+    if not_run:  # the hint names the way to see fp16 storage's cost on this machine
+        assert "emulate='arm-fp16'" in not_run[0].hint
     assert art.ok and art.workspace.verify() == []
     # the generated code no longer points at the temporary folder pnnx ran in
     assert 'load_param("model.ncnn.param")' in (art.dir / "model_ncnn.py").read_text()

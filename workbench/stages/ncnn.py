@@ -425,7 +425,9 @@ def _fp16_not_exercised() -> Diagnostic:
         f"bit-identical to its fp32 run: on this CPU ({platform.machine()}) ncnn computed "
         "every layer of this model in fp32, so no fp16 error was measured (max_abs_fp16 is "
         "None)",
-        "ncnn on this CPU computed in fp32: fp16 must be measured on the target (an ARM CPU "
-        "with fp16 arithmetic, ncnn.cpu_support_arm_asimdhp(), or a Vulkan GPU) or emulated; "
-        "fp16 weights can be measured here: wb.to_ncnn(model, inputs, fp16=True)"
-        ".metrics['max_abs']")
+        "ncnn on this CPU computed in fp32: measure fp16 on the target (an ARM CPU with fp16 "
+        "arithmetic, ncnn.cpu_support_arm_asimdhp(), or a Vulkan GPU), or see what fp16 "
+        "storage costs here: NcnnRunner(artifact, precision='fp16', emulate='arm-fp16')"
+        ".run(inputs), or wb.compare(model, [that runner], inputs) op by op (every weight "
+        "and blob rounded to fp16 between layers; storage only, not fp16 arithmetic). fp16 "
+        "weights alone: wb.to_ncnn(model, inputs, fp16=True).metrics['max_abs']")
