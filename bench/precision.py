@@ -412,7 +412,8 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                 wgain = c.workaround_db - c.full_db
                 add(f"{tag}: SNR gain, top {TOP_K} quantizable kept float (workaround)",
                     f">= +{GAIN_DB:.0f} dB", f"{wgain:+.1f} dB ({_fmt(c.full_db)} -> "
-                    f"{_fmt(c.workaround_db)}; {c.workaround})", wgain >= GAIN_DB)
+                    f"{_fmt(c.workaround_db)})", wgain >= GAIN_DB)
+                notes.append(f"  {tag}: workaround kept float: {c.workaround}")
             if c.rank != 1 or gain is None or gain < GAIN_DB:
                 first = c.top[0] if c.top else None
                 clean = next((row.snr_db for row in (r.table.rows if r.table else ())
@@ -424,7 +425,7 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                     f"final {_fmt(first[2] if first else None)} dB, isolated "
                     f"{_fmt(first[3] if first else None)} dB); culprit at rank "
                     f"{c.rank} ({c.covered_by or 'no record covers it'}); top {TOP_K}: "
-                    f"{[t[0] for t in c.top]} -> excluded {c.excluded}; full int8 "
+                    f"{[t[0] for t in c.top]} -> excluded {c.excluded or '-'}; full int8 "
                     f"{_fmt(c.full_db)} dB, excluded {_fmt(c.excluded_db)} dB")
         for backend in ("onnxruntime", "ncnn"):
             if not any(c.backend == backend for c in r.culprits):
