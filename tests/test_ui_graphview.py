@@ -402,3 +402,44 @@ def test_without_a_report_nodes_have_no_account(compared):
     gv = GraphView(onx)
     assert all(n["why"] == "" and n["kind"] == "" for n in gv.nodes)
     assert all("\n" not in t for t in gv.canvas.tooltips)
+
+
+def test_compare_view_two_candidates_share_one_x_axis_and_one_summary(lowered, tmp_path):
+    from workbench.ui.compare_view import CompareView
+
+    onx, _ = lowered
+    torch.manual_seed(0)
+    m, x = _GeluFlatten().eval(), torch.randn(2, 3, 8, 8)
+    dyn = wb.export(m, x, workspace=wb.Workspace(tmp_path / "ws"), exporter="dynamo")
+    rep = wb.compare(m, [onx, dyn], x, progress=False)
+    view = CompareView(rep)
+    names = [c.name for c in rep.candidates]
+    own = {c: {r["reference"]: r["order"] for r in view.all_rows if r["candidate"] == c}
+           for c in names}
+    common = set(own[names[0]]) & set(own[names[1]])
+    assert len(common) >= 3
+    # each candidate's own order puts some module at another x: what the shared axis fixes
+    assert any(own[names[0]][ref] != own[names[1]][ref] for ref in common)
+    # the shared order keeps every candidate's topological order and places each module once
+    assert sorted(view.plot_order) == sorted(set().union(*own.values()))
+    pos = {ref: i for i, ref in enumerate(view.plot_order)}
+    for c in names:
+        seq = sorted(own[c], key=own[c].get)
+        assert [pos[ref] for ref in seq] == sorted(pos[ref] for ref in seq), c
+    # the figure draws both candidates on it: a module's x is its place in plot_order
+    ax = view.figures[0].axes[0]
+    ticks = {round(t): lbl.get_text() for t, lbl in zip(ax.get_xticks(), ax.get_xticklabels(),
+                                                          strict=True)}
+    for line in ax.get_lines():
+        cand = next((c for c in names if line.get_label() == f"{c} (accumulated)"), None)
+        if cand is not None:
+            assert sorted(int(v) for v in line.get_xdata()) == sorted(pos[r] for r in own[cand])
+    shared = sorted(common, key=pos.get)[-1]
+    assert ticks[pos[shared]] and shared.startswith(ticks[pos[shared]].rstrip("…"))
+    # the summary appears once (it names each candidate's first divergence itself)
+    texts = [w.value for w in view.children if hasattr(w, "value") and isinstance(w.value, str)]
+    first_line = rep.summary().splitlines()[0]
+    assert sum(t.count(first_line[:40]) for t in texts) == 1
+    quiet = CompareView(rep, figures=False, summary=False)
+    assert not any(first_line[:40] in getattr(w, "value", "") for w in quiet.children
+                   if isinstance(getattr(w, "value", None), str))

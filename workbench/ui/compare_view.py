@@ -8,6 +8,7 @@ and ``CompareView.rows`` always agree (and scripts can use the same).
 
 from __future__ import annotations
 
+import graphlib
 import html
 import io
 import math
@@ -53,10 +54,39 @@ class CompareTable(anywidget.AnyWidget):
         super().__init__(_esm=widget_source("compare_table.js"), **kwargs)
 
 
-class CompareView(widgets.VBox):
-    """The report's summary, a filterable and sortable table, and its figures."""
+def shared_reference_order(rows: list[dict[str, Any]]) -> list[str]:
+    """The reference (torch) names of ``rows`` in one topological order for every candidate.
 
-    def __init__(self, report: Any, metric: str = "max_abs", figures: bool = True) -> None:
+    Alignment is monotone (a later candidate tensor never maps to an earlier module), so each
+    candidate's references, in its own order, are a subsequence of torch's call order; their
+    merge (graphlib's topological sort of "comes after" pairs) places a module at one x for
+    all candidates. Should candidates disagree (a cycle), first appearance decides."""
+    seqs: dict[str, list[str]] = {}
+    for r in sorted(rows, key=lambda r: (str(r["candidate"]), r["order"])):
+        ref = str(r.get("reference") or r["name"])
+        seq = seqs.setdefault(str(r["candidate"]), [])
+        if ref not in seq:
+            seq.append(ref)
+    first_seen = list(dict.fromkeys(ref for seq in seqs.values() for ref in seq))
+    ts: graphlib.TopologicalSorter = graphlib.TopologicalSorter()
+    for ref in first_seen:  # insertion order breaks ties: the first candidate's order first
+        ts.add(ref)
+    for seq in seqs.values():
+        for a, b in zip(seq, seq[1:], strict=False):
+            ts.add(b, a)
+    try:
+        return list(ts.static_order())
+    except graphlib.CycleError:
+        return first_seen
+
+
+class CompareView(widgets.VBox):
+    """The report's summary (once), a filterable and sortable table, and its figures; the
+    error-along-the-graph plot has the reference modules on x, in one topological order
+    shared by all candidates (shared_reference_order)."""
+
+    def __init__(self, report: Any, metric: str = "max_abs", figures: bool = True,
+                 summary: bool = True) -> None:
         if not hasattr(report, "records") or not hasattr(report, "first_divergence"):
             raise InputError(f"CompareView takes a CompareReport, got a {type(report).__name__}",
                              "CompareView(wb.compare(model, [onx], inputs))")
@@ -90,24 +120,24 @@ class CompareView(widgets.VBox):
         for w in (self.candidate_w, self.mode_w, self.op_w, self.threshold_w, self.failing_w,
                   self.sort_w, self.descending_w):
             w.observe(lambda _c: self._refresh(), names="value")
-        if first:
-            div = (f"first divergence: <b>{html.escape(str(first.reference))}</b> "
-                   f"({html.escape(first.op_type)} {html.escape(first.name)}, {first.mode})")
-        elif report.ok:
-            div = "no divergence: every aligned tensor is within tolerance"
-        else:  # nothing diverged, yet no verdict is ok (nothing compared, too little explained)
+        # the summary names each candidate's first divergence and NOT OK reasons already:
+        # shown once (summary=False where the caller shows report.summary() itself)
+        head = html.escape(report.summary())
+        if not first and not report.ok and "NOT OK" not in head:
             why = "; ".join(f"{name}: {'; '.join(v.reasons) or 'a tensor fails'}"
                             for name, v in report.verdicts().items() if not v.ok)
-            div = f"<b>NOT OK</b>: {html.escape(why)}"
-        summary = widgets.HTML(f"<pre>{html.escape(report.summary())}</pre><div>{div}</div>")
+            head += f"\n<b>NOT OK</b>: {html.escape(why)}"
+        summary_w = widgets.HTML(f"<pre class='wb-compare-view-summary'>{head}</pre>")
         controls = widgets.VBox([
             widgets.HBox([self.candidate_w, self.mode_w, self.op_w]),
             widgets.HBox([self.threshold_w, self.failing_w, self.sort_w, self.descending_w]),
         ])
-        super().__init__([summary, controls, self.count_w, self.table_w, self.figures_w])
+        super().__init__([summary_w] * summary + [controls, self.count_w, self.table_w,
+                                                   self.figures_w])
         self.add_class("wb-compare-view")
         self.rows: list[dict[str, Any]] = []
         self.figures: list[Any] = []
+        self.plot_order = shared_reference_order(self.all_rows)  # the plot's x, left to right
         self._refresh()
         if figures:
             self._draw_figures()
@@ -203,10 +233,24 @@ class CompareView(widgets.VBox):
                               f"</thead><tbody>{''.join(body)}</tbody></table>")
         self.count_w.value = f"{len(self.rows)} of {len(self.all_rows)} rows"
 
+    def plot_rows(self) -> list[dict[str, Any]]:
+        """The rows as plotted: ``order`` is the reference's place in ``plot_order``."""
+        x = {ref: i for i, ref in enumerate(self.plot_order)}
+        return [{**r, "order": x[str(r.get("reference") or r["name"])]} for r in self.all_rows]
+
     def _draw_figures(self) -> None:
         from IPython.display import Image, display
 
-        self.figures = [f for f in self.report.plot(metric=self.metric) if f is not None]
+        from ..compare import plots
+
+        # report.plot, but on the shared x (each candidate's own order would put one module
+        # at different places)
+        first = self.report.first_divergence
+        rows = self.plot_rows()
+        mode = "accumulated" if any(r["mode"] == "accumulated" for r in rows) else "isolated"
+        self.figures = [plots.error_along_graph(rows, metric=self.metric,
+                                                highlight=first.name if first else None),
+                        plots.error_by_op_type(self.all_rows, metric=self.metric, mode=mode)]
         with self.figures_w:
             for fig in self.figures:  # PNG bytes: the same whatever backend is active
                 buf = io.BytesIO()
@@ -214,9 +258,10 @@ class CompareView(widgets.VBox):
                 display(Image(data=buf.getvalue(), format="png"))
 
 
-def compare_view(report: Any, metric: str = "max_abs", figures: bool = True) -> CompareView:
+def compare_view(report: Any, metric: str = "max_abs", figures: bool = True,
+                 summary: bool = True) -> CompareView:
     """The comparison inline: ``wb.ui.compare_view(report)``."""
-    return CompareView(report, metric=metric, figures=figures)
+    return CompareView(report, metric=metric, figures=figures, summary=summary)
 
 
 def _fmt(v: Any) -> str:
@@ -231,9 +276,9 @@ class _CallableModule(types.ModuleType):
     """``wb.ui.compare_view`` resolves to this module (the lazy map in ui/__init__ names the
     module); calling it builds the view, so ``wb.ui.compare_view(report)`` works."""
 
-    def __call__(self, report: Any, metric: str = "max_abs", figures: bool = True
-                 ) -> CompareView:
-        return compare_view(report, metric=metric, figures=figures)
+    def __call__(self, report: Any, metric: str = "max_abs", figures: bool = True,
+                 summary: bool = True) -> CompareView:
+        return compare_view(report, metric=metric, figures=figures, summary=summary)
 
 
 sys.modules[__name__].__class__ = _CallableModule
