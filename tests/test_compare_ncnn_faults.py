@@ -279,3 +279,30 @@ def test_glue_read_only_by_one_call_is_attributed_to_it(tmp_path):
     al = rep.alignments[name]
     assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
     assert al.attributed and set(al.attributed.values()) == {"torch.roll_0"}, al.attributed
+
+
+class Shuffle(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(6, 8, 1)
+
+    def forward(self, x):
+        x = self.conv(x)
+        b, c, h, w = x.shape
+        x = x.reshape(b * c // 2, 2, h * w).permute(1, 0, 2).reshape(2, -1, c // 2, h, w)
+        return x[0] + 1, x[1] * 2
+
+
+def test_the_same_elements_in_another_shape_align_by_value(tmp_path):
+    """pnnx fuses the reshape-permute-reshape into one ShuffleChannel whose [8, h, w] output
+    holds torch's [2, 1, 4, h, w] elements in order: aligned by value, not left unexplained
+    beside the same-shaped conv output it differs from."""
+    model, x = _seeded(Shuffle, 1, 6, 5, 6)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    al = rep.alignments[name]
+    types = {ly.tops[0]: ly.type for ly in parse_ncnn_param(art.path).layers if ly.tops}
+    shuffled = [t for t, k in types.items() if k == "ShuffleChannel"]
+    assert shuffled and all(t in al.pairs for t in shuffled), (al.unaligned, types)
+    assert rep.ok and not al.unaligned, rep.summary()

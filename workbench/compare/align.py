@@ -362,6 +362,13 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             continue
         # a poor value match is kept only when name and shape leave no other choice (a real
         # divergence at a module); otherwise it is listed, not guessed
+        if best > ACCEPT and structural is None:
+            # the same elements in another shape (ncnn's ShuffleChannel for torch's
+            # reshape-permute-reshape): the values decide
+            other = scored([k for k in window if k not in choices and (
+                ref_squeezed[k] == squeeze_key(np.shape(arr)) or ref_flat[k] == flat)])
+            if other and other[0][0] <= ACCEPT:
+                best, j = other[0]
         if best > ACCEPT:
             if structural is None:
                 out.unaligned[t.name] = (f"nearest reference tensor {ref_names[j]!r} differs "
