@@ -79,7 +79,7 @@ class ComparePanel(StagePanel):
         try:
             from ..compare_view import CompareView
 
-            view = CompareView(report)
+            view = CompareView(report, summary=False)  # the result above holds it
         except Exception:  # the report's own HTML table still shows every row
             view = None
         if view is None:
