@@ -262,3 +262,33 @@ def test_dynamic_quantization_of_a_model_without_matmul_is_refused(base, onnx_fp
 def test_onnxruntime_method_names_are_checked(base, onnx_fp32):
     with pytest.raises(wb.InputError, match="not one of onnxruntime's"):
         wb.quantize(onnx_fp32, base[3], method="kl", progress=False)
+
+
+def test_records_from_a_qdq_model_map_back_to_the_float_nodes(base, onnx_fp32):
+    """onnxruntime names what it inserts after the tensor it quantizes; a ranked record
+    pointing at a DequantizeLinear keeps the float node that wrote the tensor."""
+    from types import SimpleNamespace
+
+    from workbench.onnx_io import load_onnx
+    from workbench.stages.quantize import _exclude_names
+
+    conv = next(n for n in load_onnx(onnx_fp32.path).graph.node if n.op_type == "Conv")
+    rec = SimpleNamespace(node=f"{conv.output[0]}_DequantizeLinear",
+                          name=f"{conv.output[0]}_DequantizeLinear_Output")
+    assert _exclude_names([rec], onnx_fp32, "onnxruntime") == [conv.name]
+    # a name the user typed is checked as it is
+    with pytest.raises(wb.InputError, match="no node or tensor"):
+        _exclude_names([rec.node], onnx_fp32, "onnxruntime")
+
+
+def test_a_ranked_ncnn_layer_that_never_runs_int8_is_skipped(base, ncnn_fp32):
+    from types import SimpleNamespace
+
+    from workbench.stages.quantize import _exclude_names
+
+    layers = parse_ncnn_param(ncnn_fp32.path).layers
+    interp = next(ly for ly in layers if ly.type == "Interp")
+    conv = next(ly for ly in layers if ly.type == "Convolution")
+    recs = [SimpleNamespace(node=interp.name, name=interp.tops[0]),
+            SimpleNamespace(node=conv.name, name=conv.tops[0])]
+    assert _exclude_names(recs, ncnn_fp32, "ncnn") == [conv.name]

@@ -151,6 +151,7 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
     if isinstance(exclude, (str, bytes)):
         exclude = [exclude]
     wanted = []
+    records = set()  # names that came from comparison records (a ranking, not a user's list)
     for item in exclude or ():
         # a record of a comparison: the node/layer that wrote it (quantization keeps node
         # and layer names; tensor names it may change, e.g. onnxruntime's QDQ)
@@ -159,7 +160,9 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
             raise InputError(f"exclude item {item!r} is a {type(item).__name__}",
                              "give node/layer names, tensor names, or records of "
                              "rep.sensitive(k)")
-        wanted.append(name)
+        if not isinstance(item, str):
+            records.add(_float_name(name))
+        wanted.append(_float_name(name) if not isinstance(item, str) else name)
     if not wanted:
         return []
     if backend == "onnxruntime":
@@ -170,16 +173,24 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
         producer = {o: n.name for n in graph.node for o in n.output}
     else:
         from ..params import parse_ncnn_param
+        from ..precision.ncnn_table import quantizable
 
         layers = parse_ncnn_param(source.path).layers
         nodes = [ly.name for ly in layers]
         producer = {t: ly.name for ly in layers for t in ly.tops}
+        runs_int8 = {ly.name for ly in quantizable(layers)}
     out = []
     for name in wanted:
+        layer = name if name in nodes else producer.get(name)
+        if layer is not None and name in records and backend == "ncnn" \
+                and layer not in runs_int8:
+            continue  # ranked, but ncnn runs it in float anyway (a LayerNorm, an attention)
         if name in nodes:
             out.append(name)
         elif name in producer:
             out.append(producer[name])
+        elif name in records:
+            continue  # a ranked record with no float counterpart (a Q/DQ step): nothing to keep
         else:
             import difflib
 
@@ -190,6 +201,19 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
                              f"names are listed by wb.summarize({source.id!r}) or "
                              "`workbench inspect`")
     return list(dict.fromkeys(out))
+
+
+QDQ_SUFFIXES = ("_DequantizeLinear_Output", "_DequantizeLinear", "_QuantizeLinear_Output",
+                "_QuantizeLinear_Input", "_QuantizeLinear")
+
+
+def _float_name(name: str) -> str:
+    """A node or tensor name of a QDQ model as the float model has it: onnxruntime names
+    what it inserts after the tensor it quantizes ('x_DequantizeLinear_Output')."""
+    for suffix in QDQ_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bool,
