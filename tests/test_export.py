@@ -93,7 +93,7 @@ def test_frozen_batch_is_reported_with_the_breaking_node(ws):
                     dynamic_axes={"input": {0: "batch"}})
     (d,) = art.diagnostics_with("dynamic-axis-frozen")
     assert "'input' axis 0 ('batch')" in d.message and "size 2" in d.message
-    assert "Gemm node '/fc/Gemm'" in d.message
+    assert "node '/fc/Gemm' (Gemm)" in d.message
     assert "reshape" in d.hint.lower()
     trap = art.diagnostics_with("tracer-constant")[0]
     assert trap.source.endswith(f":{tm.trap_line('int-size')}")
@@ -143,7 +143,7 @@ def test_unrolled_loop_reports_the_onnx_runtime_error_not_a_hint(ws):
                     dynamic_axes={"input": {0: "n"}})
     assert art.diagnostics_with("tracer-loop")[0].source.endswith(f":{tm.trap_line('loop')}")
     (d,) = art.diagnostics_with("dynamic-axis-frozen")
-    assert "Split node '/Split'" in d.message and "Cannot split" in d.message
+    assert "node '/Split' (Split)" in d.message and "Cannot split" in d.message
     assert "hint:" not in d.message
 
 
