@@ -267,7 +267,7 @@ def test_fp16_identical_to_fp32_is_a_diagnostic_not_a_figure(conv, linear):
         if same:
             (d,) = diags
             assert d.level == "warning" and "bit-identical" in d.message
-            assert "target" in d.hint and "emulated" in d.hint
+            assert "target" in d.hint and "emulate='arm-fp16'" in d.hint
         else:
             assert art.metrics["max_abs_fp16"] > art.metrics["max_abs"]
     if not ncnn.cpu_support_arm_asimdhp():  # x86: ncnn has no fp16 convolution path here
