@@ -201,3 +201,32 @@ def test_sweep_exits_1_when_a_cell_fails_and_prints_json(tmp_path, capsys):
     assert "unknown value 'int4'" in err["message"] and err["hint"]
     assert main(["report", str(ws), "-o", str(tmp_path / "r.html")]) == 0
     assert "2 cells, 2 failed" in capsys.readouterr().out
+
+
+def test_quantize_an_onnx_file_and_an_ncnn_artifact_from_a_folder_of_npy(tmp_path, capsys):
+    import numpy as np
+    import torch
+
+    import workbench as wb
+
+    model, x = wb.default_model()
+    ws = wb.Workspace(tmp_path / "ws")
+    onx, nc = wb.export(model, x, workspace=ws), wb.to_ncnn(model, x, workspace=ws)
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for i in range(4):
+        np.save(samples / f"{i}.npy", torch.rand(*x[0].shape, generator=g).numpy())
+    for path in (onx.path, nc.path):
+        code = main(["quantize", str(path), "--calibration", str(samples), "--json"])
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0, out
+        (art,) = out["artifacts"]
+        assert art["stage"] == "quantize" and art["metrics"]["quantized"] >= 3
+        assert 15 < art["metrics"]["min_snr_db_vs_parent"] < 80
+    # an ncnn .param outside any workspace cannot be quantized: said, with what to give
+    loose = tmp_path / "loose.ncnn.param"
+    loose.write_text(nc.path.read_text())
+    assert main(["quantize", str(loose), "--calibration", str(samples)]) == 2
+    err = capsys.readouterr().err
+    assert "not a .onnx file nor inside a workspace artifact" in err and "hint:" in err

@@ -136,6 +136,34 @@ def cmd_to_ncnn(args: argparse.Namespace) -> int:
     return _report_artifacts(args, [art])
 
 
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from .stages.quantize import quantize
+
+    art = quantize(_artifact_at(args.file, args.out), args.calibration, args.backend,
+                   method=args.method, exclude=args.exclude or (), dynamic=args.dynamic,
+                   limit=args.limit, seed=args.seed, per_channel=not args.per_tensor,
+                   progress=not args.json)
+    return _report_artifacts(args, [art])
+
+
+def _artifact_at(path_text: str, out: str | None) -> Any:
+    """The artifact a model file is: the workspace artifact whose folder holds it (an ncnn
+    model needs its .bin and _ncnn.py beside it), or an ONNX file imported into ``out``."""
+    from .artifact import Workspace
+
+    path = Path(path_text)
+    if not path.is_file():
+        raise InputError(f"quantize: {path_text!r} is not a file",
+                         "give a .onnx file, or the model.ncnn.param of a to-ncnn artifact")
+    if (path.parent / "artifact.json").is_file():
+        return Workspace(path.parent.parent).get(path.parent.name)
+    if path.suffix == ".onnx":
+        return Workspace(out).import_file(path)
+    raise InputError(f"quantize: {path_text!r} is not a .onnx file nor inside a workspace "
+                     "artifact", "for ncnn int8, give the model.ncnn.param that "
+                     "`workbench to-ncnn` wrote (its folder holds the .bin and _ncnn.py)")
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare.compare import compare
 
@@ -278,6 +306,10 @@ EXAMPLES = {
              "--report report.html\n"
              "  workbench sweep --scheduler tcp://10.0.0.5:8786 --shared /mnt/runs/zoo\n"
              "  workbench sweep --workspace runs/nightly --retry-failed",
+    "quantize": "  workbench quantize model.onnx --calibration samples/ --method percentile\n"
+                "  workbench quantize runs/x/0003-ncnn/model.ncnn.param --calibration "
+                "images/ --exclude conv_3 --json\n"
+                "  workbench quantize bert.onnx --dynamic",
     "report": "  workbench report runs/nightly -o report.html\n"
               "  workbench report runs/nightly -o diff.html --against runs/last-week",
 }
@@ -341,6 +373,26 @@ def build_parser() -> argparse.ArgumentParser:
     _inputs_args(n)
     n.add_argument("--fp16", action="store_true", help="store fp16 weights")
     n.add_argument("--out", default=None, help="workspace folder")
+    q = _sub(sub, "quantize", "quantize an ONNX file (ONNX Runtime) or an ncnn model to int8, "
+             "calibrated on a folder of .npy files or images (exit 1 when its checks fail)",
+             cmd_quantize)
+    q.add_argument("file", help="a .onnx file, or the model.ncnn.param of a to-ncnn artifact")
+    q.add_argument("--calibration", default=None,
+                   help="folder of .npy files (one sample each) or images")
+    q.add_argument("--backend", default=None, choices=["onnxruntime", "ncnn"],
+                   help="default: the one the file runs on")
+    q.add_argument("--method", default=None,
+                   help="onnxruntime: minmax (default), entropy, percentile; ncnn: kl "
+                   "(default), aciq, minmax")
+    q.add_argument("--exclude", action="append", help="a node or layer to keep in float "
+                   "(repeatable)")
+    q.add_argument("--dynamic", action="store_true", help="onnxruntime dynamic quantization of "
+                   "MatMul/Gemm weights (no calibration)")
+    q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor "
+                   "(onnxruntime; default per channel)")
+    q.add_argument("--limit", type=int, default=64, help="at most N calibration samples")
+    q.add_argument("--seed", type=int, default=0, help="the seed that picks them")
+    q.add_argument("--out", default=None, help="workspace folder for an imported .onnx file")
     c = _sub(sub, "compare", "compare candidates with the torch model op by op "
              "(exit 1 when a tolerance fails)", cmd_compare)
     c.add_argument("model", help="MODULE:FACTORY: the torch reference")
