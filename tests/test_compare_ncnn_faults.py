@@ -306,3 +306,35 @@ def test_the_same_elements_in_another_shape_align_by_value(tmp_path):
     shuffled = [t for t, k in types.items() if k == "ShuffleChannel"]
     assert shuffled and all(t in al.pairs for t in shuffled), (al.unaligned, types)
     assert rep.ok and not al.unaligned, rep.summary()
+
+
+class InPlace(nn.Module):
+    """Slice assignments (pnnx: one CopyTo each): the states of x between them are all the
+    shape of x, and a sample of elements may miss where they differ."""
+
+    def forward(self, x):
+        x = x.clone()
+        xx = x[1]
+        x[..., 1] = x[..., -1] * 3
+        x[:, :, 3, :2] = x[:, :, 3, :2].exp()
+        xx[2:4, ...] += 1
+        x[:, :, :, :] = x[:, :, :, :] / 2
+        return x
+
+
+@pytest.mark.xfail(strict=True, reason="known false divergence (issue 16): a torch record of "
+                   "a view (x[..., -1]) and ncnn's blob of it stand for different states of a "
+                   "tensor later written in place; the PNNX corpus's test_Tensor_slice_copy "
+                   "passes since the shared-pair check, this variant still names "
+                   "Tensor.__getitem___1 (isolated max abs 2.83)")
+def test_states_of_a_tensor_written_in_place_are_not_a_false_divergence(tmp_path):
+    torch.manual_seed(0)
+    model, x = InPlace().eval(), torch.rand(18, 15, 19, 20)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    assert rep.first_divergence is None and rep.ok, rep.summary()
+    al = rep.alignments[name]
+    why = [w for w in al.unaligned.values() if "on a sample only" in w]
+    shared = [c for c, r in al.pairs.items() if list(al.pairs.values()).count(r) > 1]
+    assert why or not shared, (al.unaligned, al.pairs)  # checked where samples could miss

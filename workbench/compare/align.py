@@ -395,9 +395,42 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 # a fused layer: every module whose weights it holds, and the records it spans
                 out.covers[t.name] = tuple(dict.fromkeys(spans))
         low = max(low, j)  # a named call found behind low leaves the order where it was
+    _check_shared(out, reference, candidate)
     _attribute_between(out, tensors, ref_names, ref_module, calls)
     _attribute_feeders(out, tensors, ref_module, {n: j for j, n in enumerate(ref_names)})
     return out
+
+
+def _check_shared(out: Alignment, reference: dict[str, Any], candidate: dict[str, Any]
+                  ) -> None:
+    """Several candidate tensors paired with one reference tensor by their samples alone
+    (successive states of a tensor written in place: each slice assignment a CopyTo in
+    ncnn) may differ where no sample looked. Those are checked on every element; one that
+    differs by more than ACCEPT is unaligned with the reason, not measured as a divergence.
+    Only shared pairs are checked, so a comparison pays for this only where it happens."""
+    import numpy as np
+
+    by_ref: dict[str, list[str]] = {}
+    for c, r in out.pairs.items():
+        if out.relation(c) == "equal":
+            by_ref.setdefault(r, []).append(c)
+    for ref_name, names in by_ref.items():
+        if len(names) < 2:
+            continue
+        a = np.asarray(reference[ref_name], dtype=np.float64).reshape(-1)
+        scale = float(np.abs(a[np.isfinite(a)]).max()) if np.isfinite(a).any() else 0.0
+        for c in names:
+            b = np.asarray(candidate[c], dtype=np.float64).reshape(-1)
+            if b.size != a.size:
+                continue
+            with np.errstate(invalid="ignore"):
+                diff = np.abs(a - b)
+            worst = float(np.nanmax(diff)) / (scale + 1e-6) if diff.size else 0.0
+            if worst > ACCEPT:
+                del out.pairs[c]
+                out.unaligned[c] = (f"equal to {ref_name!r} on a sample only: differs by "
+                                    f"{worst:.2g} of its range elsewhere (an earlier state of "
+                                    "a tensor written in place?)")
 
 
 def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
