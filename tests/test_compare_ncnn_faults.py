@@ -88,6 +88,14 @@ def senet(tmp_path_factory):
     return model, x, wb.to_ncnn(model, (x,), workspace=ws)
 
 
+def _converted_and_compared(model, x, tmp_path):
+    """(ncnn artifact, report in mode "both", the candidate's name, its Alignment)."""
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
+    (name,) = rep.aligned_fraction
+    return art, rep, name, rep.alignments[name]
+
+
 def _layers_holding(art, model):
     held = ncnn_weight_modules(art.path, model)
     return {mods[0]: layer for layer, mods in held.items() if len(mods) == 1}
@@ -188,10 +196,7 @@ class Downsample(nn.Module):
 
 def test_steps_of_a_leaf_module_ncnn_runs_as_several_layers_are_attributed_to_it(tmp_path):
     model, x = _seeded(Downsample, 1, 3, 16, 16)
-    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
-    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
-    (name,) = rep.aligned_fraction
-    al = rep.alignments[name]
+    art, rep, name, al = _converted_and_compared(model, x, tmp_path)
     assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
     assert al.attributed and set(al.attributed.values()) == {"norm"}, al.attributed
     assert rep.aligned_fraction[name] == 1.0
@@ -246,10 +251,7 @@ def test_a_multi_layer_lstm_is_one_module_and_a_fault_in_any_layer_is_named_ther
     (and the states of the last) are steps inside the module, attributed to it; the last
     layer's output is the module's, pinned by its weights."""
     model, x = _seeded(Seq, 1, 6, 8)
-    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
-    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
-    (name,) = rep.aligned_fraction
-    al = rep.alignments[name]
+    art, rep, name, al = _converted_and_compared(model, x, tmp_path)
     assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
     assert set(al.attributed.values()) == {"lstm"}
     lstms = [ly.name for ly in parse_ncnn_param(art.path).layers if ly.type == "LSTM"]
@@ -273,10 +275,7 @@ def test_glue_read_only_by_one_call_is_attributed_to_it(tmp_path):
     """ncnn runs torch.roll as Slices and Concats; the Slices have no torch counterpart and
     are read only by the Concats that make the roll: attributed to torch.roll_0."""
     model, x = _seeded(Rolled, 1, 3, 8, 8)
-    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
-    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
-    (name,) = rep.aligned_fraction
-    al = rep.alignments[name]
+    art, rep, name, al = _converted_and_compared(model, x, tmp_path)
     assert rep.ok and not al.unaligned, (al.unaligned, rep.summary())
     assert al.attributed and set(al.attributed.values()) == {"torch.roll_0"}, al.attributed
 
@@ -298,10 +297,7 @@ def test_the_same_elements_in_another_shape_align_by_value(tmp_path):
     holds torch's [2, 1, 4, h, w] elements in order: aligned by value, not left unexplained
     beside the same-shaped conv output it differs from."""
     model, x = _seeded(Shuffle, 1, 6, 5, 6)
-    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
-    rep = wb.compare(model, [art], (x,), mode="both", progress=False)
-    (name,) = rep.aligned_fraction
-    al = rep.alignments[name]
+    art, rep, name, al = _converted_and_compared(model, x, tmp_path)
     types = {ly.tops[0]: ly.type for ly in parse_ncnn_param(art.path).layers if ly.tops}
     shuffled = [t for t, k in types.items() if k == "ShuffleChannel"]
     assert shuffled and all(t in al.pairs for t in shuffled), (al.unaligned, types)

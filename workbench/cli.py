@@ -75,7 +75,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-
     from .stages.export import export
     from .stages.simplify import simplify
 
@@ -88,16 +87,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     arts = [art]
     if args.simplify:
         arts.append(simplify(art))
-    if args.json:
-        _json({"ok": all(a.ok for a in arts), "artifacts": [_artifact(a) for a in arts]})
-        return 0 if all(a.ok for a in arts) else 1
-    for a in arts:
-        print(a.summary())
-        for d in a.diagnostics:
-            if d.level != "info":
-                print(f"  {d}")
-    print(f"model: {arts[-1].path}")
-    return 0 if all(a.ok for a in arts) else 1
+    return _report_artifacts(args, arts)
 
 
 def cmd_raise(args: argparse.Namespace) -> int:

@@ -188,16 +188,16 @@ def _with_weights(tensors: list[CandidateTensor], cand: Candidate,
     what ties a layer to its module when its values do not (a fault, a fused op)."""
     if cand.kind != "ncnn" or not hasattr(reference, "named_modules"):
         return tensors
-    from ..params import parse_ncnn_param
     from .weights import ncnn_weight_modules
 
     held = ncnn_weight_modules(cand.path, reference)
     if not held:
         return tensors
-    layers = parse_ncnn_param(cand.path).layers
-    names = [layer.name for layer in layers]
-    out = [dataclasses.replace(t, weights_of=held[names[t.order]])
-           if names[t.order] in held else t for t in tensors]
+    out = [dataclasses.replace(t, weights_of=held[t.node]) if t.node in held else t
+           for t in tensors]
+    first_top = {}  # layer -> its first top (tensors are listed in each layer's top order)
+    for t in out:
+        first_top.setdefault(t.node, t.name)
     # A multi-layer LSTM/GRU/RNN is one torch call and one ncnn layer per torch layer: the
     # layers before the last, and the last one's state outputs (torch returns the states
     # of every layer stacked), are steps inside the module, aligned only when equal to one
@@ -208,7 +208,7 @@ def _with_weights(tensors: list[CandidateTensor], cand: Candidate,
             last[t.weights_of[0]] = max(last.get(t.weights_of[0], -1), t.order)
     return [dataclasses.replace(t, hint=t.weights_of[0], internal=True)
             if t.op_type in RECURRENT and len(t.weights_of) == 1 and (
-                t.order < last[t.weights_of[0]] or t.name != layers[t.order].tops[0])
+                t.order < last[t.weights_of[0]] or t.name != first_top[t.node])
             else t for t in out]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import InputError
 from .align import call_module
+from .compare import _copies, _fit, _isolated
 
 
 @dataclass
@@ -46,7 +47,6 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
 
     from ..precision.snr import snr_db
     from ..runtime import TorchRunner
-    from .compare import _copies, _fit, _isolated
 
     ref_runner = report.reference
     if not isinstance(ref_runner, TorchRunner):
@@ -124,8 +124,6 @@ def _run_with(runner: Any, module: Any, call: int, value: Any, args: tuple
 
     handle = module.register_forward_hook(hook)
     try:
-        from .compare import _copies
-
         got = runner.run(_copies(args))
     finally:
         handle.remove()

@@ -42,7 +42,7 @@ from .ncnn_table import (
     Int8Table,
     calibration_table,
     model_weights,
-    quantizable,
+    quantizable_or_refuse,
     read_table,
     weight_rows,
 )
@@ -263,13 +263,8 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
     if out_param.resolve() == out_bin.resolve():
         raise InputError("out_param and out_bin are the same file", "give two paths")
     p = parse_ncnn_param(src_param)
-    layers = quantizable(p.layers)
-    if not layers:
-        kinds = sorted({la.type for la in p.layers})
-        raise InputError(f"model {src_param.name} has no layer ncnn quantizes to int8 "
-                         f"(Convolution, ConvolutionDepthWise, InnerProduct); its layers are "
-                         f"{', '.join(kinds)}", "there is nothing to quantize: keep the "
-                         "fp32 model")
+    layers = quantizable_or_refuse(p, src_param.name,
+                                   "there is nothing to quantize: keep the fp32 model")
     keep = list(keep_float) if not isinstance(keep_float, str) else [keep_float]
     _check_keep_float(keep, p, layers)
     tab = table if isinstance(table, Int8Table) else read_table(table)

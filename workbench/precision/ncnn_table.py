@@ -317,6 +317,18 @@ def quantizable(layers: Iterable[Any]) -> list[Any]:
     return out
 
 
+def quantizable_or_refuse(param: Any, name: str, hint: str) -> list[Any]:
+    """``quantizable(param.layers)``, or an InputError naming the model and its layer types
+    when there is none."""
+    layers = quantizable(param.layers)
+    if not layers:
+        kinds = sorted({la.type for la in param.layers})
+        raise InputError(f"model {name} has no layer ncnn quantizes to int8 (Convolution, "
+                         f"ConvolutionDepthWise, InnerProduct); its layers are "
+                         f"{', '.join(kinds)}", hint)
+    return layers
+
+
 # -- calibration -----------------------------------------------------------------------------
 
 
@@ -399,14 +411,10 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
                          "calibrate on the fp32 activations: NcnnRunner(model) (the default "
                          "precision) or pass the model itself")
     param = parse_ncnn_param(runner.param)
-    layers = quantizable(param.layers)
-    if not layers:
-        kinds = sorted({la.type for la in param.layers})
-        raise InputError(f"model {runner.param.name} has no layer ncnn quantizes to int8 "
-                         f"(Convolution, ConvolutionDepthWise, InnerProduct); its layers are "
-                         f"{', '.join(kinds)}", "int8 in ncnn covers convolutions and fully "
-                         "connected layers: a model without them gains nothing; a MatMul or "
-                         "Gemm stays float")
+    layers = quantizable_or_refuse(param, runner.param.name,
+                                   "int8 in ncnn covers convolutions and fully connected "
+                                   "layers: a model without them gains nothing; a MatMul or "
+                                   "Gemm stays float")
     weights = model_weights(param, runner.bin, layers)
     samples = list(samples)
     if not samples:
