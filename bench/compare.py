@@ -312,12 +312,12 @@ PHASES = [  # (label, module, attribute path)
     ("worker: run + transfer", "workbench.runtime.worker", "RemoteHandle.execute"),
     ("torch capture='all'", "workbench.runtime.torch_runner", "TorchRunner._execute"),
     ("load/check .onnx", "workbench.onnx_io", "load_onnx"),
-    ("list candidate tensors", "workbench.compare.compare", "candidate_tensors"),
-    ("align", "workbench.compare.compare", "align"),
-    ("metrics (tensor_metrics)", "workbench.compare.metrics", "tensor_metrics"),
-    ("isolated ONNX: rewrite graph", "workbench.compare.compare", "isolated_model"),
-    ("isolated ONNX: save + new runner", "workbench.compare.compare", "_isolated"),
-    ("isolated ncnn: plan passes", "workbench.compare.compare", "_isolated_ncnn"),
+    ("list candidate tensors", "workbench.comparison.compare", "candidate_tensors"),
+    ("align", "workbench.comparison.compare", "align"),
+    ("metrics (tensor_metrics)", "workbench.comparison.metrics", "tensor_metrics"),
+    ("isolated ONNX: rewrite graph", "workbench.comparison.compare", "isolated_model"),
+    ("isolated ONNX: save + new runner", "workbench.comparison.compare", "_isolated"),
+    ("isolated ncnn: plan passes", "workbench.comparison.compare", "_isolated_ncnn"),
 ]
 
 

@@ -146,7 +146,7 @@ def torch_effect(model: Any, inputs: tuple, target: Target, idx: Any, factors: A
     compare's default tolerance there (below 1, no comparison could see it)."""
     import torch
 
-    from workbench.compare.metrics import DEFAULT_ATOL, DEFAULT_RTOL
+    from workbench.comparison.metrics import DEFAULT_ATOL, DEFAULT_RTOL
 
     def first_output(m: Any) -> Any:
         got: list[Any] = []

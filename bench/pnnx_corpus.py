@@ -95,8 +95,8 @@ def corpus_dir(src: Path, tmp: Path) -> Path:
 
 
 PRELOAD = ["numpy", "torch", "tqdm", "workbench", "workbench.errors", "workbench.stages.ncnn",
-           "workbench.runtime", "workbench.runtime.worker", "workbench.compare",
-           "workbench.compare.metrics", "_corpus_case"]
+           "workbench.runtime", "workbench.runtime.worker", "workbench.comparison",
+           "workbench.comparison.metrics", "_corpus_case"]
 
 
 def case_context() -> Any:

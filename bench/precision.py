@@ -218,7 +218,7 @@ class Culprit:
 
 
 def _covers(rec: Any, module: str) -> bool:
-    from workbench.compare.align import call_module
+    from workbench.comparison.align import call_module
 
     return any(call_module(n) == module for n in (rec.reference, *rec.covers))
 
@@ -227,7 +227,7 @@ def _folded_into(rec: Any, plant: Plant) -> bool:
     """The record of the conv a planted BatchNorm was folded into: the exporter folds the BN
     into the Conv node, whose record names the conv (relation: equal up to the folding) and
     lists no covers."""
-    from workbench.compare.align import call_module
+    from workbench.comparison.align import call_module
 
     return plant.producer != plant.module and call_module(rec.reference) == plant.producer
 

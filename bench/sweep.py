@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import workbench as wb
-from workbench.sweep.db import SweepDB
+from workbench.sweeps.db import SweepDB
 from workbench.zoo import ZOO
 
 

@@ -1,4 +1,4 @@
-"""Per-tensor error metrics, tolerances and the batch-squeeze rule (workbench.compare.metrics)."""
+"""Per-tensor error metrics, tolerances and the batch-squeeze rule (workbench.comparison.metrics)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from workbench.compare.metrics import (
+from workbench.comparison.metrics import (
     Tolerance,
     max_errors,
     resolve_tolerance,
@@ -421,7 +421,7 @@ def test_squares_overflowing_in_the_compiled_pass_are_rescaled():
 
 
 def test_compiled_pass_releases_the_gil():
-    import workbench.compare.metrics as metrics
+    import workbench.comparison.metrics as metrics
 
     tensor_metrics(np.ones(3, np.float32), np.ones(3, np.float32), TOL)
     assert metrics._KERNEL.targetoptions["nogil"] is True  # compare overlaps capture with it
@@ -429,7 +429,7 @@ def test_compiled_pass_releases_the_gil():
 
 
 def test_other_dtypes_and_non_contiguous_go_through_the_compiled_pass():
-    import workbench.compare.metrics as metrics
+    import workbench.comparison.metrics as metrics
 
     tensor_metrics(np.array([1, 2], np.int16), np.array([True, False]), TOL)
     x = np.arange(12.0).reshape(3, 4)
@@ -455,7 +455,7 @@ def test_ref_absmax_is_max_abs_over_finite_ref_and_gives_the_bound():
 
 
 def test_without_numba_the_whole_array_path_gives_the_same_figures(monkeypatch):
-    import workbench.compare.metrics as metrics
+    import workbench.comparison.metrics as metrics
 
     rng = np.random.default_rng(5)
     ref = rng.standard_normal(5000).astype(np.float32)
@@ -470,7 +470,7 @@ def test_without_numba_the_whole_array_path_gives_the_same_figures(monkeypatch):
 def test_no_writable_numba_cache_dir_still_computes(monkeypatch):
     from numba.core import caching
 
-    import workbench.compare.metrics as metrics
+    import workbench.comparison.metrics as metrics
 
     # what numba meets when neither the package dir nor the user cache dir is writable: no
     # cache locator takes the file (a private class: CacheImpl, _CacheImpl in older numba)
@@ -486,7 +486,7 @@ def test_numba_is_not_imported_with_the_metrics_module():
     import subprocess
     import sys
 
-    probe = ("import sys, workbench, workbench.compare.metrics\n"
+    probe = ("import sys, workbench, workbench.comparison.metrics\n"
              "print('numba' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout.split()

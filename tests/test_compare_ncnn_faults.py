@@ -1,6 +1,6 @@
 """ncnn layers carry no module names: a damaged weight must still be blamed on its module.
 
-Each ncnn layer is tied to the modules whose weights it holds (workbench/compare/weights.py),
+Each ncnn layer is tied to the modules whose weights it holds (workbench/comparison/weights.py),
 so a layer whose output no longer matches any torch tensor (the fault) stays aligned to its
 module, a fused layer reports the modules it covers, and an SE block's 1x1 conv that ncnn
 runs as an InnerProduct on [C] pairs with torch's [1, C, 1, 1]."""
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import workbench as wb
-from workbench.compare.weights import ncnn_weight_modules
+from workbench.comparison.weights import ncnn_weight_modules
 from workbench.ncnn_bin import walk_bin
 from workbench.params import parse_ncnn_param
 

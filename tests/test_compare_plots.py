@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from workbench.compare import plots
+from workbench.comparison import plots
 from workbench.errors import InputError
 
 N_OPS = 30
@@ -363,7 +363,7 @@ def test_all_figures_save_png_headless_and_leave_no_pyplot_figures(records, tmp_
 
 
 def test_import_does_not_pull_matplotlib():
-    code = ("import sys, workbench.compare.plots; "
+    code = ("import sys, workbench.comparison.plots; "
             "print('matplotlib' in sys.modules, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -378,7 +378,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from matplotlib.figure import Figure
 shell = InteractiveShell.instance()
 before = shell.display_formatter.format(Figure())[0]
-from workbench.compare import plots
+from workbench.comparison import plots
 fig = plots.error_histogram(np.zeros(10, np.float32), np.ones(10, np.float32))
 after = shell.display_formatter.format(fig)[0]
 print("image/png" in before, "image/png" in after)

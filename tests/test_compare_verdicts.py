@@ -14,8 +14,8 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 import workbench as wb
-from workbench.compare.metrics import Tolerance
-from workbench.compare.verdict import measure_pair
+from workbench.comparison.metrics import Tolerance
+from workbench.comparison.verdict import measure_pair
 from workbench.runtime import TorchRunner
 
 

@@ -139,6 +139,25 @@ def test_public_api_names_resolve():
     assert issubclass(wb.ExportError, wb.WorkbenchError)
 
 
+def test_api_functions_are_functions_even_after_their_packages_load():
+    """``wb.compare``, ``wb.sweep`` and the ui viewers are plain functions, not modules made
+    callable: importing every submodule of their packages first must not shadow them."""
+    import inspect
+
+    probe = ("import inspect, workbench as wb, workbench.ui as ui\n"
+             "import workbench.comparison.align, workbench.comparison.report\n"
+             "import workbench.sweeps.db, workbench.ui.compareview, workbench.ui.sweepview\n"
+             "import workbench.ui.netronview\n"
+             "print(all(inspect.isfunction(f) for f in (wb.compare, wb.sweep, ui.netron, "
+             "ui.compare_view, ui.sweep_view)))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "True"
+    import workbench as wb
+
+    assert inspect.signature(wb.compare).parameters.keys() >= {"reference", "candidates"}
+
+
 def test_wheel_ships_the_browser_widgets(tmp_path):
     import zipfile
 

@@ -17,9 +17,9 @@ import pytest
 
 import workbench as wb
 from workbench.errors import InputError, WorkspaceError
-from workbench.sweep.db import SweepDB, writer_lock
-from workbench.sweep.factory import model_and_inputs, spec_of
-from workbench.sweep.matrix import Matrix
+from workbench.sweeps.db import SweepDB, writer_lock
+from workbench.sweeps.factory import model_and_inputs, spec_of
+from workbench.sweeps.matrix import Matrix
 
 # Factories of the tests' own: torch is imported inside, so a failing factory's cell is quick.
 FACTORIES = textwrap.dedent("""

@@ -13,7 +13,7 @@ from test_sweep import FACTORIES
 
 import workbench as wb
 from workbench.errors import InputError
-from workbench.sweep.db import SweepDB
+from workbench.sweeps.db import SweepDB
 
 
 @pytest.fixture(scope="module")

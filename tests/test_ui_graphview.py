@@ -242,7 +242,7 @@ def test_bad_inputs_get_clear_errors(compared, tmp_path):
 
 
 def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
-    from workbench.ui.compare_view import CompareView
+    from workbench.ui.compareview import CompareView
 
     _, _, _, rep = compared
     view = CompareView(rep)
@@ -280,7 +280,7 @@ def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
 
 def test_compare_view_bad_inputs(compared):
     import workbench.ui as ui
-    from workbench.ui.compare_view import CompareView
+    from workbench.ui.compareview import CompareView
 
     _, _, onx, rep = compared
     assert isinstance(ui.compare_view(rep, figures=False), CompareView)  # lazy name, callable
@@ -320,7 +320,7 @@ def test_compare_view_says_not_ok_when_nothing_was_compared(tmp_path):
     import torch
     from torch import nn
 
-    from workbench.ui.compare_view import CompareView
+    from workbench.ui.compareview import CompareView
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU()).eval()
@@ -405,7 +405,7 @@ def test_without_a_report_nodes_have_no_account(compared):
 
 
 def test_compare_view_two_candidates_share_one_x_axis_and_one_summary(lowered, tmp_path):
-    from workbench.ui.compare_view import CompareView
+    from workbench.ui.compareview import CompareView
 
     onx, _ = lowered
     torch.manual_seed(0)

@@ -31,9 +31,9 @@ _LAZY = {
     "RaiseReport": ("workbench.stages.raising", "RaiseReport"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "quantize": ("workbench.stages.quantize", "quantize"),
-    "compare": ("workbench.compare", None),  # the package is callable: wb.compare(...)
-    "CompareReport": ("workbench.compare.report", "CompareReport"),
-    "precision_table": ("workbench.compare.speed", "precision_table"),
+    "compare": ("workbench.comparison.compare", "compare"),
+    "CompareReport": ("workbench.comparison.report", "CompareReport"),
+    "precision_table": ("workbench.comparison.speed", "precision_table"),
     "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),
@@ -45,7 +45,7 @@ _LAZY = {
     "unregister": ("workbench.customops", "unregister"),
     "side_by_side": ("workbench.stages.sidebyside", "side_by_side"),
     "ui": ("workbench.ui", None),
-    "sweep": ("workbench.sweep", None),  # the package is callable: wb.sweep(...)
+    "sweep": ("workbench.sweeps.run", "sweep"),
 }
 
 __all__ = [

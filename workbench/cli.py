@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError, WorkbenchError
-from .sweep.factory import load_factory
+from .sweeps.factory import load_factory
 
 __all__ = ["build_parser", "load_factory", "main"]
 
@@ -155,7 +155,7 @@ def _artifact_at(path_text: str, out: str | None) -> Any:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare.compare import compare
+    from .comparison.compare import compare
 
     model, inputs = _model_and_inputs(args.model, args.input, args.dtype)
     tol = (args.atol, args.rtol) if args.atol is not None or args.rtol is not None else None
@@ -181,7 +181,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .sweep.run import sweep
+    from .sweeps.run import sweep
 
     matrix: dict[str, list[str]] = {}
     for key in ("exporter", "opset", "simplify", "raise_", "ncnn"):
@@ -201,15 +201,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     else:
         print(res.table())
         if args.report:
-            from .sweep.report import write_report
+            from .sweeps.report import write_report
 
             print(f"report: {write_report(res.workspace, args.report)}")
     return 0 if res.ok else 1
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .sweep.db import SweepDB
-    from .sweep.report import write_report
+    from .sweeps.db import SweepDB
+    from .sweeps.report import write_report
 
     out = write_report(args.workspace, args.output, against=args.against)
     with SweepDB(args.workspace, readonly=True) as db:

@@ -89,7 +89,7 @@ class Pipeline:
     def run(self, progress: bool = True) -> PipelineResult:
         from tqdm.auto import tqdm
 
-        from .compare.compare import compare
+        from .comparison.compare import compare
         from .stages.export import export
         from .stages.ncnn import to_ncnn
         from .stages.raising import raise_ops

@@ -1,6 +1,6 @@
 """Default tolerances and the whole-output checks every stage runs on what it wrote (max
 abs / rel error over paired outputs, within atol + rtol * max |ref|). The comparison's
-per-tensor metrics (workbench.compare.metrics) build on these."""
+per-tensor metrics (workbench.comparison.metrics) build on these."""
 
 from __future__ import annotations
 

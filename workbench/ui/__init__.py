@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from .._lazy import lazy_attributes
 
-# Eager on purpose (stdlib only): the function must win over the submodule of the same name,
-# which importing workbench.ui.netron would otherwise bind here as wb.ui.netron.
-from .netron import NetronView, netron
-
 _LAZY = {
+    # inline Netron, served through Jupyter
+    "netron": ("workbench.ui.netronview", "netron"),
+    "NetronView": ("workbench.ui.netronview", "NetronView"),
     "Pipeline": ("workbench.ui.pipeline", "Pipeline"),
     "StagePanel": ("workbench.ui.panels", "StagePanel"),
     "ExportPanel": ("workbench.ui.panels", "ExportPanel"),
@@ -23,13 +22,13 @@ _LAZY = {
     "ComparePanel": ("workbench.ui.panels", "ComparePanel"),
     # the viewers: GraphView (the graph coloured by op or error), CompareView (the table)
     "GraphView": ("workbench.ui.graphview", "GraphView"),
-    "CompareView": ("workbench.ui.compare_view", "CompareView"),
-    "compare_view": ("workbench.ui.compare_view", None),
+    "CompareView": ("workbench.ui.compareview", "CompareView"),
+    "compare_view": ("workbench.ui.compareview", "compare_view"),
     # a sweep's matrix, filling in while it runs
-    "SweepView": ("workbench.ui.sweep_view", "SweepView"),
-    "sweep_view": ("workbench.ui.sweep_view", None),  # the module is callable
+    "SweepView": ("workbench.ui.sweepview", "SweepView"),
+    "sweep_view": ("workbench.ui.sweepview", "sweep_view"),
 }
 
-__all__ = ["netron", "NetronView", *_LAZY]
+__all__ = [*_LAZY]
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, __all__)

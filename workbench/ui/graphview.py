@@ -218,7 +218,7 @@ def node_accounts(nodes: list[dict[str, Any]], alignment: Any) -> list[NodeAccou
     """One NodeAccount per node, from its output tensors' places in ``alignment`` (pairs,
     attributed, unaligned with the reason). A node whose outputs are in none of them was not
     captured; a Constant node that was not is still a constant."""
-    from ..compare.align import CONSTANT_OPS
+    from ..comparison.align import CONSTANT_OPS
 
     if alignment is None:
         return [NodeAccount("", "") for _ in nodes]

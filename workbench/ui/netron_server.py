@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .netron import REGISTRY, ROUTE
+from .netronview import REGISTRY, ROUTE
 
 KEY = r"(?P<key>[A-Za-z0-9_-]{16,64})"
 ASSET_TYPES = {".js": "text/javascript", ".css": "text/css", ".json": "application/json",

@@ -297,7 +297,7 @@ class StagePanel:
         """Show the result in Netron below the panel (through the Jupyter server)."""
         from IPython.display import display
 
-        from ..netron import netron
+        from ..netronview import netron
 
         self.netron_out.clear_output()
         if self.artifact is None:

@@ -67,7 +67,7 @@ class ComparePanel(StagePanel):
         return {"mode": self.mode.value, "tolerance": tolerance}
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        from ...compare.compare import compare
+        from ...comparison.compare import compare
 
         if not self.candidates:
             raise InputError("nothing to compare yet", "run export (and ncnn) first")
@@ -77,7 +77,7 @@ class ComparePanel(StagePanel):
         w = _widgets()
         self.result_html.value = (f"<pre class='wb-summary'>{_esc(report.summary())}</pre>")
         try:
-            from ..compare_view import CompareView
+            from ..compareview import CompareView
 
             view = CompareView(report, summary=False)  # the result above holds it
         except Exception:  # the report's own HTML table still shows every row

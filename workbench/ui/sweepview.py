@@ -6,17 +6,15 @@ store every ``interval`` seconds until every cell is stored, then stops by itsel
 from __future__ import annotations
 
 import os
-import sys
 import threading
-import types
 from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
 
 from ..errors import WorkspaceError
-from ..sweep.db import DB_NAME, SweepDB
-from ..sweep.report import matrix_html
+from ..sweeps.db import DB_NAME, SweepDB
+from ..sweeps.report import matrix_html
 
 
 class SweepView(widgets.VBox):
@@ -78,13 +76,3 @@ def sweep_view(workspace: Any, interval: float = 1.0) -> SweepView:
     """The matrix of the sweep in ``workspace`` (a folder, or a SweepResult), live."""
     return SweepView(workspace, interval=interval)
 
-
-class _CallableModule(types.ModuleType):
-    """``wb.ui.sweep_view`` resolves to this module (the lazy map in ui/__init__ names the
-    module, as for compare_view); calling it builds the view."""
-
-    def __call__(self, workspace: Any, interval: float = 1.0) -> SweepView:
-        return sweep_view(workspace, interval=interval)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -12,8 +12,6 @@ import graphlib
 import html
 import io
 import math
-import sys
-import types
 from typing import Any
 
 import anywidget
@@ -241,7 +239,7 @@ class CompareView(widgets.VBox):
     def _draw_figures(self) -> None:
         from IPython.display import Image, display
 
-        from ..compare import plots
+        from ..comparison import plots
 
         # report.plot, but on the shared x (each candidate's own order would put one module
         # at different places)
@@ -271,14 +269,3 @@ def _fmt(v: Any) -> str:
         return f"{v:.4g}"
     return "" if v is None else str(v)
 
-
-class _CallableModule(types.ModuleType):
-    """``wb.ui.compare_view`` resolves to this module (the lazy map in ui/__init__ names the
-    module); calling it builds the view, so ``wb.ui.compare_view(report)`` works."""
-
-    def __call__(self, report: Any, metric: str = "max_abs", figures: bool = True,
-                 summary: bool = True) -> CompareView:
-        return compare_view(report, metric=metric, figures=figures, summary=summary)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,7 +1,7 @@
 """Scheduling a sweep: every cell in a fresh process, on a local pool or a Dask cluster; each
 finished cell stored at once, so an interrupted sweep resumes where it stopped.
 
-A cell is a child process of its own (``python -m workbench.sweep.cell``) started by
+A cell is a child process of its own (``python -m workbench.sweeps.cell``) started by
 ``subprocess``, not a ``ProcessPoolExecutor`` worker: a native crash in one pool worker
 breaks the whole pool and every cell in flight with it, and Dask's worker processes are
 daemonic, where ``multiprocessing`` may not start children. A thread per slot waits on its
@@ -105,7 +105,7 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
             names (``"resnet"``), or module-level callables, each returning
             ``(model, example_inputs)``; None: the project's zoo (``workbench.zoo.ZOO``).
         matrix: {choice: [values]} over ``exporter``, ``opset``, ``simplify``, ``raise``,
-            ``ncnn`` (see ``workbench.sweep.matrix.AXES``); choices left out keep defaults.
+            ``ncnn`` (see ``workbench.sweeps.matrix.AXES``); choices left out keep defaults.
         workspace: the sweep's folder (``sweep.db`` and ``cells/``); a re-run resumes it.
         client: a ``dask.distributed.Client``: the cells run on its cluster.
         scheduler: a Dask scheduler address (``tcp://host:8786``) to connect to instead.
@@ -246,7 +246,7 @@ def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
     with open(cell_dir / "cell.log", "wb") as log:
         # a session of its own: Ctrl-C in the terminal reaches the sweep, which stops the
         # children itself (and does not store a cell half run)
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.sweep.cell", str(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", "workbench.sweeps.cell", str(spec)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
         if procs is not None and lock is not None:

@@ -1,5 +1,5 @@
 """One cell: a model through export, simplify, raise, ncnn and the op-by-op comparison, each
-stage's outcome a typed ``StageResult``; run as ``python -m workbench.sweep.cell SPEC.json`` in
+stage's outcome a typed ``StageResult``; run as ``python -m workbench.sweeps.cell SPEC.json`` in
 a fresh process, so a native crash costs this cell only.
 """
 
@@ -144,7 +144,7 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
                       None)
     cands = [(s, arts[s]) for s in (onnx_stage, "ncnn") if s and arts.get(s) is not None]
     if cands:
-        from ..compare.compare import compare
+        from ..comparison.compare import compare
 
         rep = run("compare", lambda: compare(model, [a for _, a in cands], inputs,
                                               progress=False))
@@ -224,7 +224,7 @@ def _num(v: Any) -> float | None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m workbench.sweep.cell SPEC.json``: SPEC holds the cell, its folder and where
+    """``python -m workbench.sweeps.cell SPEC.json``: SPEC holds the cell, its folder and where
     to write the result (atomically: a reader sees the whole result or none)."""
     from ..fileio import atomic_write_text
 
