@@ -284,3 +284,39 @@ def test_pipeline_stops_after_a_failed_export_and_says_so(ws) -> None:
     assert "aten::asinh" in export_html and "wb-hint" in export_html
     if "custom_ops" in pipe.panels:  # the export error filled the custom-ops tab
         assert pipe.panels["custom_ops"].op.value == "aten::asinh"
+
+
+def test_a_stage_made_from_an_older_input_is_stale_left_out_of_compare_and_run_again(
+        model_inputs, tmp_path) -> None:
+    model, inputs = model_inputs
+    pipe = wb.ui.Pipeline(model, inputs, workspace=tmp_path / "ws",
+                          compare={"mode": "accumulated"}, ncnn={"from_": "onnx"})
+    p = pipe.panels
+    for stage in ("export", "simplify", "raise"):
+        p[stage].run()
+    assert pipe.stale() == {} and [c.id for c in p["compare"].candidates] == \
+        [p["raise"].artifact.id]
+    old_simplify, old_raise = p["simplify"].artifact, p["raise"].artifact
+    p["export"].run()  # the quickstart's re-run: a new export, then a new simplify
+    assert set(pipe.stale()) == {"simplify", "raise"}  # raise through its lineage
+    p["simplify"].run()
+    stale = pipe.stale()
+    assert stale == {"raise": f"made from {old_simplify.id}, simplify is now "
+                              f"{p['simplify'].artifact.id}"}
+    # marked in the table and in the raise panel; compare checks the new simplify instead
+    assert "wb-stale" in pipe.table.value and f"made from {old_simplify.id}" in pipe.table.value
+    assert "stale" in p["raise"].stale_html.value and p["simplify"].stale_html.value == ""
+    assert [c.id for c in p["compare"].candidates] == [p["simplify"].artifact.id]
+    assert f"not compared: {old_raise.id}" in p["compare"].candidates_html.value
+    # Run all runs the stale stage again (and every other): nothing stale after it
+    pipe.run_all_button.click()
+    assert not pipe.errors and pipe.stale() == {}
+    new_raise = p["raise"].artifact
+    assert new_raise.id != old_raise.id and new_raise.parent.id == p["simplify"].artifact.id
+    assert "wb-stale" not in pipe.table.value and p["raise"].stale_html.value == ""
+    assert p["ncnn"].artifact.parent.parent.id == new_raise.id  # pnnx from the raised ONNX
+    assert [c.id for c in pipe.panels["compare"].compared] == [new_raise.id,
+                                                              p["ncnn"].artifact.id]
+    # a new ncnn model: the comparison that checked the old one is stale
+    p["ncnn"].run()
+    assert set(pipe.stale()) == {"compare"}

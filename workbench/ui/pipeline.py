@@ -100,7 +100,7 @@ class Pipeline:
                 p["ncnn"].source = art
             if panel.stage != "quantize":  # the float model int8 starts from
                 p["quantize"].set_source(art)
-            p["compare"].set_candidates(self._candidates())
+            self._set_candidates()
             self._refresh()
 
         for stage in ["export", "simplify", "raise", "ncnn", "quantize"]:
@@ -113,15 +113,58 @@ class Pipeline:
 
         p["compare"].on_result(compared)
 
+    def _set_candidates(self) -> None:
+        stale = self._stale_artifacts()
+        left_out = {self.panels[s].artifact.id: why for s, why in stale.items()
+                    if s in ("raise", "simplify", "export", "ncnn", "quantize")}
+        self.panels["compare"].set_candidates(self._candidates(), left_out)
+
     def _candidates(self) -> list[Artifact]:
-        """The newest ONNX model of the chain and the ncnn model, what compare checks."""
-        onnx = [self.panels[s].artifact for s in ("raise", "simplify", "export")
-                if s in self.panels and self.panels[s].artifact is not None]
-        out = onnx[:1]
-        if self.panels["ncnn"].artifact is not None:
-            out.append(self.panels["ncnn"].artifact)
-        if self.panels["quantize"].artifact is not None:
-            out.append(self.panels["quantize"].artifact)
+        """What compare checks: the newest ONNX model of the chain, the ncnn model and the
+        int8 one; a stale one (made from an input since re-run) is left out, not checked."""
+        stale = self._stale_artifacts()
+        fresh = {s: p.artifact for s, p in self.panels.items()
+                 if p.artifact is not None and s not in stale}
+        onnx = [fresh[s] for s in ("raise", "simplify", "export") if s in fresh]
+        return onnx[:1] + [fresh[s] for s in ("ncnn", "quantize") if s in fresh]
+
+    def _stale_artifacts(self) -> dict[str, str]:
+        """Stages whose artifact was made from an artifact that is no longer the newest of its
+        stage, with why. The artifact's own lineage (``parent``) says what it was made from:
+        an ancestor of stage S that is not S's current artifact makes it stale (and through
+        the lineage, whatever was made from a stale one)."""
+        current = {p.artifact.stage: p.artifact.id for s, p in self.panels.items()
+                   if s != "custom_ops" and p.artifact is not None}
+        out = {}
+        for stage, panel in self.panels.items():
+            art = panel.artifact
+            if stage == "custom_ops" or art is None:
+                continue
+            for anc in reversed(art.lineage()[:-1]):  # the nearest ancestor first
+                now = current.get(anc.stage)
+                if now is not None and now != anc.id:
+                    out[stage] = f"made from {anc.id}, {anc.stage} is now {now}"
+                    break
+        return out
+
+    def stale(self) -> dict[str, str]:
+        """Stages whose result was made from an input that has changed since, with why: an
+        artifact made from an older artifact than its stage's newest (re-run export, and
+        simplify's and raise's results are stale), and a comparison whose candidates were
+        stale or are no longer what compare would check. "Run all" runs them again."""
+        out = self._stale_artifacts()
+        cmp = self.panels["compare"]
+        if cmp.result is not None and cmp.compared:
+            ids = [getattr(c, "id", None) for c in cmp.compared]
+            old = [i for i in ids if i is not None and any(
+                p.artifact is not None and p.artifact.id == i for s, p in self.panels.items()
+                if s in out)]
+            now = [c.id for c in self._candidates()]
+            if old:
+                out["compare"] = f"compared {', '.join(old)}, made from older inputs"
+            elif ids != now:
+                out["compare"] = (f"compared {', '.join(map(str, ids))}; the newest are "
+                                  f"{', '.join(now) or 'none'}")
         return out
 
     @property
@@ -139,8 +182,11 @@ class Pipeline:
         return {s: p.error for s, p in self.panels.items() if p.error is not None}
 
     def run(self) -> dict[str, Any]:
-        """Run every stage in order (what "Run all" calls); never raises. Returns the results."""
+        """Run every stage in order (what "Run all" calls), then quantize again if its int8
+        model is stale (made from a float model since re-run); never raises. Returns the
+        results."""
         order = self._order()
+        requantize = "quantize" in self._stale_artifacts()
         self.run_all_button.disabled = True
         self.progress.value = 0
         self.progress.bar_style = "info"
@@ -153,6 +199,12 @@ class Pipeline:
                 self.progress.value = i + 1
                 if stage == "export" and panel.error is not None:
                     break  # nothing after export can run
+            if requantize and "quantize" in self._stale_artifacts():
+                self.status.value = "<span class='wb-running'>running quantize&hellip;</span>"
+                self.tabs.selected_index = list(self.panels).index("quantize")
+                self.panels["quantize"].run()
+                # compare again with the new int8 model among the candidates
+                self.panels["compare"].run()
         finally:
             self.run_all_button.disabled = False
         failed = self.errors
@@ -166,8 +218,15 @@ class Pipeline:
     def rows(self) -> list[dict[str, Any]]:
         """One row per stage that ran: artifact, nodes, max abs vs torch, seconds, status."""
         rows = []
+        stale = self.stale()
         for stage, p in self.panels.items():
-            if p.error is not None:
+            if stage in stale and p.error is None:
+                a = p.artifact
+                rows.append({"stage": stage, "artifact": a.id if a is not None else "-",
+                             "nodes": a.graph.node_count if a is not None else None,
+                             "max_abs": a.metrics.get("max_abs") if a is not None else None,
+                             "seconds": p.seconds, "status": "stale", "why": stale[stage]})
+            elif p.error is not None:
                 rows.append({"stage": stage, "artifact": "-", "nodes": None, "max_abs": None,
                              "seconds": p.seconds, "status": "failed"})
             elif p.artifact is not None:
@@ -188,15 +247,24 @@ class Pipeline:
         def f(v: Any, spec: str = "{}") -> str:
             return "-" if v is None else spec.format(v)
 
+        def status(r: dict[str, Any]) -> str:
+            if r["status"] != "stale":
+                return html.escape(r["status"])
+            return (f"<span class='wb-stale' style='color:#8d6e00' title='{html.escape(r['why'])}'>"
+                    f"&#9888; stale: {html.escape(r['why'])}</span>")
+
         body = "".join(
             f"<tr class='wb-row-{html.escape(r['stage'])}'><td>{html.escape(r['stage'])}</td>"
             f"<td>{html.escape(r['artifact'])}</td><td>{f(r['nodes'])}</td>"
             f"<td>{f(r['max_abs'], '{:.3g}')}</td><td>{f(r['seconds'], '{:.2f}')}</td>"
-            f"<td>{html.escape(r['status'])}</td></tr>" for r in rows)
+            f"<td>{status(r)}</td></tr>" for r in rows)
         self.table.value = ("<table class='wb-pipeline-table' style='font-size:12px'><tr>"
                             "<th>stage</th><th>artifact</th><th>nodes</th>"
                             "<th>max abs vs torch</th><th>seconds</th><th>status</th></tr>"
                             f"{body}</table>")
+        stale = self.stale()
+        for stage, panel in self.panels.items():
+            panel.mark_stale(stale.get(stage))
         if self.code_toggle.value:
             self._show_code()
 

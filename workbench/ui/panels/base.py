@@ -153,6 +153,7 @@ class StagePanel:
         self.progress = w.IntProgress(value=0, min=0, max=1, description="",
                                       layout=w.Layout(width="160px"))
         self.status = w.HTML(value="<span style='color:#777'>not run yet</span>")
+        self.stale_html = w.HTML(value="")  # set by the pipeline: made from an older input
         self.result_html = w.HTML(value="")
         self.code_html = w.HTML(value="", layout=w.Layout(display="none"))
         self.preview = w.Box(layout=w.Layout(flex_flow="column"))
@@ -165,7 +166,7 @@ class StagePanel:
         self.code_toggle.observe(self._toggle_code, names="value")
         self.netron_button.on_click(lambda _b: self.show_netron())
         bar = w.HBox([self.run_button, self.code_toggle, self.netron_button, self.progress,
-                      self.status], layout=w.Layout(align_items="center"))
+                      self.status, self.stale_html], layout=w.Layout(align_items="center"))
         self.widget = w.VBox(
             [w.HTML(f"<h4 style='margin:4px 0'>{_esc(self.title)}</h4>"),
              w.VBox(self.controls), bar, self.code_html, self.log, self.result_html,
@@ -278,6 +279,13 @@ class StagePanel:
 
     def _on_error(self, e: BaseException) -> None:
         pass
+
+    def mark_stale(self, why: str | None) -> None:
+        """Say (or stop saying) that the result was made from an input that is no longer the
+        newest of its stage (``why``: from what, and what is newest now)."""
+        self.stale_html.value = "" if not why else (
+            f"<span class='wb-stale' style='color:#8d6e00;background:#fff8e1;padding:0 4px' "
+            f"title='{_esc(why)}'>&#9888; stale: {_esc(why)}; run again</span>")
 
     def _show_preview(self, art: Artifact) -> None:
         """The graph: a GraphView, or the op histogram if the graph cannot be drawn."""

@@ -22,6 +22,8 @@ class ComparePanel(StagePanel):
         self.model = model
         self.inputs = inputs
         self.candidates: list[Any] = list(candidates or [])
+        self.left_out: dict[str, str] = {}  # artifact id -> why compare does not check it
+        self.compared: list[Any] = []  # the candidates of the last successful run
         self._init = dict(mode=mode, tolerance=tolerance)
         super().__init__(workspace=workspace)
         self.netron_button.layout.display = "none"
@@ -44,15 +46,20 @@ class ComparePanel(StagePanel):
     def _watched(self) -> list[Any]:
         return [self.mode, self.tolerance]
 
-    def set_candidates(self, candidates: list[Any]) -> None:
-        """The artifacts to compare against the torch model."""
+    def set_candidates(self, candidates: list[Any], left_out: dict[str, str] | None = None
+                       ) -> None:
+        """The artifacts to compare against the torch model; ``left_out``: artifacts not
+        compared, by id, with why (a stale stage), said beside the candidates."""
         self.candidates = list(candidates)
+        self.left_out = dict(left_out or {})
         self._show_candidates()
         self._refresh_code()
 
     def _show_candidates(self) -> None:
         names = ", ".join(getattr(c, "id", str(c)) for c in self.candidates) or "none yet"
-        self.candidates_html.value = f"<div>candidates: {_esc(names)}</div>"
+        out = "".join(f"<div class='wb-left-out' style='color:#8d6e00'>not compared: "
+                      f"{_esc(i)} (stale: {_esc(why)})</div>" for i, why in self.left_out.items())
+        self.candidates_html.value = f"<div>candidates: {_esc(names)}</div>{out}"
 
     def settings(self) -> dict[str, Any]:
         text = self.tolerance.value.strip()
@@ -71,7 +78,10 @@ class ComparePanel(StagePanel):
 
         if not self.candidates:
             raise InputError("nothing to compare yet", "run export (and ncnn) first")
-        return compare(self.model, self.candidates, self.inputs, **settings)
+        cands = list(self.candidates)
+        report = compare(self.model, cands, self.inputs, **settings)
+        self.compared = cands
+        return report
 
     def _render(self, report: Any) -> None:
         w = _widgets()
