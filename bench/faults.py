@@ -335,9 +335,9 @@ def perturb_ncnn(src_param: Path, dst_dir: Path, loc: Located, idx: Any, factors
 
 
 def _pnnx_param(param: Path) -> Path | None:
-    from workbench.runtime.ncnn_runner import _pnnx_param_for
+    from workbench.runtime.ncnn_io import pnnx_param_for
 
-    return _pnnx_param_for(param, param)
+    return pnnx_param_for(param, param)
 
 
 def first_changed(kind: str, path: Path, clean: dict[str, Any], bad: dict[str, Any]) -> str:

@@ -265,6 +265,47 @@ def test_in_process_runner_describes_its_model_once(tmp_path, monkeypatch):
     assert len(calls) == 1  # feed() checks every run against one description
 
 
+def test_describe_is_one_typed_model_io_for_every_backend(tmp_path):
+    from workbench.runtime.base import ModelIO, TensorSpec
+
+    model, x = wb.default_model()
+    onx = wb.export(model, x, workspace=tmp_path / "ws")
+    for isolated in (False, True):  # the worker's twin answers with the same type
+        io = OrtRunner(onx, isolated=isolated).describe()
+        assert isinstance(io, ModelIO) and io.blobs == ()
+        assert io.inputs == (TensorSpec("input", "float32", tuple(x[0].shape)),)
+        assert len(io.outputs) == 1
+    import inspect
+
+    forward = list(inspect.signature(model.forward).parameters)
+    assert TorchRunner(model).describe() == ModelIO(inputs=tuple(map(TensorSpec, forward)))
+
+
+def test_an_ort_runner_runs_the_session_its_factory_makes(tmp_path):
+    import onnxruntime as ort
+
+    model, x = wb.default_model()
+    onx = wb.export(model, x, workspace=tmp_path / "ws")
+    made = []
+
+    def factory():
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        made.append(ort.InferenceSession(str(onx.path), so, providers=["CPUExecutionProvider"]))
+        return made[-1]
+
+    r = OrtRunner(onx, session_factory=factory)
+    assert not r.isolated  # a session cannot travel to the worker: it runs here
+    got = r.run(x)
+    r.run(x)
+    assert len(made) == 1 and r.session is made[0]  # built once, on first use
+    want = OrtRunner(onx, isolated=False).run(x)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(wb.InputError, match="session_factory must be callable, got str"):
+        OrtRunner(onx, session_factory="model.onnx")
+
+
 def test_a_model_that_raises_while_capturing_leaves_no_global_hooks():
     from torch.nn.modules import module
 

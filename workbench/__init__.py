@@ -34,7 +34,7 @@ _LAZY = {
     "compare": ("workbench.comparison.compare", "compare"),
     "CompareReport": ("workbench.comparison.report", "CompareReport"),
     "precision_table": ("workbench.comparison.speed", "precision_table"),
-    "ConversionError": ("workbench.stages.ncnn", "ConversionError"),
+    "ConversionError": ("workbench.errors", "ConversionError"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),
     "GraphSummary": ("workbench.graph", "GraphSummary"),

@@ -95,6 +95,10 @@ class SimplifyError(WorkbenchError):
     """A simplification backend failed; the input artifact is left intact."""
 
 
+class ConversionError(WorkbenchError):
+    """pnnx/ncnn conversion failed; the message carries the tail of the pnnx log."""
+
+
 class MissingOpError(WorkbenchError):
     """A backend has no implementation of an op the model uses (a custom domain, a layer)."""
 

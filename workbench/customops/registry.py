@@ -98,14 +98,19 @@ def opset_range(exporter: str | None) -> tuple[int, int]:
     return c.ONNX_MIN_OPSET, hi
 
 
-def _check_opset(opset: Any, exporter: str | None) -> None:
-    """A symbolic may be registered from any opset up to what the exporter writes (it then
-    serves every export at that opset or later)."""
-    hi = opset_range(exporter)[1]
-    if not isinstance(opset, int) or isinstance(opset, bool) or not 1 <= opset <= hi:
-        raise InputError(f"opset={opset!r} is not an ONNX opset (1..{hi})",
-                         "give the lowest opset your symbolic's ONNX ops exist in, e.g. "
-                         "opset=9 for Asinh")
+def check_opset(opset: Any, exporter: str | None, *, registering: bool = False) -> None:
+    """Refuse an opset the exporter cannot write. An export needs one in the exporter's range;
+    a symbolic may be registered from any opset up to what the exporter writes
+    (``registering=True``: it then serves every export at that opset or later)."""
+    lo, hi = opset_range(exporter)
+    lo = 1 if registering else lo
+    if not isinstance(opset, int) or isinstance(opset, bool) or not lo <= opset <= hi:
+        if registering:
+            raise InputError(f"opset={opset!r} is not an ONNX opset (1..{hi})",
+                             "give the lowest opset your symbolic's ONNX ops exist in, e.g. "
+                             "opset=9 for Asinh")
+        raise InputError(f"opset={opset!r} is outside what the {exporter} exporter writes "
+                         f"({lo}..{hi})", f"pick an opset in {lo}..{hi}; 17 is a safe default")
 
 
 def _check_exporter(exporter: Any) -> None:
@@ -129,7 +134,7 @@ def register_symbolic(name: str, fn: Callable, opset: int = 17,
 
     ns, op = _check_name(name, "register_symbolic")
     _check_exporter(exporter)
-    _check_opset(opset, exporter)
+    check_opset(opset, exporter, registering=True)
     if not callable(fn):
         raise InputError(f"register_symbolic({name!r}, fn): fn must be callable, got "
                          f"{type(fn).__name__}", "e.g. lambda g, x: g.op('Asinh', x)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 from ..errors import WorkbenchError
 from .ort import _PORTABLE
@@ -30,22 +29,22 @@ def _used_ops(path: Path) -> list[str]:
                    if f"{n.domain}::{n.op_type}" in _OPS})
 
 
-def for_worker(path: str | Path) -> dict[str, Any] | None:
-    """Constructor keywords that carry the custom ops ``path`` uses to a runner's twin in the
-    worker ({} when it uses none); None when they cannot be pickled (the runner then runs in
-    this process, with a CustomOpWarning)."""
+def for_worker(path: str | Path) -> bytes | None:
+    """The custom ops ``path`` uses, pickled for a runner's twin in the worker (``b""`` when it
+    uses none; the worker installs them before it builds the twin); None when they cannot be
+    pickled (the runner then runs in this process, with a CustomOpWarning)."""
     if not _OPS:
-        return {}
+        return b""
     try:
         used = _used_ops(Path(path))
     except WorkbenchError:
-        return {}  # the runner reports a bad file itself
+        return b""  # the runner reports a bad file itself
     if not used:
-        return {}
+        return b""
     import cloudpickle
 
     try:
-        return {"custom_ops": cloudpickle.dumps([_OPS[n].portable() for n in used])}
+        return cloudpickle.dumps([_OPS[n].portable() for n in used])
     except Exception as e:
         warnings.warn(CustomOpWarning(
             f"custom op(s) {used} cannot be sent to the worker process ({type(e).__name__}: "

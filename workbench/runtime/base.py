@@ -7,19 +7,59 @@ the backend here (``isolated=False``) or in the crash-isolated worker (``isolate
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 CAPTURES = ("outputs", "all")
 
 
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input as a backend sees it: its name, and its dtype and shape where the
+    backend declares them (None: not declared; a None axis in ``shape`` may vary)."""
+
+    name: str
+    dtype: str | None = None
+    shape: tuple[int | None, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelIO:
+    """What ``Runner.describe()`` returns, the same for every backend.
+
+    Attributes:
+        inputs: the model's inputs, in order.
+        outputs: the names ``run`` returns, in order (empty for a torch module: its outputs
+            are named by the call).
+        blobs: every tensor the backend can extract by name (ncnn's blobs); empty where the
+            backend does not list them.
+    """
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[str, ...] = ()
+    blobs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class BlobCapture:
+    """A ``capture`` that extracts the named tensors after feeding any tensors by name (an
+    isolated run: reference values fed in the middle of the graph); see
+    ``NcnnRunner.run_blobs``."""
+
+    names: tuple[str, ...]
+
+
 class Runner:
-    """Runs one model on one backend. ``run`` returns {tensor name: numpy array}."""
+    """Runs one model on one backend. ``run`` returns {tensor name: numpy array}.
+
+    A backend's runner implements ``feed`` (inputs checked against ``describe()``),
+    ``_describe_local`` and ``_execute``; ``run`` calls them here or in the worker."""
 
     name = "runner"
     isolated = False
     _remote: Any = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ModelIO:
         """Inputs (name, dtype, shape) and outputs of the model, as the backend sees them."""
         if self.isolated:
             return self._remote.describe()
@@ -48,24 +88,38 @@ class Runner:
 
     @property
     def input_names(self) -> list[str]:
-        return [i["name"] for i in self.describe()["inputs"]]
+        return [i.name for i in self.describe().inputs]
 
     @property
     def output_names(self) -> list[str]:
-        return list(self.describe()["outputs"])
+        return list(self.describe().outputs)
 
     def feed(self, inputs: Any) -> dict[str, Any]:
         """Inputs as {name: numpy array}, checked; subclasses check dtype and shape."""
         raise NotImplementedError
 
     def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
+        """Run the model once.
+
+        Args:
+            inputs: a dict by input name, a tuple in input order, or one array/tensor.
+            capture: "outputs" for the model's outputs; "all" for those first, then every
+                intermediate tensor the backend can capture.
+
+        Returns:
+            {tensor name: numpy array}, the outputs in ``output_names`` order.
+
+        Raises:
+            InputError: inputs of the wrong count, name, dtype or shape (with a hint).
+            RunError / BackendCrashed / BackendTimeout: the backend failed, crashed or hung.
+        """
         self._check_capture(capture)
         feed = self.feed(inputs)
         if self.isolated:
             return self._remote.execute(feed, capture)
         return self._execute(feed, capture)
 
-    def _describe_local(self) -> dict[str, Any]:
+    def _describe_local(self) -> ModelIO:
         raise NotImplementedError
 
     def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:

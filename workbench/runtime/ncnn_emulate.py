@@ -34,6 +34,7 @@ from typing import Any
 
 from ..diagnostics import Diagnostic
 from ..errors import InputError
+from .base import BlobCapture
 
 # emulate name -> the precision it goes with
 EMULATIONS = {"arm-fp16": "fp16", "bf16": "bf16"}
@@ -195,9 +196,9 @@ def load_rounded(net: Any, graph: Any, bin_path: Path, emulation: Emulation) -> 
 
 def _integer_blobs(runner: Any) -> set[str]:
     """Blobs that hold integers (an index input, and what only moves it): never rounded."""
-    from .ncnn_runner import _INT_DTYPES
+    from .ncnn_io import INT_DTYPES
 
-    ints = {n for n, s in runner.in_specs.items() if s.dtype in _INT_DTYPES}
+    ints = {n for n, s in runner.in_specs.items() if s.dtype in INT_DTYPES}
     for la in runner._graph.layers:
         if la.type in _MOVES and la.bottoms and all(b in ints for b in la.bottoms):
             ints.update(la.tops)
@@ -224,7 +225,7 @@ def _needed(graph: Any, wanted: list[str], fed: set[str]) -> list[Any]:
 def execute(runner: Any, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
     """NcnnRunner's run with storage rounded between layers (see the module docstring).
 
-    ``capture``: "outputs", "all" (every blob, as stored: rounded) or ("blobs", names) for
+    ``capture``: "outputs", "all" (every blob, as stored: rounded) or a BlobCapture for
     ``run_blobs`` (the fed blobs are rounded as stored, then the layers up to ``names``
     run). Returns what NcnnRunner's own ``_execute`` returns for it."""
     import ncnn
@@ -245,8 +246,8 @@ def execute(runner: Any, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
         mats[name] = runner._mat(name, held).clone()
         arrays[name] = np.asarray(mats[name])
         ex.input(name, mats[name])
-    if isinstance(capture, tuple):
-        wanted = list(capture[1])
+    if isinstance(capture, BlobCapture):
+        wanted = list(capture.names)
         layers = _needed(graph, wanted, set(feed))
     else:
         outputs = runner._model_outputs()
@@ -265,7 +266,7 @@ def execute(runner: Any, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
             arrays[top] = held = np.ascontiguousarray(held)
             mats[top] = ncnn.Mat(held)
             ex.input(top, mats[top])  # the layers reading it get the rounded blob
-    if isinstance(capture, tuple):
+    if isinstance(capture, BlobCapture):
         return {name: np.array(arrays[name]) for name in wanted}
     result = {}
     for name in wanted:

@@ -13,22 +13,17 @@ graph never reads are not outputs.
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import shapes
 from ..errors import InputError
-from .base import Runner, split_inputs, to_numpy
+from .base import BlobCapture, ModelIO, Runner, TensorSpec, split_inputs, to_numpy
 from .ncnn_failure import bad_mat
+from .ncnn_io import INT_DTYPES, BlobSpec, declare_shapes, parse_ncnn_py, pnnx_param_for
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-_TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
-                 "long": "int64", "int64": "int64", "int32": "int32", "double": "float64",
-                 "float64": "float64", "bool": "bool", "uint8": "uint8", "int8": "int8"}
-_INT_DTYPES = ("int32", "int64", "int8", "uint8", "bool")
 # layers whose weights fix the size of one axis of their input (see NcnnRunner._bound_axes)
 _PER_CHANNEL = frozenset((
     "Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise",
@@ -45,119 +40,6 @@ _SAME_SHAPE = frozenset((
 _SAME_CHANNELS = frozenset(("Interp", "Pooling", "Pooling1D", "Pooling3D"))
 
 
-@dataclass
-class BlobSpec:
-    """A model input or output as the conversion declared it.
-
-    ``batch_axis`` is the torch axis ncnn takes as its batch (None: no batch axis, pnnx's
-    ``batch_index=233``); ``shape`` the torch shape (None axes: left dynamic), from the
-    ``.pnnx.param`` when it is found, else the example the ``_ncnn.py`` feeds."""
-
-    name: str
-    rank: int | None = None
-    dtype: str = "float32"
-    batch_axis: int | None = None
-    example_shape: tuple[int, ...] | None = None
-    shape: tuple[int | None, ...] | None = None
-
-
-_INPUT = re.compile(r'ex\.input\("([^"]+)",\s*ncnn\.Mat\((\w+)(?:\.squeeze\((\d+)\))?\.numpy\(\)'
-                    r'(?:,\s*batch_index=(\d+))?')
-_EXTRACT = re.compile(r'_,\s*(\w+)\s*=\s*ex\.extract\("([^"]+)"\)')
-
-
-def parse_ncnn_py(path: Path) -> tuple[dict[str, BlobSpec], dict[str, BlobSpec]]:
-    """Inputs and outputs as pnnx's generated ``_ncnn.py`` feeds and reads them.
-
-    pnnx writes ``inK = torch.rand(d0, d1, ..., dtype=...)`` (``torch.randint(10, (d0, ...),
-    dtype=...)`` for integers), feeds ``ncnn.Mat(inK.numpy(), batch_index=N)`` and reads
-    ``outK.numpy(batch_index=N)``; older pnnx fed ``inK.squeeze(0)`` and read
-    ``np.array(outK)).unsqueeze(0)`` (batch axis 0) or wrote no batch at all.
-
-    Args:
-        path: the ``*_ncnn.py`` file.
-
-    Returns:
-        (inputs by ncnn blob name, outputs by blob name in the script's order: out0...outN).
-    """
-    text = path.read_text()
-    by_var: dict[str, BlobSpec] = {}
-    for m in re.finditer(r"^\s*(\w+) = torch\.(rand|randint)\((.*)\)\s*$", text, re.M):
-        var, args = m.group(1), m.group(3)
-        dt = re.search(r"dtype=torch\.(\w+)", args)
-        if m.group(2) == "randint":  # randint(high, (d0, d1, ...), dtype=...)
-            shape = re.search(r"\(([\d,\s]*)\)", args)
-            dims = shape.group(1) if shape else ""
-        else:  # rand(d0, d1, ..., dtype=...)
-            dims = args.split("dtype")[0]
-        nums = tuple(int(n) for n in re.findall(r"\d+", dims))
-        by_var[var] = BlobSpec(var, len(nums), _TORCH_DTYPES.get(dt.group(1) if dt else "float",
-                                                                 "float32"),
-                               example_shape=nums, shape=nums)
-    inputs: dict[str, BlobSpec] = {}
-    for m in _INPUT.finditer(text):
-        name, var, squeeze, index = m.groups()
-        spec = by_var.get(var, BlobSpec(name))
-        spec.name = name
-        spec.batch_axis = (int(squeeze) if squeeze is not None
-                           else shapes.batch_axis(int(index) if index else None))
-        inputs[name] = spec
-    outputs: dict[str, BlobSpec] = {}
-    for m in _EXTRACT.finditer(text):
-        var, name = m.groups()
-        b = re.search(rf"\b{var}\.numpy\(batch_index=(\d+)\)", text)
-        old = re.search(rf"np\.array\({var}\)\)\.unsqueeze\((\d+)\)", text)
-        axis = (shapes.batch_axis(int(b.group(1))) if b
-                else int(old.group(1)) if old else None)
-        outputs[name] = BlobSpec(name, batch_axis=axis)
-    return inputs, outputs
-
-
-def _pnnx_param_for(source: Any, param: Path) -> Path | None:
-    """The ``.pnnx.param`` this ncnn model was converted from: the artifact's parent, one
-    beside it (as pnnx writes them), or the parent named in the artifact folder's record."""
-    parent = getattr(source, "parent", None)
-    if getattr(parent, "format", None) == "pnnx" and Path(parent.path).exists():
-        return Path(parent.path)
-    beside = param.with_name(param.name[: -len(".ncnn.param")] + ".pnnx.param")
-    if beside.exists():
-        return beside
-    try:  # a path inside a workspace: the sidecar names the parent artifact (its folder)
-        from ..artifact import SIDECAR
-
-        rec = json.loads((param.parent / SIDECAR).read_text(encoding="utf-8"))
-        up = json.loads((param.parent.parent / rec["parent"] / SIDECAR).read_text(
-            encoding="utf-8"))
-        found = param.parent.parent / rec["parent"] / up["main"]
-        return found if up.get("format") == "pnnx" and found.exists() else None
-    except (OSError, ValueError, KeyError, TypeError, ImportError):
-        return None
-
-
-def _declare_shapes(pnnx_param: Path | None, ins: dict[str, BlobSpec],
-                    outs: dict[str, BlobSpec]) -> None:
-    """Torch shapes (dynamic axes as None) from the pnnx graph: inputs in0..inN are its
-    pnnx.Input operands in order, outputs out0..outN its outputs (tuples unpacked)."""
-    if pnnx_param is None:
-        return
-    from ..errors import WorkbenchError
-    from ..params import parse_pnnx_param
-
-    try:
-        p = parse_pnnx_param(pnnx_param)
-    except WorkbenchError:
-        return
-    for names, operands in ((ins, p.inputs), (outs, p.outputs)):
-        if len(names) != len(operands):
-            continue  # not the graph this model came from: keep what _ncnn.py says
-        for spec, operand in zip(names.values(), operands, strict=True):
-            note = p.operands[operand].shape
-            if note is None or (spec.rank is not None and spec.rank != len(note)):
-                continue  # no note (unknown, or a 0-d scalar): keep what _ncnn.py says
-            spec.shape = tuple(d if isinstance(d, int) else None for d in note)
-            spec.rank = len(note)
-
-
 class NcnnRunner(Runner):
     """Runs an ncnn model; ``run`` returns its outputs (out0...outN in the torch model's
     order and shapes), or with ``capture="all"`` those first and then every other blob."""
@@ -166,8 +48,7 @@ class NcnnRunner(Runner):
     main_thread = True  # in the worker: ncnn was 20-50% slower run from another thread
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
-                 isolated: bool = True, custom_ops: bytes | None = None,
-                 timeout: float | None = None, check_sizes: bool = True,
+                 isolated: bool = True, timeout: float | None = None, check_sizes: bool = True,
                  emulate: str | None = None) -> None:
         """An ncnn model (.ncnn.param + .ncnn.bin) in ncnn.
 
@@ -178,7 +59,6 @@ class NcnnRunner(Runner):
             num_threads: ncnn's threads.
             isolated: run in the crash-isolating worker process (a segfault becomes
                 BackendCrashed); False runs in this process.
-            custom_ops: used by the worker only (the twin's shipped @wb.custom_op layers).
             timeout: seconds one run may take in the worker before it is abandoned and the
                 worker replaced (BackendTimeout); default scales with the model's size.
             check_sizes: refuse a spatial or sequence size other than the converted one when
@@ -220,11 +100,9 @@ class NcnnRunner(Runner):
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
         self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
         if self.in_specs or self.out_specs:
-            _declare_shapes(_pnnx_param_for(source, self.param), self.in_specs,
+            declare_shapes(pnnx_param_for(source, self.param), self.in_specs,
                             self.out_specs)
-        if custom_ops is not None:  # the twin in the worker: @wb.custom_op layers it runs
-            cops.install(custom_ops)
-        ship = cops.for_worker(self.param) if isolated else {}  # see OrtRunner
+        ship = cops.for_worker(self.param) if isolated else b""  # see OrtRunner
         self.isolated = isolated = isolated and ship is not None
         self._net = None
         if isolated:
@@ -233,8 +111,9 @@ class NcnnRunner(Runner):
             self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
                                         (str(self.param),),
                                         {"precision": precision, "num_threads": num_threads,
-                                         "emulate": emulate, **ship},
-                                        f"ncnn ({emulate or precision})", timeout=timeout)
+                                         "emulate": emulate},
+                                        f"ncnn ({emulate or precision})", timeout=timeout,
+                                        custom_ops=ship)
 
     @property
     def net(self):
@@ -278,11 +157,12 @@ class NcnnRunner(Runner):
             self._net = net
         return self._net
 
-    def _describe_local(self) -> dict[str, Any]:
+    def _describe_local(self) -> ModelIO:
         net = self.net
         names = list(self.in_specs) or list(net.input_names())
-        return {"inputs": [{"name": n} for n in names], "outputs": self._model_outputs(),
-                "blobs": [b.name for b in net.blobs()]}
+        return ModelIO(inputs=tuple(TensorSpec(n) for n in names),
+                       outputs=tuple(self._model_outputs()),
+                       blobs=tuple(b.name for b in net.blobs()))
 
     def _model_outputs(self) -> list[str]:
         """out0...outN as the ``_ncnn.py`` extracts them; without it, the blobs no layer reads
@@ -356,7 +236,7 @@ class NcnnRunner(Runner):
                                  "input such as an embedding's)")
             spec = self.in_specs.get(name)
             shape = self._check_input(name, arr, spec)
-            integers = spec is not None and spec.dtype in _INT_DTYPES
+            integers = spec is not None and spec.dtype in INT_DTYPES
             if integers and arr.dtype.kind == "f":
                 raise InputError(
                     f"input {name!r} of {self.param.name}: expected integers ({spec.dtype}, as "
@@ -491,13 +371,13 @@ class NcnnRunner(Runner):
         """
         import numpy as np
 
-        known = set(self.describe().get("blobs", ()))
+        known = set(self.describe().blobs)
         unknown = sorted((set(blobs) | set(wanted)) - known)
         if unknown:
             raise InputError(f"{self.param.name} has no blob(s) {unknown[:5]}",
                              "blob names are listed by `workbench inspect` on the param")
         feed = {n: np.ascontiguousarray(_narrow(v)) for n, v in blobs.items()}
-        capture = ("blobs", list(wanted))
+        capture = BlobCapture(tuple(wanted))
         if self.isolated:
             return self._remote.execute(feed, capture)
         return self._execute(feed, capture)
@@ -540,7 +420,7 @@ class NcnnRunner(Runner):
 
             return execute(self, feed, capture)
 
-        if isinstance(capture, tuple):  # ("blobs", names): run_blobs
+        if isinstance(capture, BlobCapture):  # run_blobs
             ex = self.net.create_extractor()
             ex.set_light_mode(False)
             for name, arr in feed.items():
@@ -548,7 +428,7 @@ class NcnnRunner(Runner):
                 # (a view of `arr`, alive until we return) is only read
                 ex.input(name, self._mat(name, arr))
             out = {}
-            for name in capture[1]:
+            for name in capture.names:
                 ret, mat = ex.extract(name)
                 if ret != 0 or bad_mat(mat):
                     raise self._explained(feed, f"ncnn extract({name!r}) returned {ret}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .base import Runner, keep_freed_memory, split_inputs, to_numpy
+from .base import ModelIO, Runner, TensorSpec, keep_freed_memory, split_inputs, to_numpy
 
 # onnxruntime's type strings -> numpy dtype names
 _ORT_TYPES = {
@@ -20,8 +21,8 @@ class OrtRunner(Runner):
     name = "onnxruntime"
 
     def __init__(self, source: Any, isolated: bool = True, libraries: Any = (),
-                 custom_ops: bytes | None = None, num_threads: int = 0,
-                 timeout: float | None = None) -> None:
+                 num_threads: int = 0, timeout: float | None = None,
+                 session_factory: Callable[[], Any] | None = None) -> None:
         """An ONNX model in onnxruntime's CPU provider.
 
         Args:
@@ -29,10 +30,14 @@ class OrtRunner(Runner):
             isolated: run in the crash-isolating worker process (a segfault becomes
                 BackendCrashed); False runs in this process.
             libraries: custom-op libraries (.so) to register with the session.
-            custom_ops: used by the worker only (the twin's shipped @wb.custom_op kernels).
             num_threads: intra-op threads; 0 lets ONNX Runtime choose.
             timeout: seconds one run may take in the worker before it is abandoned and the
                 worker replaced (BackendTimeout); default scales with the model's size.
+            session_factory: a callable returning the ``onnxruntime.InferenceSession`` to run
+                ``source`` with (your providers and options), called once on first use;
+                None builds one (``ort_session.session``). A factory runs in this process
+                (``isolated`` is then False): a session cannot be sent to the worker.
+                capture="all" still builds its own session, with every tensor an output.
         """
         from .. import customops as cops
         from ..onnx_io import check_model_file
@@ -50,23 +55,28 @@ class OrtRunner(Runner):
         # capture and input shapes -> the results' (name, shape, dtype), learned on a first
         # run in the worker so later runs bind them (None: they cannot be bound)
         self._layouts: dict[tuple, list[tuple] | None] = {}
-        if custom_ops is not None:  # the twin in the worker: @wb.custom_op kernels it runs
-            cops.install(custom_ops)
+        if session_factory is not None and not callable(session_factory):
+            raise InputError(f"session_factory must be callable, got "
+                             f"{type(session_factory).__name__}",
+                             "pass a function, e.g. lambda: ort.InferenceSession(path, so)")
+        self._session_factory = session_factory
+        isolated = isolated and session_factory is None
         # the worker lacks this process's Python custom ops: they travel pickled by value
         # (None: they cannot, so run here; see workbench/customops/shipping.py)
-        ship = cops.for_worker(self.path) if isolated else {}
+        ship = cops.for_worker(self.path) if isolated else b""
         self.isolated = isolated = isolated and ship is not None
         if isolated:
             from .worker import RemoteHandle
 
             self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
                                         (str(self.path),), {"libraries": self.libraries,
-                                                            "num_threads": num_threads,
-                                                            **ship}, self.name,
-                                        timeout=timeout)
+                                                            "num_threads": num_threads},
+                                        self.name, timeout=timeout, custom_ops=ship)
 
     @property
     def session(self):
+        if self._session is None and self._session_factory is not None:
+            self._session = self._session_factory()
         if self._session is None:
             from .ort_session import session
 
@@ -76,30 +86,29 @@ class OrtRunner(Runner):
     def _options(self) -> dict[str, Any]:
         return {"intra_op_num_threads": self.num_threads} if self.num_threads else {}
 
-    def _describe_local(self) -> dict[str, Any]:
+    def _describe_local(self) -> ModelIO:
         # from the graph, not a session: a session made only to describe the model would
         # cost as much as the one that runs it (and capture="all" builds its own)
         from ..graph import summarize
 
         g = summarize(self.path)
-        return {"inputs": [{"name": t.name, "dtype": t.dtype,
-                            "shape": None if t.shape is None else
-                            [d if isinstance(d, int) else None for d in t.shape]}
-                           for t in g.inputs],
-                "outputs": [t.name for t in g.outputs]}
+        return ModelIO(inputs=tuple(
+            TensorSpec(t.name, t.dtype, None if t.shape is None else
+                       tuple(d if isinstance(d, int) else None for d in t.shape))
+            for t in g.inputs), outputs=tuple(t.name for t in g.outputs))
 
     def feed(self, inputs: Any) -> dict[str, Any]:
         """Inputs (dict by name, or tuple in input order) checked and as numpy arrays."""
-        specs = self.describe()["inputs"]
-        values = split_inputs(inputs, [s["name"] for s in specs], self.path.name)
+        specs = self.describe().inputs
+        values = split_inputs(inputs, [s.name for s in specs], self.path.name)
         feed = {}
         for spec, v in zip(specs, values, strict=True):
             if getattr(v, "is_meta", False):  # shape only: torch cannot copy it out
-                raise InputError(f"input {spec['name']!r} of {self.path.name}: a meta tensor "
+                raise InputError(f"input {spec.name!r} of {self.path.name}: a meta tensor "
                                  "holds no values", "pass a tensor with data (on the CPU), e.g. "
                                  "torch.randn(shape)")
             arr = to_numpy(v)
-            name, want, shape = spec["name"], spec["dtype"], spec["shape"]
+            name, want, shape = spec.name, spec.dtype, spec.shape
             if want in _ORT_TYPES.values() and arr.dtype.name != want:
                 raise InputError(f"input {name!r} of {self.path.name}: expected {want}, got "
                                  f"{arr.dtype.name}", f"cast it, e.g. x.astype(np.{want})")

@@ -17,7 +17,7 @@ from collections import Counter
 from typing import Any
 
 from ..inputs import as_tensor_tuple, flatten_outputs
-from .base import Runner, keep_freed_memory
+from .base import ModelIO, Runner, TensorSpec, keep_freed_memory
 
 _PREFIXES = (("torch.nn.functional.", "F."), ("torch.Tensor.", "Tensor."), ("torch._C._nn.", "F."),
              ("torch._C._VariableFunctions.", "torch."))
@@ -48,8 +48,8 @@ class TorchRunner(Runner):
         self.output_names_given = output_names
         self._pool: dict[str, Any] = {}  # capture="all" buffers, reused when free
 
-    def describe(self) -> dict[str, Any]:
-        return {"inputs": [{"name": n} for n in self.input_names], "outputs": []}
+    def describe(self) -> ModelIO:
+        return ModelIO(inputs=tuple(TensorSpec(n) for n in self.input_names))
 
     @property
     def input_names(self) -> list[str]:

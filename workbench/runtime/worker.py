@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BackendCrashed, BackendTimeout, RemoteError, WorkbenchError
+from .base import ModelIO
 from .transfer import Packer, SharedFile, _shm_dir, pack, unpack
 
 __all__ = ["BackendCrashed", "BackendTimeout", "RemoteError", "Packer", "SharedFile", "pack",
@@ -91,6 +92,10 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
         op = msg["op"]
         try:
             if op == "create":
+                if msg.get("custom_ops"):  # the @wb.custom_op kernels/layers the twin runs
+                    from ..customops import install
+
+                    install(msg["custom_ops"])
                 module, cls = msg["cls"].split(":")
                 klass = getattr(importlib.import_module(module), cls)
                 runner = klass(*msg["args"], **msg["kwargs"], isolated=False)
@@ -375,14 +380,15 @@ class RemoteHandle:
     """A runner's twin in the worker: created lazily, re-created after a crash."""
 
     def __init__(self, cls: str, args: tuple, kwargs: dict[str, Any], backend: str,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, custom_ops: bytes | None = None) -> None:
         self.cls, self.args, self.kwargs, self.backend = cls, args, kwargs, backend
+        self.custom_ops = custom_ops or None  # pickled custom ops, installed before the twin
         # per call, in seconds; by default generous and scaled with the model's files
         self.timeout = default_timeout(args[0] if args else None) if timeout is None \
             else check_timeout(timeout)
         self.key = next(_KEYS)
         self._generation = -1
-        self._describe: dict[str, Any] | None = None
+        self._describe: ModelIO | None = None
         self._arenas = Arenas(self.key)
         # results' files stay mapped here and in the worker between runs (SharedFile.keep)
         self.keep_mapped = False
@@ -397,7 +403,7 @@ class RemoteHandle:
             return None
         return w.pid
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ModelIO:
         self._ensure()
         return self._describe
 
@@ -405,7 +411,8 @@ class RemoteHandle:
         w = worker()
         if self._generation != w.generation or not w.alive:
             reply = w.call({"op": "create", "key": self.key, "cls": self.cls,
-                            "args": self.args, "kwargs": self.kwargs}, self.backend,
+                            "args": self.args, "kwargs": self.kwargs,
+                            "custom_ops": self.custom_ops}, self.backend,
                            self.timeout)
             self._describe = reply["describe"]
             self._generation = w.generation
@@ -429,7 +436,7 @@ class RemoteHandle:
         with self._arenas.lock:
             inputs = self._arenas.inputs(w)
             out = self._arenas.free_output(w)
-            kind = capture if isinstance(capture, str) else capture[0]
+            kind = capture if isinstance(capture, str) else "blobs"  # a BlobCapture
             out.keep = self.keep_mapped
             msg = {"op": "run", "key": self.key, "inputs": inputs.path,
                    "index": pack(inputs, feed), "capture": capture, "outputs": out.path,

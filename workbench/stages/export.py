@@ -15,7 +15,7 @@ from typing import Any
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..checks import save_reference
-from ..customops.registry import EXPORTERS, opset_range
+from ..customops.registry import EXPORTERS, check_opset
 from ..errors import InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, copies, describe, run_torch
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
@@ -68,7 +68,7 @@ def export(
                          "(torch.export based)")
     if opset is None:  # each exporter at the opset it handles (see DEFAULT_OPSET)
         opset = DEFAULT_OPSET[exporter]
-    _check_opset(opset, exporter)
+    check_opset(opset, exporter)
     args = as_tensor_tuple(inputs)
     _check_arity(model, args)
     from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
@@ -118,13 +118,6 @@ def export(
 
 
 # -- argument checks ---------------------------------------------------------------------------
-def _check_opset(opset: Any, exporter: str) -> None:
-    lo, hi = opset_range(exporter)
-    if not isinstance(opset, int) or isinstance(opset, bool) or not lo <= opset <= hi:
-        raise InputError(f"opset={opset!r} is outside what the {exporter} exporter writes "
-                         f"({lo}..{hi})", f"pick an opset in {lo}..{hi}; 17 is a safe default")
-
-
 def _check_arity(model: Any, args: tuple) -> None:
     try:
         sig = inspect.signature(model.forward)

@@ -21,15 +21,12 @@ from typing import Any
 
 from .. import shapes
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
-from ..errors import InputError, WorkbenchError
+from ..errors import ConversionError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, run_torch
+from ..progress import Progress, Steps
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
-
-
-class ConversionError(WorkbenchError):
-    """pnnx/ncnn conversion failed; the message carries the tail of the pnnx log."""
 
 
 def pnnx_binary() -> Path:
@@ -65,13 +62,15 @@ def to_ncnn(
     moduleop: tuple[str, ...] | list[str] | str = (),
     optlevel: int = 2,
     timeout: float = 600.0,
+    progress: Progress = False,
 ) -> Artifact:
     """Convert through pnnx; returns the ncnn Artifact whose parent is the pnnx Artifact.
 
     ``source`` is an ``nn.Module`` (traced with ``inputs``) or an ONNX Artifact or path
     (``inputs`` default to the example inputs stored at export). ``fp16=False`` keeps fp32
     weights. ``inputs2`` gives pnnx a second shape for dynamic axes (``inputshape2``);
-    ``moduleop`` keeps the named module classes as one op each.
+    ``moduleop`` keeps the named module classes as one op each. ``progress``: a bar over
+    tracing, pnnx's passes and the numeric check, or a callback (``workbench.progress``).
     """
     import torch
 
@@ -106,8 +105,10 @@ def to_ncnn(
         kind = "onnx"
     args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
 
-    with tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir:
+    with Steps(progress, "ncnn", 2 + len(PNNX_PASSES)) as steps, \
+            tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir:
         tmp = Path(tmp_dir)
+        steps.phase("tracing the module" if kind == "torchscript" else "reading the ONNX model")
         if kind == "torchscript":
             model_file = tmp / "model.pt"
             diags += _trace(source, args, model_file)
@@ -130,7 +131,8 @@ def to_ncnn(
             cmd.append(f"inputshape2={_shape_arg(args2)}")
         if moduleop:
             cmd.append("moduleop=" + ",".join(moduleop))
-        log, rc = _run_pnnx(cmd, tmp, timeout)
+        steps.advance()
+        log, rc = _run_pnnx(cmd, tmp, timeout, steps)
         diags += _log_diagnostics(log)
         stem = "model"
         pnnx_files = [f"{stem}.pnnx.param", f"{stem}.pnnx.bin", f"{stem}_pnnx.py"]
@@ -163,7 +165,9 @@ def to_ncnn(
             raise ConversionError(
                 f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
                 f"graph is kept as {pnnx_art.id}" + _tail(log), _hint_for(log, bad))
+        steps.phase("running ncnn against the reference")
         metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out)
+        steps.advance(steps.total)
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
                        diagnostics=checks, metrics=metrics)
@@ -261,18 +265,41 @@ def _ort_outputs(parent: Artifact, args: tuple) -> list | None:
         return None
 
 
-def _run_pnnx(cmd: list[str], cwd: Path, timeout: float) -> tuple[str, int]:
+# the passes pnnx announces ("############# pass_level2"), in order: progress within pnnx
+PNNX_PASSES = ("level0", "level1", "level2", "level3", "level4", "level5", "ncnn")
+
+
+def _run_pnnx(cmd: list[str], cwd: Path, timeout: float, steps: Steps | None = None
+              ) -> tuple[str, int]:
+    """Run pnnx, its log read line by line as it goes (each pass it announces is a step)."""
+    import threading
+
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, errors="replace")
+    killed: list[bool] = []
+    timer = threading.Timer(timeout, lambda: (killed.append(True), proc.kill()))
+    timer.start()
+    lines = []
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                              env=env, errors="replace")
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (
-            e.stdout or "")
-        raise ConversionError(f"pnnx did not finish in {timeout:g} s" + _tail(out),
-                              "pass a smaller input shape, or raise timeout=") from None
-    log = (proc.stdout or "") + (proc.stderr or "")
-    return re.sub(r"\x1b\[[0-9;]*m", "", log), proc.returncode  # no terminal colours
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            m = re.match(r"#+ pass_(\w+)", line)
+            if steps is not None and m and m.group(1) in PNNX_PASSES:
+                steps.phase(f"pnnx pass_{m.group(1)}")
+                steps.advance()
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:  # interrupted while reading
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    log = re.sub(r"\x1b\[[0-9;]*m", "", "".join(lines))  # no terminal colours
+    if killed:
+        raise ConversionError(f"pnnx did not finish in {timeout:g} s" + _tail(log),
+                              "pass a smaller input shape, or raise timeout=")
+    return log, rc
 
 
 def _check_exit(rc: int, log: str, cmd: list[str], causes: list[Diagnostic]) -> None:

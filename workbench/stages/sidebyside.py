@@ -250,8 +250,9 @@ def _torch_level(model: Any, inputs: Any) -> Level:
 
 
 def _pnnx_level(model: Any, inputs: Any, ws: Workspace) -> tuple[Level, str, str]:
+    from ..errors import ConversionError
     from ..params import PNNX_IO_OPS, parse_pnnx_param
-    from .ncnn import ConversionError, to_ncnn
+    from .ncnn import to_ncnn
 
     before = {a.id for a in ws}
     failed = ""
