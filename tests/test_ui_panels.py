@@ -320,3 +320,29 @@ def test_a_stage_made_from_an_older_input_is_stale_left_out_of_compare_and_run_a
     # a new ncnn model: the comparison that checked the old one is stale
     p["ncnn"].run()
     assert set(pipe.stale()) == {"compare"}
+
+
+def test_progress_within_pnnx_and_quantization_names_phases_and_counts(model_inputs, ws) -> None:
+    from workbench.progress import Step
+    from workbench.stages.ncnn import PNNX_PASSES
+    from workbench.ui.panels import QuantizePanel
+
+    model, inputs = model_inputs
+    seen: list[Step] = []
+    nc = wb.to_ncnn(model, inputs, workspace=ws, progress=seen.append)
+    pnnx = list(dict.fromkeys(s.phase for s in seen if s.phase.startswith("pnnx ")))
+    assert pnnx == [f"pnnx pass_{p}" for p in PNNX_PASSES]  # each pass pnnx announced
+    done = [s.done for s in seen]
+    assert done == sorted(done) and done[-1] == seen[-1].total == 2 + len(PNNX_PASSES)
+    # the panel's bar counts the same steps and its status names each phase as it comes
+    panel = NcnnPanel(model, inputs, workspace=ws)
+    statuses: list[str] = []
+    panel.status.observe(lambda c: statuses.append(c["new"]), names="value")
+    assert panel.run() is not None and panel.error is None
+    assert any("pnnx pass_level2 (4/9)" in s for s in statuses), statuses
+    assert panel.progress.max == panel.progress.value == 9
+    quant = QuantizePanel(model, inputs, source=nc, workspace=ws, samples=2)
+    quant.status.observe(lambda c: statuses.append(c["new"]), names="value")
+    assert quant.run() is not None, quant.result_html.value
+    assert any("calibrating on 2 samples (kl)" in s for s in statuses), statuses
+    assert any("checking the int8 model" in s for s in statuses)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..errors import InputError
+from ..progress import Progress, Steps
 
 BACKENDS = ("onnxruntime", "ncnn")
 METHODS = {"onnxruntime": ("minmax", "entropy", "percentile"),
@@ -40,7 +41,7 @@ def quantize(
     transform: Any = None,
     requantize: bool = True,
     workspace: Workspace | str | None = None,
-    progress: bool = True,
+    progress: Progress = True,
 ) -> Artifact:
     """Quantize ``source`` to int8; returns the new Artifact.
 
@@ -61,7 +62,7 @@ def quantize(
         requantize: ncnn: hand int8 outputs from convolution to convolution (ncnn2int8's
             default).
         workspace: where the artifact goes (default: the source's workspace).
-        progress: progress bars.
+        progress: progress bars; or a callback given each phase (``workbench.progress``).
     """
     t0 = time.perf_counter()
     if not isinstance(source, Artifact):
@@ -94,16 +95,23 @@ def quantize(
     ws = source.workspace if workspace is None and source.workspace else \
         as_workspace(workspace)
     cal = None
-    if not dynamic:
-        if calibration is None:
-            raise InputError("quantize needs calibration samples (calibration=None)",
-                             "pass an iterable of model inputs, a DataLoader or a folder of "
-                             ".npy/images; or dynamic=True (onnxruntime) for none")
-        cal = _calibration(calibration, source, backend, limit, seed, transform, progress)
-    names = _exclude_names(exclude, source, backend)
-    if backend == "onnxruntime":
-        return _ort(source, ws, cal, method, per_channel, names, dynamic, t0, progress)
-    return _ncnn(source, ws, cal, method, names, requantize, t0, progress)
+    # a callback hears the phases; progress=True keeps the calibration's own bars (per sample)
+    bars = progress is True
+    with Steps(progress if callable(progress) else False, "quantize", 3) as steps:
+        if not dynamic:
+            if calibration is None:
+                raise InputError("quantize needs calibration samples (calibration=None)",
+                                 "pass an iterable of model inputs, a DataLoader or a folder "
+                                 "of .npy/images; or dynamic=True (onnxruntime) for none")
+            steps.phase("reading calibration samples")
+            cal = _calibration(calibration, source, backend, limit, seed, transform, bars)
+        steps.advance()
+        names = _exclude_names(exclude, source, backend)
+        steps.phase(f"{backend} int8: " + ("dynamic, no calibration" if dynamic else
+                                           f"calibrating on {len(cal.samples)} samples ({method})"))
+        if backend == "onnxruntime":
+            return _ort(source, ws, cal, method, per_channel, names, dynamic, t0, bars, steps)
+        return _ncnn(source, ws, cal, method, names, requantize, t0, bars, steps)
 
 
 def _refuse_invalid(source: Artifact) -> None:
@@ -217,7 +225,8 @@ def _float_name(name: str) -> str:
 
 
 def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bool,
-         exclude: list[str], dynamic: bool, t0: float, progress: bool) -> Artifact:
+         exclude: list[str], dynamic: bool, t0: float, progress: bool, steps: Steps
+         ) -> Artifact:
     from ..precision import ort_quant
     from ..runtime.ort_runner import OrtRunner
 
@@ -230,6 +239,8 @@ def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bo
             res = ort_quant.quantize_static_qdq(source.path, out, cal, method=method,
                                                 per_channel=per_channel, exclude=exclude,
                                                 progress=progress)
+        steps.advance()
+        steps.phase("checking the int8 model against its float parent")
         sample = cal.samples[0] if cal is not None else _example(source)
         diags, metrics = _check(OrtRunner(source.path), OrtRunner(out), sample, source)
         metrics.update({"quantized": len(res.quantized), "excluded": list(res.excluded)})
@@ -246,7 +257,7 @@ def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bo
 
 
 def _ncnn(source: Artifact, ws: Workspace, cal: Any, method: str, exclude: list[str],
-          requantize: bool, t0: float, progress: bool) -> Artifact:
+          requantize: bool, t0: float, progress: bool, steps: Steps) -> Artifact:
     from ..precision.ncnn_int8 import write_int8_model
     from ..precision.ncnn_table import calibration_table
     from ..runtime.ncnn_runner import NcnnRunner
@@ -258,6 +269,8 @@ def _ncnn(source: Artifact, ws: Workspace, cal: Any, method: str, exclude: list[
         table.write(d / "model.table")
         model = write_int8_model(source.path, None, table, d / main, d / "model.ncnn.bin",
                                  keep_float=exclude, requantize=requantize)
+        steps.advance()
+        steps.phase("checking the int8 model against its float parent")
         diags, metrics = _check(fp32, NcnnRunner(d / main, precision="fp32"),
                                 cal.samples[0], source)
         metrics.update({"quantized": len(model.quantized), "kept_float": model.kept_float,

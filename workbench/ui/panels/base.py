@@ -11,6 +11,7 @@ from typing import Any
 from ...artifact import Artifact, Workspace, as_workspace
 from ...diagnostics import group_diagnostics
 from ...errors import InputError, WorkbenchError
+from ...progress import Step
 from ..code import program
 
 LEVEL_COLOURS = {"error": "#c62828", "warning": "#ef6c00", "info": "#546e7a"}
@@ -228,6 +229,7 @@ class StagePanel:
         self.run_button.disabled = True
         self.progress.bar_style = "info"
         self.progress.value = 0
+        self.progress.max = 1
         self.status.value = f"<span class='wb-running'>running {_esc(self.stage)}&hellip;</span>"
         self.result_html.value = ""
         self.preview.children = ()  # a new run replaces what the last one showed
@@ -259,7 +261,7 @@ class StagePanel:
             self.run_button.disabled = False
         self.seconds = time.perf_counter() - t0
         self.result = result
-        self.progress.value = 1
+        self.progress.value = self.progress.max
         ok = getattr(result, "ok", True)
         self.progress.bar_style = "success" if ok else "warning"
         self.status.value = (f"<span class='wb-done'>done in {self.seconds:.1f} s"
@@ -279,6 +281,14 @@ class StagePanel:
 
     def _on_error(self, e: BaseException) -> None:
         pass
+
+    def _on_step(self, step: Step) -> None:
+        """Progress within the stage (the engine's ``progress=`` callback): the bar counts
+        its steps, the status names the phase."""
+        self.progress.max = max(1, step.total)
+        self.progress.value = min(step.done, self.progress.max)
+        self.status.value = (f"<span class='wb-running'>{_esc(step.stage)}: "
+                             f"{_esc(step.phase)} ({step.done}/{step.total})&hellip;</span>")
 
     def mark_stale(self, why: str | None) -> None:
         """Say (or stop saying) that the result was made from an input that is no longer the

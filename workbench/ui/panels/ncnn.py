@@ -57,11 +57,12 @@ class NcnnPanel(StagePanel):
             if self.model is None:
                 raise InputError("ncnn from the module needs the model and inputs",
                                  "NcnnPanel(model, inputs) or choose from: the ONNX model")
-            return to_ncnn(self.model, self.inputs, workspace=self._ws(), **settings)
+            return to_ncnn(self.model, self.inputs, workspace=self._ws(), progress=self._on_step,
+                           **settings)
         if self.source is None:
             raise InputError("ncnn from ONNX has no ONNX model yet",
                              "run export first, or choose from: the module")
-        return to_ncnn(self.source, **settings)
+        return to_ncnn(self.source, progress=self._on_step, **settings)
 
     def _chain(self) -> tuple[list[str], bool]:
         if self.from_.value == "module":  # the source panels are not involved

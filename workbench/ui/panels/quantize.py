@@ -181,7 +181,7 @@ class QuantizePanel(StagePanel):
         worst = {n: math.inf for n in names}
         for r in rep.records:
             if r.candidate in worst and r.mode == "accumulated":
-                worst[r.candidate] = min(worst[r.candidate], r.metrics.get("snr_db", math.inf))
+                worst[r.candidate] = min(worst[r.candidate], r.metrics.snr_db)
         return rep.sensitivity(candidate=min(names, key=lambda n: worst[n]), progress=False)
 
     def _show_ranking(self, ranking: list[Any]) -> None:
@@ -239,7 +239,7 @@ class QuantizePanel(StagePanel):
                                  "QuantizePanel(model, inputs, ...) or calibrate from a folder")
             kwargs["calibration"] = noisy_samples(self.inputs, self.samples.value,
                                                   self.noise.value, self.seed.value)
-        return quantize(self.source, **kwargs)
+        return quantize(self.source, **{**kwargs, "progress": self._on_step})
 
     def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:
         lines = []
