@@ -346,3 +346,37 @@ def test_progress_within_pnnx_and_quantization_names_phases_and_counts(model_inp
     assert quant.run() is not None, quant.result_html.value
     assert any("calibrating on 2 samples (kl)" in s for s in statuses), statuses
     assert any("checking the int8 model" in s for s in statuses)
+
+
+def test_custom_ops_panel_declares_an_op_of_your_own_with_wb_custom_op(ws) -> None:
+    import torch
+
+    class Twice(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.wbpanel.twice(x) + 1
+
+    export = ExportPanel(Twice(), (torch.rand(2, 3),), workspace=ws)
+    custom = CustomOpsPanel(workspace=ws, export_panel=export)
+    try:
+        assert export.run() is None  # torch.ops has no wbpanel.twice yet
+        # the op the export error names fills the panel, as a @wb.custom_op declaration
+        assert custom.kind.value == "custom_op" and custom.op.value == "wbpanel::twice"
+        assert "@wb.custom_op('wbpanel::twice', mutates_args=())" in custom.declaration.value
+        custom.declaration.value = custom.declaration.value.replace("return x.clone()",
+                                                                    "return 2 * x")
+        code = custom.code()
+        assert code.startswith("import workbench as wb") and "return 2 * x" in code
+        art = custom.run()  # declares the op, then exports again
+        assert custom.error is None, custom.result_html.value
+        assert art is export.artifact and art.graph.op_histogram.get("wbpanel::twice") == 1
+        assert art.ok and art.metrics["max_abs"] < 1e-6  # ONNX Runtime ran the torch code
+        assert "wbpanel::twice" in custom.registered.value
+    finally:
+        wb.unregister("wbpanel::twice")
+    custom.declaration.value = "@wb.custom_op('wbpanel::twice')\ndef twice(x:\n"
+    assert custom.run() is None and "does not parse" in custom.result_html.value
+    custom.declaration.value = "x = 1  # wbpanel::twice named, nothing declared\n"
+    assert custom.run() is None and "declared no op &#x27;wbpanel::twice" in custom.result_html.value
+    custom.kind.value = "symbolic"  # the register_symbolic form wants an ONNX op type
+    custom.op.value, custom.onnx_op.value = "aten::asinh", "asinh"
+    assert custom.run() is None and "not an ONNX op type" in custom.result_html.value
