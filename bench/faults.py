@@ -435,7 +435,7 @@ def blames(rep: Any, rec: Any, module: str) -> bool:
 
 
 def first_failing(rep: Any, mode: str) -> Any:
-    failing = [r for r in rep.records if r.mode == mode and not r.metrics.get("passed", True)]
+    failing = [r for r in rep.records if r.mode == mode and not r.metrics.passed]
     return min(failing, key=lambda r: r.order) if failing else None
 
 
@@ -447,8 +447,8 @@ def describe(rep: Any, rec: Any) -> dict[str, Any] | None:
     relation = getattr(rec, "relation", None) or (
         al.relation(rec.name) if al is not None and hasattr(al, "relation") else "equal")
     return {"reference": rec.reference, "tensor": rec.name, "op_type": rec.op_type,
-            "mode": rec.mode, "max_abs": m.get("max_abs"), "tolerance": m.get("tolerance"),
-            "frac_over_tol": m.get("frac_over_tol"), "covers": list(covers_of(rep, rec)),
+            "mode": rec.mode, "max_abs": m.max_abs, "tolerance": m.tolerance,
+            "frac_over_tol": m.frac_over_tol, "covers": list(covers_of(rep, rec)),
             "relation": relation}
 
 
@@ -691,8 +691,8 @@ def _one_trial(trial: Trial, model: Any, x: tuple, targets: list[Target],
     trial.named, trial.named_accumulated = describe(rep, first), describe(rep, acc)
     trial.aligned_fraction = next(iter(rep.aligned_fraction.values()), 0.0)
     trial.own = [{"tensor": r.name, "reference": r.reference, "mode": r.mode,
-                  "passed": r.metrics.get("passed"), "max_abs": r.metrics.get("max_abs"),
-                  "tolerance": r.metrics.get("tolerance")}
+                  "passed": r.metrics.passed, "max_abs": r.metrics.max_abs,
+                  "tolerance": r.metrics.tolerance}
                  for r in rep.records if blames(rep, r, target.module)]
     _, outs, trial.reader_op = readers(kind, path, loc)
     trial.reader = "; ".join(f"{o}: {tensor_status(rep, o)}" for o in outs[:2])

@@ -50,8 +50,8 @@ def test_perturbed_weight_is_named_as_first_divergence(sr, tmp_path):
     assert first.name == conv2.output[0] and first.reference == "conv2"
     assert first.op_type == "Conv" and first.mode == "isolated"
     # isolated error stays at the op that broke; accumulated error is inherited downstream
-    iso = {r.reference: r.metrics["max_abs"] for r in rep.records if r.mode == "isolated"}
-    acc = {r.reference: r.metrics["max_abs"] for r in rep.records if r.mode == "accumulated"}
+    iso = {r.reference: r.metrics.max_abs for r in rep.records if r.mode == "isolated"}
+    acc = {r.reference: r.metrics.max_abs for r in rep.records if r.mode == "accumulated"}
     assert iso["conv3"] < 1e-4 < acc["conv3"]
     assert iso["conv1"] < 1e-4 and acc["conv1"] < 1e-4
     assert "first divergence at conv2" in rep.summary()
@@ -63,7 +63,7 @@ def test_perturbed_weight_is_named_as_first_divergence(sr, tmp_path):
     run = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True, text=True,
                          check=True)
     got = float(run.stdout.split("max abs ")[1].split(",")[0])
-    assert got == pytest.approx(first.metrics["max_abs"], rel=1e-3)
+    assert got == pytest.approx(first.metrics.max_abs, rel=1e-3)
 
 
 def test_ncnn_fp16_error_grows_where_fp32_does_not(sr):
@@ -80,13 +80,13 @@ def test_ncnn_fp16_error_grows_where_fp32_does_not(sr):
         if r.mode == "accumulated":
             by.setdefault(r.candidate, []).append(r)
     fp32, fp16 = (by[c.name] for c in rep.candidates)
-    assert max(r.metrics["max_abs"] for r in fp32) < 1e-4
-    assert fp16[-1].metrics["max_abs"] > 10 * fp32[-1].metrics["max_abs"]
+    assert max(r.metrics.max_abs for r in fp32) < 1e-4
+    assert fp16[-1].metrics.max_abs > 10 * fp32[-1].metrics.max_abs
     # ncnn fuses conv + relu: those blobs align to the ReLU modules they end with
     assert [r.reference for r in fp32] == ["F.interpolate_0", "relu1", "relu2", "conv3"]
     # isolated (reference values fed to each layer with Extractor.input): the fp16 layers'
     # own error, where fp32 layers have next to none
-    iso = {(r.candidate.split()[1], r.reference): r.metrics["max_abs"] for r in rep.records
+    iso = {(r.candidate.split()[1], r.reference): r.metrics.max_abs for r in rep.records
            if r.mode == "isolated"}
     assert iso[("fp16", "relu2")] > 10 * max(iso[("fp32", "relu2")], 1e-7)
     assert rep.first_divergence is None or rep.first_divergence.candidate.startswith("ncnn fp16")
@@ -106,7 +106,7 @@ def test_resize_with_another_coordinate_mode_is_named_and_reproduced(sr, tmp_pat
     first = rep.first_divergence
     assert first.op_type == "Resize" and first.reference == "F.interpolate_0"
     # every later op is fine on reference inputs: only the resize is wrong
-    assert all(r.metrics["passed"] for r in rep.records
+    assert all(r.metrics.passed for r in rep.records
                if r.mode == "isolated" and r.name != first.name)
     out = rep.repro(first, tmp_path / "repro")
     run = subprocess.run([sys.executable, str(out / "repro.py")], capture_output=True,
@@ -148,9 +148,9 @@ def test_nan_in_the_reference_is_reported_not_a_crash(tmp_path):
     onx = wb.export(Log(), x, workspace=tmp_path / "ws")
     rep = wb.compare(Log(), [onx], x, progress=False)
     recs = rep.records
-    assert recs and all(r.metrics["nan_ref"] > 0 for r in recs)
+    assert recs and all(r.metrics.nan_ref > 0 for r in recs)
     assert rep.ok, rep.summary()  # NaN where torch has NaN too is agreement
-    assert np.isfinite(recs[-1].metrics["max_abs"])
+    assert np.isfinite(recs[-1].metrics.max_abs)
 
 
 def test_table_formats_and_plots(sr):
@@ -188,8 +188,8 @@ def test_several_input_sets_keep_the_worst(sr):
     big = (x[0] * 50,)
     one = wb.compare(model, [onx], x, progress=False)
     both = wb.compare(model, [onx], [x, big], progress=False)
-    worst_one = max(r.metrics["max_abs"] for r in one.records)
-    worst_both = max(r.metrics["max_abs"] for r in both.records)
+    worst_one = max(r.metrics.max_abs for r in one.records)
+    worst_both = max(r.metrics.max_abs for r in both.records)
     assert worst_both > worst_one
 
 
@@ -223,8 +223,8 @@ def test_repeated_comparisons_reuse_runners_until_the_file_changes(sr, tmp_path)
     onnx.save(m, path)
     edited = wb.compare(model, [path], x, mode="both", progress=False)
     assert edited.candidates[0].runner is not first.candidates[0].runner
-    assert edited.ok and [r.metrics["max_abs"] for r in edited.records] == [
-        r.metrics["max_abs"] for r in first.records]
+    assert edited.ok and [r.metrics.max_abs for r in edited.records] == [
+        r.metrics.max_abs for r in first.records]
 
 
 @pytest.mark.parametrize("mode", ["accumulated", "both"])
@@ -246,7 +246,7 @@ def test_several_candidates_at_once_measure_as_each_alone(sr, mode):
         want = {(r.mode, r.name): r.metrics for r in alone.records}
         assert got.keys() == want.keys() and got
         for key, m in want.items():
-            assert got[key]["max_abs"] == m["max_abs"] and got[key]["cosine"] == m["cosine"]
+            assert got[key].max_abs == m.max_abs and got[key].cosine == m.cosine
 
 
 def test_a_failing_capture_is_raised_and_nothing_is_left_waiting(sr, tmp_path):

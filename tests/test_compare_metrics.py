@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -19,7 +20,8 @@ from workbench.errors import InputError
 
 TOL = Tolerance(atol=1e-4, rtol=1e-3)
 KEYS = {"max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "nan_ref", "inf_ref", "nan_cand",
-        "inf_cand", "frac_over_tol", "min_tol", "passed", "size", "shape", "ref_absmax"}
+        "inf_cand", "frac_over_tol", "min_tol", "passed", "size", "shape", "tolerance",
+        "ref_absmax"}
 
 
 # --- Tolerance and resolve_tolerance -------------------------------------------------------
@@ -95,84 +97,87 @@ def test_resolve_tolerance_ignores_bad_entries_it_does_not_use():
 def test_identical_arrays():
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
     m = tensor_metrics(x, x.copy(), TOL)
-    assert set(m) == KEYS
-    assert m["max_abs"] == m["mean_abs"] == m["max_rel"] == m["min_tol"] == 0.0
-    assert m["cosine"] == 1.0 and m["snr_db"] == math.inf
-    assert m["frac_over_tol"] == 0.0 and m["passed"] is True
-    assert m["size"] == 24 and m["shape"] == [2, 3, 4]
-    assert m["nan_ref"] == m["inf_ref"] == m["nan_cand"] == m["inf_cand"] == 0
+    assert {f.name for f in dataclasses.fields(m)} == KEYS
+    assert set(m.as_dict()) == KEYS - {"ref_absmax"} and m.as_dict()["shape"] == [2, 3, 4]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.max_abs = 1.0  # type: ignore[misc]
+    assert m.max_abs == m.mean_abs == m.max_rel == m.min_tol == 0.0
+    assert m.cosine == 1.0 and m.snr_db == math.inf
+    assert m.frac_over_tol == 0.0 and m.passed is True
+    assert m.size == 24 and m.shape == (2, 3, 4)
+    assert m.nan_ref == m.inf_ref == m.nan_cand == m.inf_cand == 0
 
 
 def test_abs_rel_and_mean_exact_values():
     ref = np.array([1.0, -2.0, 0.0, 4.0])
     cand = np.array([1.5, -2.0, 0.25, 3.0])
     m = tensor_metrics(ref, cand, Tolerance(0.0, 0.0), eps=1e-6)
-    assert m["max_abs"] == 1.0
-    assert m["mean_abs"] == (0.5 + 0.0 + 0.25 + 1.0) / 4
-    assert m["max_rel"] == pytest.approx(0.25 / 1e-6)  # the zero in ref: |d| / eps
+    assert m.max_abs == 1.0
+    assert m.mean_abs == (0.5 + 0.0 + 0.25 + 1.0) / 4
+    assert m.max_rel == pytest.approx(0.25 / 1e-6)  # the zero in ref: |d| / eps
     m = tensor_metrics(ref[[0, 1, 3]], cand[[0, 1, 3]], TOL, eps=0.0)
-    assert m["max_rel"] == 0.5
+    assert m.max_rel == 0.5
 
 
 def test_max_rel_with_eps_zero_skips_equal_zeros():
-    assert tensor_metrics([0.0, 2.0], [0.0, 3.0], TOL, eps=0.0)["max_rel"] == 0.5
-    assert tensor_metrics([0.0, 0.0], [0.0, 0.0], TOL, eps=0.0)["max_rel"] == 0.0
-    assert tensor_metrics([0.0, 2.0], [1.0, 2.0], TOL, eps=0.0)["max_rel"] == math.inf
+    assert tensor_metrics([0.0, 2.0], [0.0, 3.0], TOL, eps=0.0).max_rel == 0.5
+    assert tensor_metrics([0.0, 0.0], [0.0, 0.0], TOL, eps=0.0).max_rel == 0.0
+    assert tensor_metrics([0.0, 2.0], [1.0, 2.0], TOL, eps=0.0).max_rel == math.inf
     with pytest.raises(InputError, match="eps"):
         tensor_metrics([1.0], [1.0], TOL, eps=-1.0)
 
 
 def test_tol_may_be_spelled_as_float_or_tuple_but_not_garbage():
-    assert tensor_metrics([1.0], [1.5], 0.5)["passed"] is True
-    assert tensor_metrics([1.0], [1.5], (0.25, 0.25))["passed"] is True
-    assert tensor_metrics([1.0], [1.5], (0.25, 0.2))["passed"] is False
+    assert tensor_metrics([1.0], [1.5], 0.5).passed is True
+    assert tensor_metrics([1.0], [1.5], (0.25, 0.25)).passed is True
+    assert tensor_metrics([1.0], [1.5], (0.25, 0.2)).passed is False
     with pytest.raises(InputError, match="tolerance tol"):
         tensor_metrics([1.0], [1.5], "loose")
 
 
 def test_cosine_known_values():
-    assert tensor_metrics([1.0, 0.0], [0.0, 1.0], TOL)["cosine"] == 0.0
-    assert tensor_metrics([1.0, 2.0], [-1.0, -2.0], TOL)["cosine"] == -1.0
-    assert tensor_metrics([1.0, 2.0], [2.0, 4.0], TOL)["cosine"] == pytest.approx(1.0, abs=1e-15)
-    assert tensor_metrics([1.0, 0.0], [1.0, 1.0], TOL)["cosine"] == pytest.approx(1 / math.sqrt(2))
+    assert tensor_metrics([1.0, 0.0], [0.0, 1.0], TOL).cosine == 0.0
+    assert tensor_metrics([1.0, 2.0], [-1.0, -2.0], TOL).cosine == -1.0
+    assert tensor_metrics([1.0, 2.0], [2.0, 4.0], TOL).cosine == pytest.approx(1.0, abs=1e-15)
+    assert tensor_metrics([1.0, 0.0], [1.0, 1.0], TOL).cosine == pytest.approx(1 / math.sqrt(2))
 
 
 def test_cosine_zero_vectors_both_zero_is_one_one_zero_is_zero():
-    assert tensor_metrics(np.zeros(5), np.zeros(5), TOL)["cosine"] == 1.0
-    assert tensor_metrics(np.zeros(3), [1.0, 2.0, 3.0], TOL)["cosine"] == 0.0
-    assert tensor_metrics([1.0, 2.0, 3.0], np.zeros(3), TOL)["cosine"] == 0.0
+    assert tensor_metrics(np.zeros(5), np.zeros(5), TOL).cosine == 1.0
+    assert tensor_metrics(np.zeros(3), [1.0, 2.0, 3.0], TOL).cosine == 0.0
+    assert tensor_metrics([1.0, 2.0, 3.0], np.zeros(3), TOL).cosine == 0.0
 
 
 def test_cosine_and_snr_survive_float64_overflow_of_squares():
     big = np.array([1e200, 1e200])
     m = tensor_metrics(big, big * 2, TOL)
-    assert m["cosine"] == pytest.approx(1.0)
-    assert m["snr_db"] == pytest.approx(0.0, abs=1e-9)  # |ref|^2 == |ref - cand|^2
+    assert m.cosine == pytest.approx(1.0)
+    assert m.snr_db == pytest.approx(0.0, abs=1e-9)  # |ref|^2 == |ref - cand|^2
     m = tensor_metrics(big, big.copy(), Tolerance(0.0, 1e-3))
-    assert m["passed"] is True and m["min_tol"] == 0.0 and m["snr_db"] == math.inf
+    assert m.passed is True and m.min_tol == 0.0 and m.snr_db == math.inf
 
 
 def test_cosine_is_exactly_one_for_identical_random_data():
     x = np.random.default_rng(1).standard_normal(10_000).astype(np.float32)
-    assert tensor_metrics(x, x.copy(), TOL)["cosine"] == 1.0
-    assert tensor_metrics(x, -x, TOL)["cosine"] == -1.0
+    assert tensor_metrics(x, x.copy(), TOL).cosine == 1.0
+    assert tensor_metrics(x, -x, TOL).cosine == -1.0
 
 
 def test_snr_known_value_and_zero_signal():
-    assert tensor_metrics([1.0, 1.0], [1.0, 2.0], TOL)["snr_db"] == pytest.approx(
+    assert tensor_metrics([1.0, 1.0], [1.0, 2.0], TOL).snr_db == pytest.approx(
         10 * math.log10(2 / 1))
-    assert tensor_metrics([3.0, 4.0], [3.0, 3.0], TOL)["snr_db"] == pytest.approx(
+    assert tensor_metrics([3.0, 4.0], [3.0, 3.0], TOL).snr_db == pytest.approx(
         10 * math.log10(25 / 1))
-    assert tensor_metrics(np.zeros(4), np.zeros(4), TOL)["snr_db"] == math.inf
-    assert tensor_metrics(np.zeros(4), np.ones(4), TOL)["snr_db"] == -math.inf
+    assert tensor_metrics(np.zeros(4), np.zeros(4), TOL).snr_db == math.inf
+    assert tensor_metrics(np.zeros(4), np.ones(4), TOL).snr_db == -math.inf
 
 
 def test_zero_arrays_pass_and_zero_vs_small_noise():
     m = tensor_metrics(np.zeros((1, 2, 3)), np.zeros((2, 3)), Tolerance(0.0, 0.0))
-    assert m["passed"] is True and m["max_abs"] == 0.0 and m["shape"] == [2, 3]
+    assert m.passed is True and m.max_abs == 0.0 and m.shape == (2, 3)
     m = tensor_metrics(np.zeros(4), np.full(4, 2e-4), Tolerance(1e-4, 0.5))
-    assert m["passed"] is False and m["frac_over_tol"] == 1.0
-    assert m["min_tol"] == pytest.approx(2e-4)  # rtol * |0| gives nothing
+    assert m.passed is False and m.frac_over_tol == 1.0
+    assert m.min_tol == pytest.approx(2e-4)  # rtol * |0| gives nothing
 
 
 def test_frac_over_tol_is_elementwise_against_atol_plus_rtol_ref():
@@ -180,8 +185,8 @@ def test_frac_over_tol_is_elementwise_against_atol_plus_rtol_ref():
     cand = ref + np.array([0.05, 0.05, 0.05, 0.05])
     m = tensor_metrics(ref, cand, Tolerance(atol=0.01, rtol=1e-3))
     # bounds: 0.01, 0.02, 0.11, 1.01 -> first two over
-    assert m["frac_over_tol"] == 0.5 and m["passed"] is False
-    assert m["min_tol"] == pytest.approx(0.05)
+    assert m.frac_over_tol == 0.5 and m.passed is False
+    assert m.min_tol == pytest.approx(0.05)
 
 
 def test_min_tol_is_exactly_the_passing_atol():
@@ -189,18 +194,18 @@ def test_min_tol_is_exactly_the_passing_atol():
     ref = rng.standard_normal((4, 64)).astype(np.float32)
     cand = ref + rng.standard_normal(ref.shape).astype(np.float32) * 1e-3
     rtol = 1e-3
-    min_tol = tensor_metrics(ref, cand, Tolerance(0.0, rtol))["min_tol"]
+    min_tol = tensor_metrics(ref, cand, Tolerance(0.0, rtol)).min_tol
     assert min_tol > 0
     at = tensor_metrics(ref, cand, Tolerance(min_tol, rtol))
-    assert at["passed"] is True and at["frac_over_tol"] == 0.0 and at["min_tol"] == min_tol
+    assert at.passed is True and at.frac_over_tol == 0.0 and at.min_tol == min_tol
     below = tensor_metrics(ref, cand, Tolerance(float(np.nextafter(min_tol, 0.0)), rtol))
-    assert below["passed"] is False and 0.0 < below["frac_over_tol"] <= 1 / ref.size
+    assert below.passed is False and 0.0 < below.frac_over_tol <= 1 / ref.size
 
 
 def test_empty_arrays():
     m = tensor_metrics(np.zeros((0, 3)), np.zeros((0, 3)), TOL)
-    assert m["size"] == 0 and m["shape"] == [0, 3] and m["passed"] is True
-    assert m["max_abs"] == 0.0 and m["cosine"] == 1.0
+    assert m.size == 0 and m.shape == (0, 3) and m.passed is True
+    assert m.max_abs == 0.0 and m.cosine == 1.0
 
 
 def _plain(ref, cand, tol, eps=1e-6):
@@ -224,9 +229,9 @@ def test_large_arrays_match_plain_whole_array_formulas(n):
     tol = Tolerance(2e-3, 1e-3)
     m, p = tensor_metrics(ref, cand, tol), _plain(ref, cand, tol)
     for key, want in p.items():
-        assert m[key] == pytest.approx(want, rel=1e-9), key
-    assert m["max_abs"] == pytest.approx(1.0, abs=0.01) and m["passed"] is False
-    assert 0 < m["frac_over_tol"] < 0.1
+        assert getattr(m, key) == pytest.approx(want, rel=1e-9), key
+    assert m.max_abs == pytest.approx(1.0, abs=0.01) and m.passed is False
+    assert 0 < m.frac_over_tol < 0.1
 
 
 def test_large_non_contiguous_and_batch_squeezed_input():
@@ -237,7 +242,7 @@ def test_large_non_contiguous_and_batch_squeezed_input():
     m = tensor_metrics(ref, cand, TOL)
     p = _plain(ref[0], np.ascontiguousarray(cand), TOL)
     for key, want in p.items():
-        assert m[key] == pytest.approx(want, rel=1e-6), key
+        assert getattr(m, key) == pytest.approx(want, rel=1e-6), key
 
 
 def test_large_array_with_nan_at_the_end():
@@ -247,13 +252,13 @@ def test_large_array_with_nan_at_the_end():
     want = _plain(ref[:-1], cand[:-1], TOL)
     ref[-1] = np.nan  # undefined reference: the rest must be measured as before
     m = tensor_metrics(ref, cand, TOL)
-    assert m["nan_ref"] == 1 and m["passed"] is True
+    assert m.nan_ref == 1 and m.passed is True
     for key in ("max_abs", "max_rel", "cosine", "min_tol"):
-        assert m[key] == pytest.approx(want[key], rel=1e-9), key
+        assert getattr(m, key) == pytest.approx(want[key], rel=1e-9), key
     cand[-1] = np.nan
     cand[5] = np.inf  # near the start
     m = tensor_metrics(ref, cand, TOL)
-    assert (m["nan_cand"], m["inf_cand"], m["passed"], m["max_abs"]) == (1, 1, False, math.inf)
+    assert (m.nan_cand, m.inf_cand, m.passed, m.max_abs) == (1, 1, False, math.inf)
 
 
 # --- tensor_metrics: NaN / Inf --------------------------------------------------------------
@@ -261,28 +266,28 @@ def test_large_array_with_nan_at_the_end():
 def test_both_nan_and_same_inf_count_as_equal():
     ref = np.array([np.nan, np.inf, -np.inf, 1.0, 2.0], dtype=np.float32)
     m = tensor_metrics(ref, ref.copy(), Tolerance(0.0, 0.0))
-    assert m["passed"] is True and m["max_abs"] == 0.0 and m["mean_abs"] == 0.0
-    assert m["max_rel"] == 0.0 and m["min_tol"] == 0.0 and m["snr_db"] == math.inf
-    assert m["cosine"] == pytest.approx(1.0)
-    assert (m["nan_ref"], m["inf_ref"], m["nan_cand"], m["inf_cand"]) == (1, 2, 1, 2)
+    assert m.passed is True and m.max_abs == 0.0 and m.mean_abs == 0.0
+    assert m.max_rel == 0.0 and m.min_tol == 0.0 and m.snr_db == math.inf
+    assert m.cosine == pytest.approx(1.0)
+    assert (m.nan_ref, m.inf_ref, m.nan_cand, m.inf_cand) == (1, 2, 1, 2)
 
 
 def test_nan_only_in_cand_fails_with_inf_max_abs():
     ref = np.array([1.0, 2.0, 3.0])
     cand = np.array([1.0, np.nan, 3.0])
     m = tensor_metrics(ref, cand, Tolerance(1e3, 1.0))  # however loose the tolerance
-    assert m["passed"] is False
-    assert m["max_abs"] == math.inf and m["max_rel"] == math.inf and m["min_tol"] == math.inf
-    assert m["snr_db"] == -math.inf and m["frac_over_tol"] == pytest.approx(1 / 3)
-    assert (m["nan_ref"], m["nan_cand"], m["inf_cand"]) == (0, 1, 0)
-    assert not any(isinstance(v, float) and math.isnan(v) for v in m.values())
+    assert m.passed is False
+    assert m.max_abs == math.inf and m.max_rel == math.inf and m.min_tol == math.inf
+    assert m.snr_db == -math.inf and m.frac_over_tol == pytest.approx(1 / 3)
+    assert (m.nan_ref, m.nan_cand, m.inf_cand) == (0, 1, 0)
+    assert not any(isinstance(v, float) and math.isnan(v) for v in m.as_dict().values())
 
 
 def test_nan_only_in_ref_is_reported_not_an_error():
     m = tensor_metrics(np.array([np.nan, 1.0, 2.0]), np.array([7.0, 1.0, 2.0]), TOL)
-    assert m["nan_ref"] == 1 and m["nan_cand"] == 0
-    assert m["passed"] is True and m["max_abs"] == 0.0 and m["frac_over_tol"] == 0.0
-    assert m["cosine"] == pytest.approx(1.0) and m["snr_db"] == math.inf
+    assert m.nan_ref == 1 and m.nan_cand == 0
+    assert m.passed is True and m.max_abs == 0.0 and m.frac_over_tol == 0.0
+    assert m.cosine == pytest.approx(1.0) and m.snr_db == math.inf
 
 
 def test_inf_mismatches_fail():
@@ -291,10 +296,10 @@ def test_inf_mismatches_fail():
                       ([np.inf, 1.0], [-np.inf, 1.0]),  # opposite Infs
                       ([np.inf, 1.0], [np.nan, 1.0])):  # Inf vs NaN
         m = tensor_metrics(np.array(ref), np.array(cand), Tolerance(1e3, 1.0))
-        assert m["passed"] is False and m["max_abs"] == math.inf, (ref, cand)
-        assert m["frac_over_tol"] == 0.5 and m["min_tol"] == math.inf, (ref, cand)
+        assert m.passed is False and m.max_abs == math.inf, (ref, cand)
+        assert m.frac_over_tol == 0.5 and m.min_tol == math.inf, (ref, cand)
     m = tensor_metrics(np.array([1.0, -np.inf]), np.array([1.0, np.inf]), TOL)
-    assert (m["inf_ref"], m["inf_cand"], m["nan_ref"], m["nan_cand"]) == (1, 1, 0, 0)
+    assert (m.inf_ref, m.inf_cand, m.nan_ref, m.nan_cand) == (1, 1, 0, 0)
 
 
 def test_inputs_are_not_modified():
@@ -312,25 +317,25 @@ def test_int_inputs_in_float64_without_wraparound():
     ref = np.array([0, 100, -128], dtype=np.int8)
     cand = np.array([0, -100, 127], dtype=np.int8)
     m = tensor_metrics(ref, cand, Tolerance(0.0, 0.0))
-    assert m["max_abs"] == 255.0  # int8 subtraction would wrap around
-    assert m["mean_abs"] == (0 + 200 + 255) / 3 and m["passed"] is False
+    assert m.max_abs == 255.0  # int8 subtraction would wrap around
+    assert m.mean_abs == (0 + 200 + 255) / 3 and m.passed is False
     m = tensor_metrics(np.array([2**40], dtype=np.int64), np.array([2**40 + 1]), TOL)
-    assert m["max_abs"] == 1.0
+    assert m.max_abs == 1.0
 
 
 def test_bool_inputs():
     ref = np.array([True, False, True, True])
     cand = np.array([True, True, True, False])
     m = tensor_metrics(ref, cand, Tolerance(0.0, 0.0))
-    assert m["max_abs"] == 1.0 and m["mean_abs"] == 0.5 and m["frac_over_tol"] == 0.5
-    assert m["cosine"] == pytest.approx(2 / 3)  # dot 2, |ref| sqrt(3), |cand| sqrt(3)
-    assert tensor_metrics(ref, ref, TOL)["passed"] is True
+    assert m.max_abs == 1.0 and m.mean_abs == 0.5 and m.frac_over_tol == 0.5
+    assert m.cosine == pytest.approx(2 / 3)  # dot 2, |ref| sqrt(3), |cand| sqrt(3)
+    assert tensor_metrics(ref, ref, TOL).passed is True
 
 
 def test_mixed_float16_vs_float32_and_lists():
     m = tensor_metrics(np.array([0.1], dtype=np.float16), [0.1], Tolerance(0.0, 0.0))
-    assert m["max_abs"] == pytest.approx(abs(float(np.float16(0.1)) - 0.1))
-    assert m["max_abs"] > 0
+    assert m.max_abs == pytest.approx(abs(float(np.float16(0.1)) - 0.1))
+    assert m.max_abs > 0
 
 
 def test_non_numeric_dtype_is_an_input_error():
@@ -371,23 +376,23 @@ def test_compiled_pass_matches_float64_oracle(n, dtypes, eps):
     m, want = tensor_metrics(ref, cand, tol, eps=eps), _oracle(ref, cand, tol, eps)
     # maxima and the count are elementwise, rounded as numpy rounds them: equal exactly
     for key in ("max_abs", "max_rel", "frac_over_tol", "min_tol", "ref_absmax"):
-        assert m[key] == want[key], key
+        assert getattr(m, key) == want[key], key
     for key in ("mean_abs", "cosine", "snr_db"):  # sums: the summation order differs
-        assert m[key] == pytest.approx(want[key], rel=1e-12, abs=1e-300), key
-    assert m["passed"] is False and m["max_abs"] > 0.9
-    assert (m["nan_ref"], m["inf_ref"], m["nan_cand"], m["inf_cand"]) == (0, 0, 0, 0)
+        assert getattr(m, key) == pytest.approx(want[key], rel=1e-12, abs=1e-300), key
+    assert m.passed is False and m.max_abs > 0.9
+    assert (m.nan_ref, m.inf_ref, m.nan_cand, m.inf_cand) == (0, 0, 0, 0)
     if eps == 0.0 and n > 1:
-        assert m["max_rel"] == math.inf  # cand != 0 where ref == 0
+        assert m.max_rel == math.inf  # cand != 0 where ref == 0
 
 
 def test_compiled_pass_min_tol_passes_exactly_on_large_float32():
     rng = np.random.default_rng(7)
     ref = rng.standard_normal(100_003).astype(np.float32)
     cand = ref + rng.standard_normal(ref.size).astype(np.float32) * 1e-3
-    min_tol = tensor_metrics(ref, cand, Tolerance(0.0, 1e-3))["min_tol"]
-    assert tensor_metrics(ref, cand, Tolerance(min_tol, 1e-3))["passed"] is True
+    min_tol = tensor_metrics(ref, cand, Tolerance(0.0, 1e-3)).min_tol
+    assert tensor_metrics(ref, cand, Tolerance(min_tol, 1e-3)).passed is True
     below = tensor_metrics(ref, cand, Tolerance(float(np.nextafter(min_tol, 0.0)), 1e-3))
-    assert below["passed"] is False
+    assert below.passed is False
 
 
 @pytest.mark.parametrize("n", [5, 100_003])  # all in the scalar loop / vector body + remainder
@@ -403,21 +408,21 @@ def test_any_nan_or_inf_takes_the_nonfinite_path(n, where, side, value, dtype):
     (ref if side == "ref" else cand)[i] = value
     m = tensor_metrics(ref, cand, TOL)
     nan, inf = int(np.isnan(value)), int(np.isinf(value))
-    counts = (m["nan_ref"], m["inf_ref"], m["nan_cand"], m["inf_cand"])
+    counts = (m.nan_ref, m.inf_ref, m.nan_cand, m.inf_cand)
     assert counts == ((nan, inf, 0, 0) if side == "ref" else (0, 0, nan, inf))
     if side == "ref" and np.isnan(value):  # undefined there: the rest is measured as usual
-        assert m["passed"] is True and math.isfinite(m["max_abs"])
+        assert m.passed is True and math.isfinite(m.max_abs)
     else:  # any other lone NaN/Inf is an inf error
-        assert m["passed"] is False and m["max_abs"] == math.inf
-    assert m["frac_over_tol"] == (0.0 if m["passed"] else 1 / n)
-    assert math.isfinite(m["ref_absmax"]) and m["ref_absmax"] > 0
+        assert m.passed is False and m.max_abs == math.inf
+    assert m.frac_over_tol == (0.0 if m.passed else 1 / n)
+    assert math.isfinite(m.ref_absmax) and m.ref_absmax > 0
 
 
 def test_squares_overflowing_in_the_compiled_pass_are_rescaled():
     ref = np.full(1000, 1e160)
     m = tensor_metrics(ref, ref * (1 + 1e-12), TOL)
-    assert m["cosine"] == pytest.approx(1.0) and m["passed"] is True
-    assert m["snr_db"] == pytest.approx(10 * math.log10(1 / 1e-24), rel=1e-3)
+    assert m.cosine == pytest.approx(1.0) and m.passed is True
+    assert m.snr_db == pytest.approx(10 * math.log10(1 / 1e-24), rel=1e-3)
 
 
 def test_compiled_pass_releases_the_gil():
@@ -442,16 +447,16 @@ def test_other_dtypes_and_non_contiguous_go_through_the_compiled_pass():
 
 def test_ref_absmax_is_max_abs_over_finite_ref_and_gives_the_bound():
     tol = Tolerance(0.5, 0.25)
-    assert tensor_metrics([1.0, -4.0, 2.0], [1.0, 1.0, 1.0], tol)["ref_absmax"] == 4.0
+    assert tensor_metrics([1.0, -4.0, 2.0], [1.0, 1.0, 1.0], tol).ref_absmax == 4.0
     assert tensor_metrics([np.nan, -np.inf, 2.0, -3.0], [0.0, 0.0, 0.0, 0.0],
-                          tol)["ref_absmax"] == 3.0
-    assert tensor_metrics([np.nan], [np.nan], tol)["ref_absmax"] == 0.0
-    assert tensor_metrics(np.zeros((0, 3)), np.zeros((0, 3)), tol)["ref_absmax"] == 0.0
+                          tol).ref_absmax == 3.0
+    assert tensor_metrics([np.nan], [np.nan], tol).ref_absmax == 0.0
+    assert tensor_metrics(np.zeros((0, 3)), np.zeros((0, 3)), tol).ref_absmax == 0.0
     m = tensor_metrics(np.array([-8, 3], np.int8), np.array([0, 0], np.int8), tol)
-    assert m["ref_absmax"] == 8.0 and type(m["ref_absmax"]) is float
+    assert m.ref_absmax == 8.0 and type(m.ref_absmax) is float
     ref = np.random.default_rng(2).standard_normal((2, 8, 9)).astype(np.float32)
     m = tensor_metrics(ref, ref + 1, tol)
-    assert tol.atol + tol.rtol * m["ref_absmax"] == tol.bound(ref)
+    assert tol.atol + tol.rtol * m.ref_absmax == tol.bound(ref)
 
 
 def test_without_numba_the_whole_array_path_gives_the_same_figures(monkeypatch):
@@ -463,8 +468,8 @@ def test_without_numba_the_whole_array_path_gives_the_same_figures(monkeypatch):
     fast = tensor_metrics(ref, cand, TOL)
     monkeypatch.setattr(metrics, "_KERNEL", False)  # what a failed `import numba` leaves
     slow = tensor_metrics(ref, cand, TOL)
-    for key, want in fast.items():
-        assert slow[key] == pytest.approx(want, rel=1e-12), key
+    for key, want in fast.as_dict().items():
+        assert getattr(slow, key) == pytest.approx(want, rel=1e-12), key
 
 
 def test_no_writable_numba_cache_dir_still_computes(monkeypatch):
@@ -478,7 +483,7 @@ def test_no_writable_numba_cache_dir_still_computes(monkeypatch):
     monkeypatch.setattr(impl, "_locator_classes", [])
     monkeypatch.setattr(metrics, "_KERNEL", None)
     m = tensor_metrics(np.array([1.0, 2.0]), np.array([1.0, 2.5]), TOL)
-    assert m["max_abs"] == 0.5 and m["passed"] is False
+    assert m.max_abs == 0.5 and m.passed is False
     assert isinstance(metrics._KERNEL._cache, caching.NullCache)  # compiled in memory
 
 
@@ -503,8 +508,8 @@ def test_squeeze_to_match_drops_leading_batch_of_one_on_either_side():
     assert a.shape == b.shape == (3, 8, 8)
     a, b = squeeze_to_match(x[None], x[None])
     assert a.shape == b.shape == (1, 3, 8, 8)
-    assert tensor_metrics(x[None], x, TOL)["shape"] == [3, 8, 8]
-    assert tensor_metrics(x, x[None] + 1, TOL)["max_abs"] == 1.0
+    assert tensor_metrics(x[None], x, TOL).shape == (3, 8, 8)
+    assert tensor_metrics(x, x[None] + 1, TOL).max_abs == 1.0
 
 
 @pytest.mark.parametrize("ref_shape, cand_shape", [

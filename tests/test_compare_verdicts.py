@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 import workbench as wb
-from workbench.comparison.metrics import Tolerance
+from workbench.comparison.metrics import TensorMetrics, Tolerance
 from workbench.comparison.verdict import measure_pair
 from workbench.runtime import TorchRunner
 
@@ -51,9 +51,9 @@ def test_measure_pair_takes_other_ranks_of_one_tensor_and_names_what_it_cannot()
     rng = np.random.default_rng(0)
     ref = rng.standard_normal((1, 7, 7, 768)).astype(np.float32)
     m = measure_pair(ref, ref.reshape(1, 1, 1, 7, 7, 768), Tolerance())
-    assert isinstance(m, dict) and m["passed"] and m["max_abs"] == 0.0
+    assert isinstance(m, TensorMetrics) and m.passed and m.max_abs == 0.0
     merged = measure_pair(ref, ref.reshape(49, 768), Tolerance())  # a Gemm's 2-D output
-    assert isinstance(merged, dict) and merged["max_abs"] == 0.0
+    assert isinstance(merged, TensorMetrics) and merged.max_abs == 0.0
     why = measure_pair(ref[0, 0], ref[0, 0].T.copy()[:6], Tolerance())
     assert isinstance(why, str) and "shapes differ" in why and "[7, 768]" in why
     assert isinstance(measure_pair(ref, ref.reshape(1, 7, 768, 7), Tolerance()), str)
@@ -70,7 +70,7 @@ def test_rank6_against_rank4_does_not_abort_the_comparison(tmp_path):
     assert rep.ok and rep.first_divergence is None, rep.summary()
     reshaped = [r for r in rep.records if "axes of size 1 differ" in r.relation]
     assert reshaped, [(r.name, r.reference, r.relation) for r in rep.records]
-    assert all(r.metrics["passed"] for r in reshaped)
+    assert all(r.metrics.passed for r in reshaped)
     assert "[1, 1, 1, 7, 7, 24]" in reshaped[0].relation or "[1, 7, 7, 24]" in reshaped[0].relation
 
 
@@ -136,7 +136,7 @@ def test_too_little_explained_is_not_ok_though_what_was_compared_passes(tmp_path
     rep = wb.compare(model, [onx], (x,), progress=False)
     assert rep.ok and "all within tolerance" in rep.summary()
     strict = wb.compare(model, [onx], (x,), progress=False, min_explained=1.01)
-    assert all(r.metrics["passed"] for r in strict.records) and not strict.ok
+    assert all(r.metrics.passed for r in strict.records) and not strict.ok
     assert "NOT OK: only 100% of 2 tensors aligned or attributed (threshold 101%)" in \
         strict.summary()
     assert "all within tolerance" not in strict.summary()
@@ -177,7 +177,7 @@ def test_a_model_writing_into_its_input_changes_no_callers_tensor(tmp_path):
                      mode="both", progress=False)
     assert torch.equal(x, before), "compare changed the caller's input"
     assert rep.ok and rep.first_divergence is None, rep.summary()
-    assert max(r.metrics["max_abs"] for r in rep.records) < 1e-5
+    assert max(r.metrics.max_abs for r in rep.records) < 1e-5
 
 
 # -- a module called twice ----------------------------------------------------------------------
@@ -231,7 +231,7 @@ def test_a_damaged_second_conv_is_blamed_on_it_alone(reused, tmp_path):
     first = rep.first_divergence
     assert first.reference == "conv2" and first.op_type == "Conv" and first.mode == "isolated"
     failing = [r.reference for r in rep.records if r.mode == "isolated"
-               and not r.metrics["passed"]]
+               and not r.metrics.passed]
     assert failing == ["conv2"], failing  # no second culprit after it
     acc = {r.reference for r in rep.records if r.mode == "accumulated"}
     assert {"relu", "relu#1", "pool"} <= acc
@@ -330,7 +330,7 @@ def test_a_layer_scale_folded_into_a_linear_is_no_divergence(encoder):
         assert rec.reference == "blocks.0/Tensor.mul_0"
         assert rec.relation.startswith("equal up to folding")
         assert rec.covers == ("blocks.0.fc2", "blocks.0/Tensor.mul_0")
-        assert rec.metrics["max_abs"] < 1e-5
+        assert rec.metrics.max_abs < 1e-5
 
 
 def test_a_fault_under_a_folded_bias_is_still_named(encoder, tmp_path):
@@ -346,7 +346,7 @@ def test_a_fault_under_a_folded_bias_is_still_named(encoder, tmp_path):
     # the Gemm that holds the weight, not the reshaped input named for the Linear
     assert first.mode == "isolated" and first.op_type == "Gemm" and first.relation == "equal"
     failing = {r.reference for r in rep.records if r.mode == "isolated"
-               and not r.metrics["passed"]}
+               and not r.metrics.passed}
     assert failing == {"blocks.0.attn.q_proj"}, failing
 
 

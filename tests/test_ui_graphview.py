@@ -74,11 +74,11 @@ def test_error_colours_come_from_the_report(compared, mode):
             assert n["value"] is None and n["color"] == MISSING
             continue
         drawn += 1
-        assert n["value"] == max(r.metrics["max_abs"] for r in mine)
-        ratio = max(r.metrics["max_abs"] / r.metrics["tolerance"] for r in mine)
+        assert n["value"] == max(r.metrics.max_abs for r in mine)
+        ratio = max(r.metrics.max_abs / r.metrics.tolerance for r in mine)
         assert n["color"] == tolerance_colors([ratio])[0]
     assert drawn >= 4
-    fails = [any(not recs[t].metrics["passed"] for t in n["outputs"] if t in recs)
+    fails = [any(not recs[t].metrics.passed for t in n["outputs"] if t in recs)
              for n in gv.nodes]
     assert gv.canvas.strokes == fails and any(fails)
     assert gv.canvas.legend["kind"] == "scale" and mode in gv.canvas.legend["title"]
@@ -144,7 +144,7 @@ def test_selecting_a_node_shows_its_plots(compared):
     assert gv.selected == conv["id"] and gv.last_error is None
     figs = gv.last_figures
     assert len(figs) >= 2
-    size = next(r.metrics["size"] for r in rep.records if r.name == conv["outputs"][0])
+    size = next(r.metrics.size for r in rep.records if r.name == conv["outputs"][0])
     assert f"over {size} elements" in figs[0].axes[0].get_title()
     # a node without a comparison: nothing plotted, no error
     const = next(n for n in gv.nodes if n["value"] is None)
@@ -254,14 +254,14 @@ def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
     marked = [ln for ln in rows_html if "wb-first-divergence" in ln.split(">")[0]]
     assert len(marked) == 1 and f'data-name="{first.name}"' in marked[0]
     rows = view.sort("max_abs", descending=True)
-    assert [r["max_abs"] for r in rows] == sorted((r.metrics["max_abs"] for r in rep.records),
+    assert [r["max_abs"] for r in rows] == sorted((r.metrics.max_abs for r in rep.records),
                                                   reverse=True)
     # a header click (what the browser sends): by that column, worst first; again flips it
     view.table_w.clicked = "mean_abs|1"
     assert [r["mean_abs"] for r in view.rows] == sorted(
-        (r.metrics["mean_abs"] for r in rep.records), reverse=True)
+        (r.metrics.mean_abs for r in rep.records), reverse=True)
     view.table_w.clicked = "mean_abs|2"
-    assert [r["mean_abs"] for r in view.rows] == sorted(r.metrics["mean_abs"]
+    assert [r["mean_abs"] for r in view.rows] == sorted(r.metrics.mean_abs
                                                        for r in rep.records)
     conv = view.filter(op_type="Conv", mode="isolated")
     assert conv and all(r["op_type"] == "Conv" and r["mode"] == "isolated" for r in conv)
@@ -271,7 +271,7 @@ def test_compare_view_filters_sorts_and_marks_the_first_divergence(compared):
     assert f"{len(above)} of {len(rep.records)} rows" in view.count_w.value
     view.filter(op_type="(all)", mode="(all)", threshold=0.0, failing=True)
     assert view.rows and all(not r["passed"] for r in view.rows)
-    assert len(view.rows) == sum(not r.metrics["passed"] for r in rep.records)
+    assert len(view.rows) == sum(not r.metrics.passed for r in rep.records)
     # the per-element figure that decides pass/fail is shown and sortable, worst first
     assert "min_tol" in view.table_w.html
     rows = view.sort("min_tol", descending=True)

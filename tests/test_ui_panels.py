@@ -380,3 +380,18 @@ def test_custom_ops_panel_declares_an_op_of_your_own_with_wb_custom_op(ws) -> No
     custom.kind.value = "symbolic"  # the register_symbolic form wants an ONNX op type
     custom.op.value, custom.onnx_op.value = "aten::asinh", "asinh"
     assert custom.run() is None and "not an ONNX op type" in custom.result_html.value
+
+
+def test_show_code_keeps_the_workspace_path_as_the_user_wrote_it(model_inputs, tmp_path,
+                                                                  monkeypatch) -> None:
+    model, inputs = model_inputs
+    monkeypatch.chdir(tmp_path)
+    pipe = wb.ui.Pipeline(model, inputs, workspace="runs/rel")
+    for code in (pipe.code(), pipe.panels["simplify"].code(), pipe.panels["ncnn"].code(),
+                 pipe.panels["compare"].code()):
+        assert "ws = wb.Workspace('runs/rel')" in code and str(tmp_path) not in code
+    # a Workspace object below the working directory: relative to it; an absolute path stays
+    assert "wb.Workspace('runs/obj')" in ExportPanel(
+        model, inputs, workspace=wb.Workspace("runs/obj")).code()
+    absolute = str(tmp_path / "abs")
+    assert f"wb.Workspace({absolute!r})" in ExportPanel(model, inputs, workspace=absolute).code()

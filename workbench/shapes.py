@@ -203,3 +203,84 @@ def same_tensor_shape(got: Sequence[int], ref: Sequence[int]) -> bool:
         Whether they differ only by axes of size 1.
     """
     return fitted_shape(got, ref) is not None
+
+
+# --- one tensor measured across backends (comparison) ---------------------------------------
+# The same rule seen from the comparison: a candidate tensor and a reference tensor are one
+# tensor when they hold the same elements in the same order. ncnn's dropped batch axis is the
+# common case (a leading axis of size 1 on one side only); a Gemm's 2-D output of a Linear
+# applied to a 4-D tensor merges leading axes, which never reorders elements either.
+
+
+def unbatched(shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape without its leading axes of size 1 (ncnn drops the batch axis; torch and
+    ONNX keep it).
+
+    Args:
+        shape: a shape.
+
+    Returns:
+        ``shape`` from its first axis that is not 1 on.
+    """
+    dims = tuple(shape)
+    k = 0
+    while k < len(dims) and dims[k] == 1:
+        k += 1
+    return dims[k:]
+
+
+def batch_dropped(longer: Sequence[int], shorter: Sequence[int]) -> bool:
+    """Whether ``shorter`` is ``longer`` with one leading batch axis of size 1 dropped.
+
+    Args:
+        longer: the shape that may hold the batch axis.
+        shorter: the shape that may lack it.
+
+    Returns:
+        True for ``(1, 3, 8, 8)`` against ``(3, 8, 8)``; False for anything else (equal
+        shapes, a batch of 2, a trailing 1, two leading 1s).
+    """
+    longer, shorter = tuple(longer), tuple(shorter)
+    return len(longer) == len(shorter) + 1 and longer[0] == 1 and longer[1:] == shorter
+
+
+def same_elements(ref_shape: Sequence[int], cand_shape: Sequence[int]) -> bool:
+    """Whether two shapes hold one tensor's elements in the same order, as alignment pairs
+    them.
+
+    Args:
+        ref_shape: the reference tensor's shape.
+        cand_shape: the candidate tensor's shape.
+
+    Returns:
+        True when they are equal but for axes of size 1 (anywhere), or when leading axes are
+        merged (a Gemm's ``[H*W, C]`` output of a Linear's ``[1, H, W, C]``): a reshape never
+        reorders elements.
+    """
+    import math
+
+    ref_shape, cand_shape = tuple(ref_shape), tuple(cand_shape)
+    if squeezed(ref_shape) == squeezed(cand_shape):
+        return True
+    return (math.prod(ref_shape) == math.prod(cand_shape) and len(ref_shape) > 0
+            and len(cand_shape) > 0 and ref_shape[-1] == cand_shape[-1])
+
+
+def reshaped(value: Any, shape: Sequence[int]) -> Any:
+    """``value`` (an array) in ``shape`` when ``same_elements`` relates the two, else None.
+
+    Args:
+        value: a numpy array (or anything ``np.asarray`` takes).
+        shape: the shape wanted.
+
+    Returns:
+        ``value`` itself when its shape is ``shape``, a reshaped view of it when the rule
+        relates the shapes, None when it does not (the caller says why).
+    """
+    import numpy as np
+
+    arr = np.asarray(value)
+    shape = tuple(shape)
+    if arr.shape == shape:
+        return arr
+    return arr.reshape(shape) if same_elements(arr.shape, shape) else None

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..shapes import squeezed, unbatched
+
 WINDOW = 40  # how many reference tensors ahead of the last match a candidate may reach
 ACCEPT = 0.05  # a value match needs max |a-b| / max |a| below this on the sample
 TIGHT = 1e-3  # "equal" for a step inside a module: no bias or scale left out (those are >1%)
@@ -71,20 +73,6 @@ class Alignment:
 
     def relation(self, name: str) -> str:
         return self.relations.get(name, "equal")
-
-
-def shape_key(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape without leading 1s: ncnn drops the batch axis, torch and ONNX keep it."""
-    dims = list(shape)
-    while dims and dims[0] == 1:
-        dims.pop(0)
-    return tuple(dims)
-
-
-def squeeze_key(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape without any axis of size 1: an SE block's 1x1 conv on [1, C, 1, 1] is
-    ncnn's InnerProduct on [C]. Dropping size-1 axes never reorders elements."""
-    return tuple(d for d in shape if d != 1)
 
 
 def weight_hint(weights_of: tuple[str, ...], calls: dict[str, list[int]],
@@ -244,8 +232,8 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
 
     modules = modules or set()
     ref_names = list(reference)
-    ref_keys = [shape_key(np.shape(reference[n])) for n in ref_names]
-    ref_squeezed = [squeeze_key(np.shape(reference[n])) for n in ref_names]
+    ref_keys = [unbatched(np.shape(reference[n])) for n in ref_names]
+    ref_squeezed = [squeezed(np.shape(reference[n])) for n in ref_names]
     # (size, last axis): a Gemm's 2-D output is its Linear's [1, H, W, C] with axes merged
     ref_flat = [(np.size(reference[n]), np.shape(reference[n])[-1:]) for n in ref_names]
     # the module each record belongs to: a leaf is its own (each of its calls: relu,
@@ -289,9 +277,9 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             out.unaligned[t.name] = f"{np.asarray(arr).dtype} tensor (shape or index glue)"
             continue
         out.considered += 1
-        key = shape_key(np.shape(arr))
+        key = unbatched(np.shape(arr))
         wanted = f"output_{t.output_index}" if t.output_index is not None else None
-        if wanted in alias and shape_key(np.shape(reference[wanted])) == key:
+        if wanted in alias and unbatched(np.shape(reference[wanted])) == key:
             out.pairs[t.name] = alias[wanted]  # outputs pair by position, whatever the values
             continue
 
@@ -321,7 +309,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
         # the same shape; or the same but for size-1 axes; or leading axes merged (ncnn's
         # Reshape to [H*W, C] before a Gemm): the values decide which, if any, it is
         choices = [j for j in window if ref_keys[j] == key] or [
-            j for j in window if ref_squeezed[j] == squeeze_key(np.shape(arr))] or [
+            j for j in window if ref_squeezed[j] == squeezed(np.shape(arr))] or [
             j for j in window if ref_flat[j] == flat]
         structural = None  # the record name and shape pin, whatever the values say
         # an ncnn layer has no name, but its weights say which module it is
@@ -335,7 +323,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 hinted = _hinted(hint, flat, low, ref_names, ref_flat, ref_module, modules,
                                  calls, taken)
             if not hinted and t.weights_of:  # size-1 axes dropped ([C] for [1, C, 1, 1])
-                hinted = _hinted(hint, squeeze_key(np.shape(arr)), low, ref_names,
+                hinted = _hinted(hint, squeezed(np.shape(arr)), low, ref_names,
                                  ref_squeezed, ref_module, modules, calls, taken)
             if hinted:
                 choices = hinted
@@ -366,7 +354,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             # the same elements in another shape (ncnn's ShuffleChannel for torch's
             # reshape-permute-reshape): the values decide
             other = scored([k for k in window if k not in choices and (
-                ref_squeezed[k] == squeeze_key(np.shape(arr)) or ref_flat[k] == flat)])
+                ref_squeezed[k] == squeezed(np.shape(arr)) or ref_flat[k] == flat)])
             if other and other[0][0] <= ACCEPT:
                 best, j = other[0]
         if best > ACCEPT:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..shapes import batch_dropped
 
 # the whole-output checks every stage runs live below the stages, in workbench.tolerances
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, EPS, max_errors, within  # noqa: F401
@@ -104,16 +105,17 @@ def resolve_tolerance(global_tol: Tolerance | float | tuple[float, float] | None
 
 def squeeze_to_match(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray]:
     """The two arrays with equal shapes, dropping a leading batch axis of size 1 on either side
-    (ncnn drops the batch axis): (1, 3, 8, 8) vs (3, 8, 8) compares, anything else raises.
+    (ncnn drops the batch axis: ``shapes.batch_dropped``): (1, 3, 8, 8) vs (3, 8, 8)
+    compares, anything else raises.
     """
     import numpy as np
 
     a, b = np.asarray(ref), np.asarray(cand)
     if a.shape == b.shape:
         return a, b
-    if a.ndim == b.ndim + 1 and a.shape[0] == 1 and a.shape[1:] == b.shape:
+    if batch_dropped(a.shape, b.shape):
         return a[0], b
-    if b.ndim == a.ndim + 1 and b.shape[0] == 1 and b.shape[1:] == a.shape:
+    if batch_dropped(b.shape, a.shape):
         return a, b[0]
     raise InputError(
         f"shapes differ: reference {list(a.shape)} vs candidate {list(b.shape)}; expected equal "
@@ -121,6 +123,42 @@ def squeeze_to_match(ref: Any, cand: Any) -> tuple[np.ndarray, np.ndarray]:
         hint="check that both arrays are the same tensor (alignment) and that both backends ran "
              "on the same input shape; only a batch axis of size 1 may be dropped (ncnn); if the "
              "layouts differ (NCHW vs NHWC), transpose one to match first")
+
+
+@dataclass(frozen=True)
+class TensorMetrics:
+    """Error metrics of one aligned pair (reference, candidate), computed in float64.
+
+    ``max_rel`` is max |a-b| / (|a| + eps); ``frac_over_tol`` the share of elements with
+    |a-b| > atol + rtol*|a|; ``min_tol`` the smallest atol that passes with the tolerance's
+    rtol; ``tolerance`` the whole-tensor bound atol + rtol * ``ref_absmax`` (max |ref| over
+    its finite values, 0.0 if none); ``shape`` the compared shape (after
+    ``squeeze_to_match``); ``nan_*``/``inf_*`` count non-finite values on each side.
+    """
+
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    max_rel: float = 0.0
+    cosine: float = 1.0
+    snr_db: float = math.inf
+    nan_ref: int = 0
+    inf_ref: int = 0
+    nan_cand: int = 0
+    inf_cand: int = 0
+    frac_over_tol: float = 0.0
+    min_tol: float = 0.0
+    passed: bool = True
+    size: int = 0
+    shape: tuple[int, ...] = ()
+    tolerance: float = 0.0
+    ref_absmax: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The metrics as a plain dict for JSON and table rows (``shape`` a list;
+        ``ref_absmax`` left out: ``tolerance`` carries it)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "ref_absmax"}
+        out["shape"] = list(self.shape)
+        return out
 
 
 def _cosine(xx: float, yy: float, xy: float) -> float:
@@ -137,14 +175,22 @@ def _cosine(xx: float, yy: float, xy: float) -> float:
     return min(1.0, max(-1.0, xy / norms))
 
 
-def tensor_metrics(ref: Any, cand: Any, tol: Tolerance, eps: float = EPS) -> dict[str, Any]:
+def tensor_metrics(ref: Any, cand: Any, tol: Tolerance, eps: float = EPS) -> TensorMetrics:
     """Error metrics for one aligned pair of arrays (reference, candidate), in float64.
 
-    Keys: max_abs, mean_abs, max_rel (|a-b| / (|a| + eps)), cosine, snr_db, nan_ref, inf_ref,
-    nan_cand, inf_cand, frac_over_tol (share of elements with |a-b| > atol + rtol*|a|),
-    min_tol (the smallest atol that passes with tol.rtol), passed, size, shape (compared shape,
-    after squeeze_to_match), ref_absmax (max |ref| over its finite values, 0.0 if none: with it
-    tol.bound is atol + rtol * ref_absmax, without another pass over ref).
+    Args:
+        ref: the reference array (anything ``np.asarray`` takes).
+        cand: the candidate array: the same shape, or a leading batch axis of 1 more or less.
+        tol: a Tolerance, a float atol or an (atol, rtol) tuple.
+        eps: added to |ref| in ``max_rel``'s denominator.
+
+    Returns:
+        A TensorMetrics (its fields say what each figure is); ``tolerance`` is tol's
+        whole-tensor bound, from the same pass over ``ref``.
+
+    Raises:
+        InputError: shapes the batch rule does not relate, a dtype that is not numeric, or a
+            tolerance or eps that is not a finite non-negative number.
 
     Non-finite values: both NaN, or the same Inf, count as equal. A NaN in ref leaves that
     position undefined: counted in nan_ref, not an error whatever cand holds there. Any other
@@ -165,16 +211,14 @@ def tensor_metrics(ref: Any, cand: Any, tol: Tolerance, eps: float = EPS) -> dic
                 f"{label} array: expected a bool, integer or float dtype, got {arr.dtype}",
                 hint="pass the real part or a float view, e.g. np.asarray(x, dtype=np.float32)")
     n = int(a.size)
-    out: dict[str, Any] = {
-        "max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0, "snr_db": math.inf,
-        "nan_ref": 0, "inf_ref": 0, "nan_cand": 0, "inf_cand": 0, "frac_over_tol": 0.0,
-        "min_tol": 0.0, "passed": True, "size": n, "shape": list(a.shape), "ref_absmax": 0.0,
-    }
-    if n == 0:
-        return out
-    # inf - inf, 0/0 and overflowing squares are expected here and handled explicitly
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        return _fill_metrics(out, a, b, tol, eps)
+    out: dict[str, Any] = {"size": n, "shape": tuple(a.shape)}
+    if n > 0:
+        # inf - inf, 0/0 and overflowing squares are expected here and handled explicitly
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            _fill_metrics(out, a, b, tol, eps)
+    # Tolerance.bound from the same pass: max |ref| over its finite values
+    absmax = out.get("ref_absmax", 0.0)
+    return TensorMetrics(**out, tolerance=tol.atol + tol.rtol * absmax)
 
 
 # Speed (this runs on ~200 tensor pairs, ~25-60M elements per comparison). The common case

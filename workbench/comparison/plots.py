@@ -1,4 +1,5 @@
-"""Plots of op-by-op comparison errors: along the graph, by op type, and inside one tensor.
+"""Plots of op-by-op comparison errors: along the graph, by op type, and inside one tensor
+(tensorplots.py; the figure helpers are in figures.py).
 
 Every function builds a ``matplotlib.figure.Figure`` with the object-oriented API (no pyplot),
 so it works headless, leaks no global figures, and displays itself as a Jupyter cell's value.
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from workbench.errors import InputError
+
+from .figures import _RECORDS_HINT, _new_figure, _num
+from .tensorplots import diff_heatmap, error_histogram, ref_vs_cand_scatter
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -32,11 +36,6 @@ MODES = ("accumulated", "isolated")
 _COLOURS = ("C0", "C1", "C2", "C4", "C5", "C6", "C7", "C8", "C9")
 _FAIL = {"color": "red", "marker": "x", "markersize": 8, "markeredgewidth": 2, "linestyle": ""}
 _MAX_TICK_LABELS = 40
-_RECORDS_HINT = ("Pass the comparison records: a list of dicts, one per aligned tensor per "
-                 "candidate per mode, with keys candidate, mode, order, name, reference, "
-                 "op_type, the metrics (max_abs, mean_abs, max_rel, cosine, snr_db), "
-                 "tolerance and passed.")
-
 
 # --------------------------------------------------------------------------- metrics
 
@@ -127,16 +126,6 @@ _KIND_STYLE = {
 # --------------------------------------------------------------------------- inputs
 
 
-def _num(v: Any) -> float:
-    if v is None:
-        return math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise InputError(f"expected a number in the records, got {v!r}",
-                         hint=_RECORDS_HINT) from None
-
-
 def _records(records: Any, need: Sequence[str]) -> list[Mapping[str, Any]]:
     """The records as a list of mappings with the needed keys, or an InputError saying why not."""
     if records is None:
@@ -185,73 +174,12 @@ def _select_candidates(rows: list[Mapping[str, Any]],
     return [r for r in rows if str(r["candidate"]) in wanted]
 
 
-def _array(x: Any, what: str) -> Any:
-    import numpy as np
-
-    if hasattr(x, "detach"):  # a torch tensor
-        x = x.detach().cpu().numpy()
-    try:
-        a = np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{what} is not a numeric array ({type(x).__name__}): {e}",
-                         hint="Pass numpy arrays or torch tensors of numbers.") from None
-    if a.size == 0:
-        raise InputError(f"{what} is empty (shape {a.shape}): there is nothing to plot",
-                         hint="Pass the tensors of one aligned op, e.g. the first divergence.")
-    return a
-
-
-def _pair(ref: Any, cand: Any) -> tuple[Any, Any]:
-    """ref and cand as float64 arrays of one shape; a leading batch axis of 1 on one side goes."""
-    from .metrics import squeeze_to_match
-
-    return squeeze_to_match(_array(ref, "ref"), _array(cand, "cand"))
-
-
 def _short(text: str, width: int = 40) -> str:
     """Middle-elided text, so long module paths stay readable as tick labels."""
     if len(text) <= width:
         return text
     keep = (width - 1) // 2
     return f"{text[:keep]}…{text[-(width - 1 - keep):]}"
-
-
-def _show_in_ipython() -> None:
-    """Let IPython render a bare Figure as a PNG. Without pyplot no backend registers that
-    formatter, so in a fresh kernel a figure showed as ``<Figure size ...>`` text."""
-    import sys
-
-    if "IPython" not in sys.modules:
-        return
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None:
-        return
-    png = shell.display_formatter.formatters["image/png"]
-    from matplotlib.figure import Figure
-
-    if _has_type(png, Figure):  # a backend (or %matplotlib inline) already did it
-        return
-    from IPython.core.pylabtools import select_figure_formats
-
-    select_figure_formats(shell, {"png"})
-
-
-def _has_type(formatter: Any, cls: type) -> bool:
-    try:
-        formatter.lookup_by_type(cls)
-    except KeyError:
-        return False
-    return True
-
-
-def _new_figure(width: float, height: float) -> tuple[Figure, Axes]:
-    from matplotlib.figure import Figure
-
-    _show_in_ipython()
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, fig.add_subplot()
 
 
 # --------------------------------------------------------------------------- along the graph
@@ -475,150 +403,4 @@ def error_by_op_type(records: Sequence[Mapping[str, Any]], metric: str = "max_ab
         handles.append(Line2D([], [], **_FAIL, label="failed tolerance"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
               frameon=False)
-    return fig
-
-
-# --------------------------------------------------------------------------- one tensor
-
-
-def error_histogram(ref: Any, cand: Any, bins: int = 60, tolerance: float | None = None) -> Figure:
-    """Histogram of |ref − cand| over log-spaced bins; exact zeros are counted in the title.
-
-    A log axis cannot show 0, so exact matches are reported rather than binned; NaN/inf
-    differences are counted too. ``tolerance`` draws a vertical line, with how many are above.
-    """
-    import numpy as np
-
-    if isinstance(bins, bool) or not isinstance(bins, int | np.integer) or bins < 1:
-        raise InputError(f"bins must be a positive int, got {bins!r}", hint="e.g. bins=60")
-    a, b = _pair(ref, cand)
-    d = np.abs(a - b).ravel()
-    n = d.size
-    finite = d[np.isfinite(d)]
-    n_nonfinite = n - finite.size
-    n_zero = int((finite == 0).sum())
-    pos = finite[finite > 0]
-
-    fig, ax = _new_figure(7.5, 4.5)
-    if pos.size:
-        lo, hi = float(pos.min()), float(pos.max())
-        if hi <= lo * 1.0001:
-            lo, hi = lo / 2, hi * 2
-        ax.hist(pos, bins=np.geomspace(lo, hi, int(bins) + 1), color="C0", alpha=0.8,
-                label=f"{pos.size} elements with |diff| > 0")
-    else:
-        ax.text(0.5, 0.5, "no positive difference to bin", transform=ax.transAxes,
-                ha="center", va="center", color="0.4")
-    ax.set_xscale("log")
-    if tolerance is not None:
-        tol = _num(tolerance)
-        if not (math.isfinite(tol) and tol > 0):
-            raise InputError(f"tolerance must be a positive number, got {tolerance!r}",
-                             hint="Give the abs bound, e.g. tolerance=1e-4.")
-        above = int((finite > tol).sum()) + n_nonfinite
-        ax.axvline(tol, color="red", linestyle="--", linewidth=1.2,
-                   label=f"tolerance {tol:g}: {above} of {n} above")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    ax.set_xlabel("|ref − cand| (tensor units, log scale)")
-    ax.set_ylabel("elements (count)")
-    extra = f", {n_nonfinite} NaN/inf" if n_nonfinite else ""
-    ax.set_title(f"|ref − cand| over {n} elements: {n_zero} exactly zero (not binned){extra}",
-                 fontsize=10)
-    return fig
-
-
-def diff_heatmap(ref: Any, cand: Any, channel: int = 0) -> Figure:
-    """|ref − cand| over one channel's spatial plane, with a colour bar.
-
-    NCHW takes the channel of a batch of 1 (the batch axis is squeezed away), CHW the channel,
-    a 2-D array is its own single channel and a 1-D one is drawn as a row.
-    """
-    import numpy as np
-    from matplotlib import colormaps
-
-    a, b = _pair(ref, cand)
-    d = np.abs(a - b)
-    shape = d.shape
-    if d.ndim == 4:
-        if shape[0] != 1:
-            raise InputError(f"diff_heatmap takes one sample; the tensors have shape {shape} "
-                             f"(batch {shape[0]})",
-                             hint="Index one sample first, e.g. diff_heatmap(ref[0], cand[0]).")
-        d = d[0]
-    elif d.ndim == 1:
-        d = d[None, None, :]
-    elif d.ndim == 2:
-        d = d[None]
-    elif d.ndim != 3:
-        raise InputError(f"diff_heatmap takes NCHW, CHW, 2-D or 1-D tensors, got shape {shape}",
-                         hint="Reshape to (C, H, W) first.")
-    n_ch = d.shape[0]
-    if isinstance(channel, bool) or not isinstance(channel, int | np.integer) \
-            or not 0 <= channel < n_ch:
-        raise InputError(f"channel {channel!r} is out of range for shape {shape}: valid "
-                         f"channels are 0..{n_ch - 1}",
-                         hint=f"Pass channel= an int from 0 to {n_ch - 1}.")
-    plane = d[int(channel)]
-    img = np.ma.masked_invalid(plane)
-    h, w = plane.shape
-
-    fig, ax = _new_figure(min(max(5.0, 1.5 + 4.5 * w / max(h, 1)), 12), 4.5)
-    im = ax.imshow(img, cmap=colormaps["magma"].with_extremes(bad="cyan"),
-                   interpolation="nearest",
-                   aspect="equal" if max(h, w) <= 8 * min(h, w) else "auto")
-    fig.colorbar(im, ax=ax, label="|ref − cand| (tensor units)")
-    ax.set_xlabel("x (width index)")
-    ax.set_ylabel("y (height index)")
-    bad = int(plane.size - img.count())
-    if img.count():
-        y, x = np.unravel_index(int(np.ma.argmax(img)), plane.shape)
-        where = f"max {float(img.max()):.3g} at (y={y}, x={x})"
-    else:
-        where = "no finite difference"
-    extra = f", {bad} NaN/inf in cyan" if bad else ""
-    ax.set_title(f"|ref − cand|, channel {int(channel)} of {n_ch} (shape {shape}): "
-                 f"{where}{extra}", fontsize=10)
-    return fig
-
-
-def ref_vs_cand_scatter(ref: Any, cand: Any, max_points: int = 20000, seed: int = 0) -> Figure:
-    """Candidate against reference value per element, with the y = x line of perfect agreement.
-
-    Above ``max_points`` elements a seeded random subset is drawn, so the figure is repeatable;
-    elements where either side is NaN/inf are left out and counted in the title.
-    """
-    import numpy as np
-
-    if isinstance(max_points, bool) or not isinstance(max_points, int | np.integer) \
-            or max_points < 1:
-        raise InputError(f"max_points must be a positive int, got {max_points!r}",
-                         hint="e.g. max_points=20000")
-    a, b = _pair(ref, cand)
-    a, b = a.ravel(), b.ravel()
-    ok = np.flatnonzero(np.isfinite(a) & np.isfinite(b))
-    n, n_ok = a.size, ok.size
-    if n_ok > max_points:
-        ok = np.sort(np.random.default_rng(seed).choice(ok, size=int(max_points), replace=False))
-    x, y = a[ok], b[ok]
-
-    fig, ax = _new_figure(5.8, 5.5)
-    ax.scatter(x, y, s=4 if x.size > 2000 else 14, alpha=0.6, color="C0", linewidths=0,
-               rasterized=True, label="elements", zorder=3)
-    if x.size:
-        lo, hi = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
-    else:
-        lo, hi = 0.0, 1.0
-    if hi == lo:
-        lo, hi = lo - 1, hi + 1
-    ax.plot([lo, hi], [lo, hi], color="0.3", linestyle="--", linewidth=0.8, label="y = x",
-            zorder=2)
-    ax.set_aspect("equal", adjustable="datalim")
-    ax.set_xlabel("reference value (tensor units)")
-    ax.set_ylabel("candidate value (tensor units)")
-    shown = f"all {n}" if x.size == n else f"{x.size} of {n}"
-    extra = f"; {n - n_ok} with NaN/inf left out" if n_ok < n else ""
-    ax.set_title(f"candidate vs reference: {shown} elements{extra}", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
     return fig

@@ -8,9 +8,17 @@ import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from ..shapes import unbatched
+
+if TYPE_CHECKING:
+    from ..runtime import Runner
+    from .align import Alignment
+    from .candidates import Candidate
+    from .metrics import TensorMetrics, Tolerance
+    from .verdict import Verdict
 
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
            "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed",
@@ -18,14 +26,46 @@ COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_ab
 
 
 @dataclass
+class Record:
+    """One aligned tensor of one candidate in one mode, with its metrics."""
+
+    candidate: str
+    mode: str
+    order: int
+    name: str
+    reference: str
+    op_type: str
+    metrics: TensorMetrics
+    relation: str = "equal"  # how the candidate tensor relates to the reference tensor
+    covers: tuple[str, ...] = ()  # the reference records a folded tensor spans
+    node: str = ""  # the candidate's node (ONNX) or layer (ncnn) that wrote it
+
+    @property
+    def exact(self) -> bool:
+        """Related to its reference tensor exactly (equal, or equal up to a known folding or
+        a reshape): its error is the op's own, so it may be named as a divergence."""
+        return self.relation.startswith("equal")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as a table row: its fields and its metrics' (``TensorMetrics.as_dict``)."""
+        return {"candidate": self.candidate, "mode": self.mode, "order": self.order,
+                "name": self.name, "reference": self.reference, "op_type": self.op_type,
+                **self.metrics.as_dict(), "relation": self.relation}
+
+
+@dataclass
 class CompareReport:
-    records: list[Any]
-    alignments: dict[str, Any]
-    candidates: list[Any]
+    """What ``wb.compare`` found: ``records`` (one per aligned tensor, candidate and mode),
+    each candidate's ``alignments``, and the verdicts, summary, table, plots and repro built
+    on them."""
+
+    records: list[Record]
+    alignments: dict[str, Alignment]
+    candidates: list[Candidate]
     isolated_available: dict[str, bool] = field(default_factory=dict)
-    tolerance: Any = None
+    tolerance: Tolerance | None = None
     inputs: tuple = ()
-    reference: Any = None
+    reference: Runner | None = None
     unmeasured: dict[str, dict[str, str]] = field(default_factory=dict)  # cand -> {tensor: why}
     min_explained: float = 0.5
     _sensitivity: dict[str, list[Any]] = field(default_factory=dict, repr=False)
@@ -47,7 +87,7 @@ class CompareReport:
         which torch never computed, so nothing measures them."""
         return {name: dict(al.attributed) for name, al in self.alignments.items()}
 
-    def verdicts(self) -> dict[str, Any]:
+    def verdicts(self) -> dict[str, Verdict]:
         """{candidate name: Verdict}: something compared, enough explained, all passed."""
         from .verdict import verdict
 
@@ -56,20 +96,20 @@ class CompareReport:
                                 self.min_explained) for c in self.candidates}
 
     # -- where it breaks ----------------------------------------------------------------------
-    def divergences(self) -> dict[str, Any]:
+    def divergences(self) -> dict[str, Record]:
         """{candidate: first failing record}, by isolated error where available."""
         out = {}
         for cand in self.candidates:
             mode = "isolated" if self.isolated_available.get(cand.name) else "accumulated"
             # among exactly related tensors only: a tensor related otherwise is no op's own
             failing = [r for r in self.records if r.candidate == cand.name and r.mode == mode
-                       and not r.metrics["passed"] and r.exact]
+                       and not r.metrics.passed and r.exact]
             if failing:
                 out[cand.name] = min(failing, key=lambda r: r.order)
         return out
 
     @property
-    def first_divergence(self) -> Any:
+    def first_divergence(self) -> Record | None:
         """The earliest op (topological order) whose error breaks tolerance, isolated error
         first; None when every aligned tensor passes."""
         found = list(self.divergences().values())
@@ -102,12 +142,12 @@ class CompareReport:
             if not recs:
                 lines.append(f"{cand.name}: {aligned}; NOT OK: {why}{note}")
                 continue
-            worst = max(recs, key=lambda r: r.metrics["max_abs"] or 0.0)
+            worst = max(recs, key=lambda r: r.metrics.max_abs)
             div = divergences.get(cand.name)
             if div:
                 covers = f" covering {', '.join(div.covers)}" if div.covers else ""
                 tail = (f"first divergence at {div.reference}{covers} ({div.op_type} "
-                        f"{div.name}, {div.mode} max abs {div.metrics['max_abs']:.3g})")
+                        f"{div.name}, {div.mode} max abs {div.metrics.max_abs:.3g})")
             elif not v.passed:
                 tail = "over tolerance only where not exactly related; no op named"
             else:  # never "all within tolerance" over too little compared
@@ -116,7 +156,7 @@ class CompareReport:
             if v.reasons:
                 tail = f"NOT OK: {why}; {tail}"
             lines.append(f"{cand.name}: {aligned}, worst max abs "
-                         f"{worst.metrics['max_abs']:.3g} at {worst.reference}; {tail}{note}")
+                         f"{worst.metrics.max_abs:.3g} at {worst.reference}; {tail}{note}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -172,13 +212,16 @@ class CompareReport:
     def plot_tensor(self, name: str, candidate: str | None = None, channel: int = 0) -> list:
         """One aligned tensor: histogram of |a - b|, heatmap of a channel, reference vs
         candidate scatter."""
+        import numpy as np
+
         from . import plots
 
         ref, cand = self.tensors(name, candidate)
-        tol = next((r.metrics.get("tolerance") for r in self.records if r.name == name), None)
+        tol = next((r.metrics.tolerance for r in self.records if r.name == name), None)
         return [plots.error_histogram(ref, cand, tolerance=tol),
                 plots.diff_heatmap(ref, cand, channel=channel) if min(
-                    len(_squeezed(ref)), len(_squeezed(cand))) >= 2 else None,
+                    len(unbatched(np.shape(ref))), len(unbatched(np.shape(cand)))) >= 2
+                else None,
                 plots.ref_vs_cand_scatter(ref, cand)]
 
     # -- which layers cost a low-precision candidate most --------------------------------------
@@ -193,7 +236,7 @@ class CompareReport:
             self._sensitivity[name] = sensitivity(self, name, progress)
         return self._sensitivity[name]
 
-    def sensitive(self, k: int = 3, candidate: str | None = None) -> list[Any]:
+    def sensitive(self, k: int = 3, candidate: str | None = None) -> list[Record]:
         """The ``k`` records whose isolated error costs the final output most (the module in
         ``.reference``): what to keep in float, ``wb.quantize(..., exclude=rep.sensitive(k))``."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -212,7 +255,7 @@ class CompareReport:
         ref = self.reference.run(self.inputs, capture="all")[pairs[name]]
         return ref, cand.runner.run(self.inputs, capture="all")[name]
 
-    def _candidate(self, name: str | None) -> Any:
+    def _candidate(self, name: str | None) -> Candidate:
         if name is None:
             return self.candidates[0]
         for c in self.candidates:
@@ -220,7 +263,7 @@ class CompareReport:
                 return c
         raise InputError(f"no candidate {name!r}", f"candidates: {[c.name for c in self.candidates]}")
 
-    def repro(self, record: Any, folder: str | Path) -> Path:
+    def repro(self, record: Record | None, folder: str | Path) -> Path:
         """Write a minimal ONNX model of the op, its reference inputs and expected output as
         .npy, and a script that reproduces the numbers. Returns the folder."""
         from .repro import write_repro
@@ -237,15 +280,6 @@ class CompareReport:
     def to_json(self) -> str:
         return json.dumps({"summary": self.summary(), "aligned_fraction": self.aligned_fraction,
                            "records": self.rows()}, default=str)
-
-
-def _squeezed(a: Any) -> tuple[int, ...]:
-    import numpy as np
-
-    shape = list(np.shape(a))
-    while shape and shape[0] == 1:
-        shape.pop(0)
-    return tuple(shape)
 
 
 def _fmt(v: Any) -> str:

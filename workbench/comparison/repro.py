@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .candidates import Candidate
+    from .report import CompareReport, Record
 
 SCRIPT = '''"""Reproduces {op_type} node {node!r} ({reference}) from {candidate}.
 Run: python repro.py   (needs numpy and onnxruntime)"""
@@ -33,14 +37,17 @@ def _file(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "tensor"
 
 
-def write_repro(report: Any, cand: Any, record: Any, folder: Path) -> Path:
+def write_repro(report: CompareReport, cand: Candidate, record: Record, folder: Path) -> Path:
+    """The repro of ``record`` (a tensor of the ONNX candidate ``cand``) in ``folder``:
+    model.onnx (its node alone), inputs/*.npy (aligned inputs from the reference, as in
+    isolated mode), expected.npy and repro.py. Returns the folder."""
     import json
 
     import onnx
     from onnx import helper
 
     from ..onnx_io import load_onnx
-    from .compare import _fit
+    from .isolated import fit_reference
 
     model = load_onnx(cand.path)
     node = next((n for n in model.graph.node if record.name in n.output), None)
@@ -65,7 +72,7 @@ def write_repro(report: Any, cand: Any, record: Any, folder: Path) -> Path:
             continue
         arr = np.asarray(values[name])
         if name in pairs:  # fed from the reference, as in isolated mode
-            arr = _fit(ref_values[pairs[name]], arr.shape).astype(arr.dtype, copy=False)
+            arr = fit_reference(ref_values[pairs[name]], arr.shape).astype(arr.dtype, copy=False)
         rel = f"inputs/{_file(name)}.npy"
         np.save(folder / rel, np.ascontiguousarray(arr))
         files[name] = rel
@@ -81,10 +88,10 @@ def write_repro(report: Any, cand: Any, record: Any, folder: Path) -> Path:
     mini.functions.extend(f for f in model.functions if f.name == node.op_type)
     onnx.checker.check_model(mini)
     onnx.save(mini, str(folder / "model.onnx"))
-    expected = _fit(ref_values[record.reference], out.shape)
+    expected = fit_reference(ref_values[record.reference], out.shape)
     np.save(folder / "expected.npy", np.ascontiguousarray(expected))
     (folder / "inputs.json").write_text(json.dumps(files, indent=2))
     (folder / "repro.py").write_text(SCRIPT.format(
         op_type=node.op_type, node=node.name or record.name, reference=record.reference,
-        candidate=cand.name, output=record.name, max_abs=record.metrics["max_abs"] or 0.0))
+        candidate=cand.name, output=record.name, max_abs=record.metrics.max_abs))
     return folder

@@ -20,7 +20,9 @@ from typing import Any
 
 from ..errors import InputError
 from .align import call_module
-from .compare import _copies, _fit, _isolated
+from .candidates import copies as _copies
+from .isolated import fit_reference as _fit
+from .isolated import isolated as _isolated
 
 
 @dataclass
@@ -72,7 +74,7 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
     modules = dict(model.named_modules())
     out = []
     for rec in tqdm(records, desc="sensitivity", disable=not progress, leave=False):
-        iso_snr = rec.metrics.get("snr_db", math.nan)
+        iso_snr = rec.metrics.snr_db
         target = call_module(rec.reference)
         value = iso.get(rec.name)
         final = None
@@ -100,7 +102,7 @@ def _pick(report: Any, candidate: str | None) -> Any:
     worst: dict[str, float] = {}
     for r in report.records:
         if r.mode == "accumulated":
-            snr = r.metrics.get("snr_db", math.inf)
+            snr = r.metrics.snr_db
             worst[r.candidate] = min(worst.get(r.candidate, math.inf), snr)
     name = min(worst, key=worst.get) if worst else report.candidates[-1].name
     return report._candidate(name)

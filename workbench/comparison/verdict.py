@@ -8,10 +8,13 @@ a candidate's comparison can be trusted at all, before any tolerance is looked a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
-from .align import squeeze_key
+from ..shapes import same_elements, squeezed
+
+if TYPE_CHECKING:
+    from .metrics import TensorMetrics
 
 MIN_EXPLAINED = 0.5  # below this share of tensors aligned or attributed, no verdict is "ok"
 
@@ -34,12 +37,12 @@ class Verdict:
         return not self.reasons and self.passed
 
 
-def measure_pair(ref: Any, cand: Any, tol: Any) -> dict[str, Any] | str:
-    """The metrics of one aligned pair, with ``tolerance`` (the whole-tensor bound), or the
-    reason it cannot be measured (a string): never an exception, so one odd pair does not
-    lose the comparison. Arrays whose shapes differ only in axes of size 1
-    ([1,1,1,7,7,768] against [1,7,7,768]) hold the same elements in the same order and are
-    measured as the reference's shape."""
+def measure_pair(ref: Any, cand: Any, tol: Any) -> TensorMetrics | str:
+    """The metrics of one aligned pair, or the reason it cannot be measured (a string):
+    never an exception, so one odd pair does not lose the comparison. Arrays whose shapes
+    differ only in axes of size 1 ([1,1,1,7,7,768] against [1,7,7,768]) hold the same
+    elements in the same order and are measured as the reference's shape
+    (``shapes.same_elements``)."""
     import numpy as np
 
     from .metrics import tensor_metrics
@@ -51,31 +54,16 @@ def measure_pair(ref: Any, cand: Any, tol: Any) -> dict[str, Any] | str:
                     "(not the same elements in another shape)")
         b = b.reshape(a.shape)
     try:
-        m = tensor_metrics(a, b, tol)
+        return tensor_metrics(a, b, tol)
     except (InputError, ValueError, TypeError) as e:
         return getattr(e, "message", None) or f"{type(e).__name__}: {e}"
-    # Tolerance.bound from the same pass: max |ref| over its finite values
-    m["tolerance"] = tol.atol + tol.rtol * m.pop("ref_absmax")
-    return m
-
-
-def same_elements(ref_shape: tuple, cand_shape: tuple) -> bool:
-    """Whether two shapes hold one tensor's elements in the same order, as alignment pairs
-    them: equal but for axes of size 1 (anywhere), or leading axes merged (a Gemm's [H*W, C] output
-    of a Linear's [1, H, W, C]). A reshape never reorders elements."""
-    import math
-
-    if squeeze_key(ref_shape) == squeeze_key(cand_shape):  # axes of size 1 anywhere
-        return True
-    return (math.prod(ref_shape) == math.prod(cand_shape) and len(ref_shape) > 0
-            and len(cand_shape) > 0 and ref_shape[-1] == cand_shape[-1])
 
 
 def shape_relation(ref_shape: tuple, cand_shape: tuple) -> str | None:
     """How two shapes of one tensor differ beyond ncnn's dropped batch axis, or None."""
     if ref_shape == cand_shape or ref_shape[1:] == cand_shape or cand_shape[1:] == ref_shape:
         return None
-    what = ("axes of size 1 differ" if squeeze_key(ref_shape) == squeeze_key(cand_shape)
+    what = ("axes of size 1 differ" if squeezed(ref_shape) == squeezed(cand_shape)
             else "leading axes merged")
     return f"{what}: reference {list(ref_shape)}, candidate {list(cand_shape)}"
 
@@ -95,5 +83,5 @@ def verdict(candidate: str, alignment: Any, records: list[Any],
     elif explained < min_explained:
         reasons.append(f"only {explained:.0%} of {total} tensors aligned or attributed "
                        f"(threshold {min_explained:.0%})")
-    passed = all(r.metrics["passed"] for r in records)
+    passed = all(r.metrics.passed for r in records)
     return Verdict(candidate, compared, explained, passed, reasons)

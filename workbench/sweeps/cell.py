@@ -201,7 +201,7 @@ def _record_comparison(rep: Any, cands: list[tuple[str, Any]], out: dict[str, St
         div = divergences.get(name)
         if div is not None:
             row.first_divergence = (f"{div.reference} ({div.op_type} {div.name}, "
-                                    f"max abs {div.metrics['max_abs']:.3g})")
+                                    f"max abs {div.metrics.max_abs:.3g})")
     row = out["compare"]
     bad = [v for v in verdicts.values() if not v.ok]
     if bad:
@@ -213,7 +213,7 @@ def _record_comparison(rep: Any, cands: list[tuple[str, Any]], out: dict[str, St
     for r in rep.records:
         if r.mode == "accumulated":
             ops.append(OpPoint(stage_of.get(r.candidate, r.candidate), int(r.order), r.reference, r.op_type,
-                               _num(r.metrics.get("max_abs")), bool(r.metrics.get("passed"))))
+                               _num(r.metrics.max_abs), bool(r.metrics.passed)))
 
 
 def _num(v: Any) -> float | None:

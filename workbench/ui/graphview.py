@@ -466,8 +466,8 @@ class GraphView(widgets.HBox):
         ratios: list[float | None] = [None] * n
         for i, modes in self.records.items():
             recs = modes.get(self.color_by, [])
-            vals = [float(r.metrics[self.metric]) for r in recs
-                    if r.metrics.get(self.metric) is not None]
+            vals = [float(getattr(r.metrics, self.metric)) for r in recs
+                    if getattr(r.metrics, self.metric, None) is not None]
             out[i] = max(vals) if vals else None
             rs = [_ratio(r.metrics) for r in recs]
             rs = [x for x in rs if x is not None]
@@ -477,7 +477,7 @@ class GraphView(widgets.HBox):
 
     def _failing(self) -> list[bool]:
         mode = self.color_by if self.color_by != "op_type" else "accumulated"
-        return [any(not r.metrics.get("passed", True)
+        return [any(not r.metrics.passed
                     for r in self.records.get(i, {}).get(mode, []))
                 for i in range(len(self.payload["nodes"]))]
 
@@ -549,9 +549,9 @@ class GraphView(widgets.HBox):
         recs = self.records.get(i, {})
         rows = "".join(
             f"<tr><td>{html.escape(r.mode)}</td><td>{html.escape(r.name)}</td>"
-            f"<td>{html.escape(str(r.reference))}</td><td>{_num(r.metrics.get('max_abs'))}</td>"
-            f"<td>{_num(r.metrics.get('cosine'))}</td>"
-            f"<td>{'yes' if r.metrics.get('passed') else 'no'}</td></tr>"
+            f"<td>{html.escape(str(r.reference))}</td><td>{_num(r.metrics.max_abs)}</td>"
+            f"<td>{_num(r.metrics.cosine)}</td>"
+            f"<td>{'yes' if r.metrics.passed else 'no'}</td></tr>"
             for mode in ("accumulated", "isolated") for r in recs.get(mode, []))
         value = self.values[i]
         self.last_html = (
@@ -570,7 +570,7 @@ class GraphView(widgets.HBox):
                                                    if self.report is not None else "."))
             return
         tensor = max((r for rs in recs.values() for r in rs),
-                     key=lambda r: r.metrics.get("max_abs") or 0.0).name
+                     key=lambda r: r.metrics.max_abs).name
         import io
 
         from IPython.display import Image
@@ -584,9 +584,9 @@ class GraphView(widgets.HBox):
             display(Image(data=buf.getvalue(), format="png"))
 
 
-def _ratio(metrics: dict[str, Any]) -> float | None:
+def _ratio(metrics: Any) -> float | None:
     """max |a - b| over the tolerance bound of the same tensor (> 1: over tolerance)."""
-    err, tol = metrics.get("max_abs"), metrics.get("tolerance")
+    err, tol = metrics.max_abs, metrics.tolerance
     if err is None or tol is None:
         return None
     err, tol = float(err), float(tol)

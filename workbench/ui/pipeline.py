@@ -11,6 +11,7 @@ own, again and again with other settings, and the next stages pick up its newest
 from __future__ import annotations
 
 import html
+import os
 from typing import Any
 
 from ..artifact import Artifact, Workspace, as_workspace
@@ -51,6 +52,9 @@ class Pipeline:
         panels["compare"] = ComparePanel(model, inputs, workspace=ws, **(compare or {}))
         panels["quantize"] = QuantizePanel(model, inputs, workspace=ws, **(quantize or {}))
         self.panels = panels
+        for panel in panels.values():  # Show code writes the workspace as the user did
+            panel.workspace_given = (os.fspath(workspace) if isinstance(workspace, (str, os.PathLike))
+                                     else None)
         self._wire()
 
         self.run_all_button = w.Button(description="Run all", button_style="primary",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import html
+import os
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ...artifact import Artifact, Workspace, as_workspace
@@ -136,6 +138,9 @@ class StagePanel:
 
     def __init__(self, *, workspace: Workspace | str | None = None) -> None:
         w = _widgets()
+        # the path as the user wrote it: Show code keeps it (relative stays relative)
+        self.workspace_given = os.fspath(workspace) if isinstance(workspace, (str, os.PathLike)
+                                                                  ) else None
         self.workspace = workspace if isinstance(workspace, Workspace) else (
             as_workspace(workspace) if workspace is not None else None)
         self.source: Any = None  # the input artifact (set by the pipeline or the caller)
@@ -330,6 +335,19 @@ class StagePanel:
         return view
 
     # -- code -----------------------------------------------------------------------------
+    def _ws_line(self) -> str:
+        """``ws = wb.Workspace(path)`` with the path as the user gave it; for a Workspace
+        object, relative to the working directory when it lies below it."""
+        ws = self._ws()
+        given = self.workspace_given
+        if given is None or Path(given).absolute() != ws.path:
+            try:
+                given = os.path.relpath(ws.path) if ws.path.is_relative_to(Path.cwd()) \
+                    else str(ws.path)
+            except (OSError, ValueError):  # no working directory, another drive
+                given = str(ws.path)
+        return f"ws = wb.Workspace({given!r})"
+
     def code(self) -> str:
         """The engine calls for the current settings, ready to paste (runs given model, inputs)."""
         body, needs_model = self._chain()
@@ -339,8 +357,7 @@ class StagePanel:
 
     def _chain(self) -> tuple[list[str], bool]:
         """This panel's lines, preceded by how its source is obtained."""
-        ws = self._ws()
-        lines = [f"ws = wb.Workspace({str(ws.path)!r})"]
+        lines = [self._ws_line()]
         needs_model = self.needs_model
         source_var = None
         if isinstance(self.source, Artifact):
@@ -361,7 +378,7 @@ class StagePanel:
         """This panel's lines after every upstream panel's, from the model (the whole chain)."""
         settings = self.settings()
         if self.upstream is None:
-            return [f"ws = wb.Workspace({str(self._ws().path)!r})",
+            return [self._ws_line(),
                     *self._body(settings, None)], self.needs_model
         lines, needs_model = self.upstream._chain_fresh()
         return lines + self._body(settings, self.upstream.var), needs_model or self.needs_model

@@ -119,8 +119,7 @@ class ComparePanel(StagePanel):
         return [self.graph_of, box]
 
     def _chain(self) -> tuple[list[str], bool]:
-        ws = self._ws()
-        lines = [f"ws = wb.Workspace({str(ws.path)!r})"]
+        lines = [self._ws_line()]
         names = []
         for k, c in enumerate(self.candidates):
             if isinstance(c, Artifact):

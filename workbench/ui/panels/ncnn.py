@@ -66,12 +66,11 @@ class NcnnPanel(StagePanel):
 
     def _chain(self) -> tuple[list[str], bool]:
         if self.from_.value == "module":  # the source panels are not involved
-            ws = self._ws()
             try:
                 settings = self.settings()
             except InputError as e:
                 return [f"# settings not readable: {e.message}"], True
-            return [f"ws = wb.Workspace({str(ws.path)!r})", *self._body(settings, None)], True
+            return [self._ws_line(), *self._body(settings, None)], True
         return super()._chain()
 
     def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:

@@ -1,0 +1,231 @@
+"""The candidates of a comparison: each one's runner and display name, the tensors it
+produces (with the module hints alignment starts from), and each backend's own inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .align import CandidateTensor
+
+
+@dataclass
+class Candidate:
+    """A candidate backend: its runner, a display name, and how to list its tensors."""
+
+    name: str
+    runner: Any
+    kind: str  # "onnx" | "ncnn"
+    path: Path
+    own: bool = False  # a runner compare built (and keeps), not one it was given
+
+
+def as_candidate(thing: Any, index: int) -> Candidate:
+    """``thing`` (an ONNX or ncnn artifact, a path or a runner; the ``index``-th candidate)
+    as a Candidate; runners built here are kept while their file is unchanged."""
+    from ..runtime import NcnnRunner, OrtRunner, Runner, runner_for
+
+    runner = thing if isinstance(thing, Runner) else None
+    if runner is None:
+        try:
+            # one intra-op thread: the captures run in the worker on one core while torch
+            # and the measuring take the other (schedule.py)
+            runner = _cached_runner(thing, lambda t: runner_for(t, num_threads=1))
+        except InputError as e:
+            raise InputError(f"candidate {index} ({type(thing).__name__}): {e.message}",
+                             e.hint) from None
+    own = runner is not thing
+    if isinstance(runner, OrtRunner):
+        int8 = " int8" if _stored_precision(thing) == "int8" else ""
+        return Candidate(f"onnxruntime{int8} {_label(thing, runner.path)}", runner, "onnx",
+                         runner.path, own)
+    if isinstance(runner, NcnnRunner):
+        precision = "int8" if _stored_precision(thing) == "int8" else runner.precision
+        if getattr(runner, "emulate", None):  # storage rounded between layers, not native
+            precision = f"{precision} emulated {runner.emulate}"
+        return Candidate(f"ncnn {precision} {_label(thing, runner.param)}", runner,
+                         "ncnn", runner.param, own)
+    raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
+                     "ncnn artifacts, paths or their runners", "e.g. wb.compare(model, [onx, nc], "
+                     "(x,))")
+
+
+_RUNNERS: OrderedDict[tuple, Any] = OrderedDict()
+_RUNNER_CACHE_SIZE = 4
+
+
+def _cached_runner(thing: Any, make: Any) -> Any:
+    """The runner for an artifact or path, kept across calls (a few, least recently used
+    dropped) while its file is unchanged: re-running a comparison in a notebook then reuses
+    the sessions and nets the worker already built."""
+    path = getattr(thing, "path", thing)
+    try:
+        st = Path(path).stat()
+    except (OSError, TypeError):
+        return make(thing)  # not a file: runner_for says what it is
+    key = (str(Path(path).resolve()), st.st_mtime_ns, st.st_size)
+    if key in _RUNNERS:
+        _RUNNERS.move_to_end(key)
+        return _RUNNERS[key]
+    runner = _RUNNERS[key] = make(thing)
+    while len(_RUNNERS) > _RUNNER_CACHE_SIZE:
+        _RUNNERS.popitem(last=False)  # its worker twin goes with it
+    return runner
+
+
+def _stored_precision(thing: Any) -> str | None:
+    """The precision the quantize stage recorded on an artifact (None for others)."""
+    params = getattr(thing, "params", None)
+    return params.get("precision") if isinstance(params, dict) else None
+
+
+def _label(thing: Any, path: Path) -> str:
+    """The artifact id; for a runner or path, the artifact folder or the file name."""
+    label = getattr(thing, "id", None)
+    if label:
+        return label
+    return path.parent.name if (path.parent / "artifact.json").exists() else path.name
+
+
+_TENSORS: OrderedDict[tuple, list[CandidateTensor]] = OrderedDict()
+
+
+def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
+    """The tensors a candidate produces, in topological order, with module hints. Kept for
+    an unchanged file (parsing a ResNet-50's ONNX took longer than aligning it)."""
+    st = cand.path.stat()
+    key = (cand.kind, str(cand.path.resolve()), st.st_mtime_ns, st.st_size,
+           frozenset(modules))
+    if key not in _TENSORS:
+        _TENSORS[key] = _candidate_tensors(cand, modules)
+        while len(_TENSORS) > _RUNNER_CACHE_SIZE:
+            _TENSORS.popitem(last=False)
+    _TENSORS.move_to_end(key)
+    return _TENSORS[key]
+
+
+def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
+    if cand.kind == "onnx":
+        from ..onnx_io import load_onnx
+        from .align import module_from_metadata, module_from_scope
+
+        model = load_onnx(cand.path, external_data=False)
+        # (the node's own name when its output is a graph output: '/fc/Add' -> 'output')
+        hints = [module_from_metadata(n, modules) or next(
+            (h for o in (*n.output, n.name) if o and (h := module_from_scope(o, modules))
+             is not None), None) for n in model.graph.node]
+        scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
+        readers: dict[str, set] = {}
+        reader_scopes: dict[str, set] = {}
+        for node, hint, scope in zip(model.graph.node, hints, scopes, strict=True):
+            for name in node.input:
+                readers.setdefault(name, set()).add(hint)
+                reader_scopes.setdefault(name, set()).add(scope)
+        outputs = {o.name: k for k, o in enumerate(model.graph.output)}
+        # values computed from weights alone (an Identity of a shared parameter, a folded
+        # Constant): parameters, not activations
+        constant = {t.name for t in model.graph.initializer}
+        out = []
+        for i, (node, hint, scope) in enumerate(zip(model.graph.node, hints, scopes,
+                                                    strict=True)):
+            is_const = node.op_type == "Constant" or (
+                node.input and all(not n or n in constant for n in node.input))
+            for name in node.output:
+                if name:
+                    if is_const:
+                        constant.add(name)
+                    internal = (hint is not None and name not in outputs
+                                and readers.get(name, set()) == {hint})
+                    own = (hint is not None and scope is not None and name not in outputs
+                           and scope in reader_scopes.get(name, ()))
+                    out.append(CandidateTensor(name, i, "Constant" if is_const
+                                               else node.op_type, hint, internal,
+                                               outputs.get(name), own, node=node.name,
+                                               inputs=tuple(n for n in node.input if n)))
+        return out
+    from ..params import parse_ncnn_param
+
+    out = []
+    layers = parse_ncnn_param(cand.path).layers
+    alias = {top: layer.bottoms[0] for layer in layers if layer.type == "Split"
+             for top in layer.tops}
+
+    def source(blob: str) -> str:  # a Split's top is its bottom
+        while blob in alias:
+            blob = alias[blob]
+        return blob
+
+    for i, layer in enumerate(layers):
+        if layer.type in ("Input", "Split", "MemoryData"):
+            continue  # inputs, aliases of their bottom, constants
+        # pnnx names the model's outputs out0, out1... in torch's order
+        out.extend(CandidateTensor(top, i, layer.type, output_index=int(top[3:])
+                                   if re.fullmatch(r"out\d+", top) else None,
+                                   node=layer.name,
+                                   inputs=tuple(source(b) for b in layer.bottoms))
+                   for top in layer.tops)
+    return out
+
+
+def with_weights(tensors: list[CandidateTensor], cand: Candidate,
+                  reference: Any) -> list[CandidateTensor]:
+    """ncnn's tensors, each with the modules whose weights its layer holds (``weights_of``):
+    what ties a layer to its module when its values do not (a fault, a fused op)."""
+    if cand.kind != "ncnn" or not hasattr(reference, "named_modules"):
+        return tensors
+    from .weights import ncnn_weight_modules
+
+    held = ncnn_weight_modules(cand.path, reference)
+    if not held:
+        return tensors
+    out = [dataclasses.replace(t, weights_of=held[t.node]) if t.node in held else t
+           for t in tensors]
+    first_top = {}  # layer -> its first top (tensors are listed in each layer's top order)
+    for t in out:
+        first_top.setdefault(t.node, t.name)
+    # A multi-layer LSTM/GRU/RNN is one torch call and one ncnn layer per torch layer: the
+    # layers before the last, and the last one's state outputs (torch returns the states
+    # of every layer stacked), are steps inside the module, aligned only when equal to one
+    # of its records. The last layer's output stays pinned to the module by its weights.
+    last: dict[str, int] = {}
+    for t in out:
+        if t.op_type in RECURRENT and len(t.weights_of) == 1:
+            last[t.weights_of[0]] = max(last.get(t.weights_of[0], -1), t.order)
+    return [dataclasses.replace(t, hint=t.weights_of[0], internal=True)
+            if t.op_type in RECURRENT and len(t.weights_of) == 1 and (
+                t.order < last[t.weights_of[0]] or t.name != first_top[t.node])
+            else t for t in out]
+
+
+RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+def _scope(node: Any) -> str | None:
+    """The call a node belongs to: its scope in its output's name ('/layer1/relu_1'), or its
+    name_scopes metadata (dynamo); None when neither says."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            return prop.value
+    for name in (*node.output, node.name):
+        if name.startswith("/") and name.count("/") > 1:
+            return name.rsplit("/", 1)[0]
+    return None
+
+
+def input_sets(inputs: Any) -> list[tuple]:
+    """``inputs`` (a tuple, or a list of tuples) as a list of tuples of tensors."""
+    from ..inputs import as_tensor_tuple
+
+    if isinstance(inputs, list) and inputs and all(isinstance(i, (tuple, list)) for i in inputs):
+        return [as_tensor_tuple(i, f"inputs[{k}]") for k, i in enumerate(inputs)]
+    return [as_tensor_tuple(inputs)]
+
+
+def copies(args: tuple) -> tuple:
+    """A copy of each input tensor, for one backend's run."""
+    return tuple(a.clone() for a in args)

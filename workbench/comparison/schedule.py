@@ -1,0 +1,142 @@
+"""How a comparison's work is scheduled on a small machine; what is compared is compare()'s.
+
+Two cores here. The candidates' runners (built by compare) use one intra-op thread each and
+capture at once in the worker, while the calling thread runs torch (one thread too) and
+then aligns and measures whatever capture is done. Single-threaded runs share cores by plain
+time slicing; multi-threaded ones on too few cores wait at every barrier (ncnn ran twice as
+slow beside a 2-thread torch), and one at a time leaves cores idle. Captures run at most one
+ahead of the measuring (two candidates' values alive at once); in isolated mode the next
+starts only once this one is measured (peak memory). The measuring splits over two threads:
+the metrics kernel releases the GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .align import samples
+
+if TYPE_CHECKING:
+    from .candidates import Candidate
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+
+class Schedule:
+    """The comparison's threads: a measuring thread beside the caller's, and each input
+    set's captures (``captures``). Use as a context manager; ``close`` stops them."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare-measure")
+        self.pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
+
+    def __enter__(self) -> Schedule:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+    @contextlib.contextmanager
+    def captures(self, cands: Sequence[Candidate], args: Sequence[tuple],
+                 mode: str) -> Iterator[Captures]:
+        """Each candidate's capture="all" run on its own ``args``, started now in the
+        background (one ahead of the measuring in accumulated mode, none in isolated or both:
+        peak memory); stopped on leaving the block."""
+        caps = Captures(list(cands), list(args), ahead=1 if mode == "accumulated" else 0)
+        try:
+            yield caps
+        finally:
+            caps.stop()
+
+    @staticmethod
+    def reference(runner: Any, args: tuple) -> dict[str, Any]:
+        """The reference's capture="all" run, torch on one thread (the captures take the
+        other core)."""
+        with _torch_threads(1):
+            return runner.run(args, capture="all")
+
+    def measure(self, fn: Callable[[J], R], jobs: list[J]) -> list[R]:
+        """fn(job) for every job, every other one in the measuring thread (alternate jobs,
+        so both halves get large and small tensors alike): every thread here is
+        single-threaded work, so a third one would only time-slice."""
+        odd = self.pool.submit(lambda: [fn(j) for j in jobs[1::2]])
+        even = [fn(j) for j in jobs[0::2]]
+        out: list[Any] = [None] * len(jobs)
+        out[0::2], out[1::2] = even, odd.result()
+        return out
+
+
+class Captures:
+    """Each candidate's capture="all" run, each in a thread of its own (the worker runs
+    them at once), at most ``ahead`` captures ahead of the candidate being measured:
+    ``done(k)`` lets capture k + 1 + ahead start."""
+
+    def __init__(self, cands: list[Candidate], args: list[tuple], ahead: int) -> None:
+        self.futures: list[Future] = [Future() for _ in cands]
+        self.slots = threading.Semaphore(1 + ahead)
+        self.stopped = False
+        threading.Thread(target=self._run, args=(cands, args), daemon=True,
+                         name="wb-compare-captures").start()
+
+    def _run(self, cands: list[Candidate], args: list[tuple]) -> None:
+        for fut, cand, own in zip(self.futures, cands, args, strict=True):
+            self.slots.acquire()
+            if self.stopped:
+                return
+            threading.Thread(target=self._capture, args=(fut, cand, own), daemon=True,
+                             name="wb-compare-capture").start()
+
+    @staticmethod
+    def _capture(fut: Any, cand: Candidate, args: tuple) -> None:
+        try:
+            values = cand.runner.run(args, "all")
+            fut.set_result((values, samples(values)))
+        except BaseException as e:  # noqa: BLE001 - raised where the result is read
+            fut.set_exception(e)
+
+    def get(self, k: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(values, align samples of them) of candidate k's capture, once: not kept here,
+        so the caller decides when the values go."""
+        result = self.futures[k].result()
+        self.futures[k] = spent = Future()
+        spent.set_result(None)
+        return result
+
+    def done(self, k: int) -> None:
+        """Candidate k is measured: the next capture may start (call once per k)."""
+        self.slots.release()
+
+    def stop(self) -> None:
+        """No further captures; those running finish in the worker."""
+        self.stopped = True
+        self.slots.release(len(self.futures))
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Any:
+    """torch's intra-op threads set to ``n`` for the block (process-wide), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _warm_metrics() -> None:
+    """Build (or load from numba's cache) the metrics kernel for float32 pairs."""
+    import numpy as np
+
+    from .metrics import Tolerance, tensor_metrics
+
+    tensor_metrics(np.zeros(2, np.float32), np.zeros(2, np.float32), Tolerance())
