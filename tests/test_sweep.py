@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import workbench as wb
+from workbench import tolerances as wb_tolerances
 from workbench.errors import InputError, WorkspaceError
 from workbench.sweeps.db import SweepDB, writer_lock
 from workbench.sweeps.factory import model_and_inputs, spec_of
@@ -79,7 +80,8 @@ def nets(tmp_path: Path) -> Path:
     ({"exporter": ["torchscript", "onnxscript"]}, "unknown value 'onnxscript'"),
     ({"opset": [99]}, "is not an opset"),
     ({"ncnn": []}, "is empty"),
-    ({"precision": ["int8"]}, "'precision' is not supported"),
+    ({"precision": ["int4"]}, "unknown value 'int4'"),
+    ({"precision": ["fp16"]}, "not a quantization the sweep runs"),
     (["exporter"], "expected a dict"),
 ])
 def test_a_bad_matrix_is_a_hinted_error_before_any_cell_runs(tmp_path, nets, matrix, expected):
@@ -101,6 +103,21 @@ def test_the_matrix_crosses_every_choice_with_defaults_and_stable_ids():
     again = Matrix.of({"ncnn": ["fp32", "fp16"], "exporter": ["torchscript", "dynamo"],
                        "raise": False, "opset": 17}).cells(["a:f", "b:g"], ["f", "g"])
     assert [c.id for c in again] == [c.id for c in cells]
+
+
+def test_precision_left_at_fp32_keeps_the_cells_of_a_sweep_made_before_it_existed():
+    """A sweep that does not cross precision has the ids and labels it had before the axis
+    (pinned: resnet-ce4e90d49c), so it resumes and diffs against older workspaces."""
+    for spec in ({"ncnn": ["fp16"]}, {"ncnn": "fp16", "precision": ["fp32"]}):
+        cell = Matrix.of(spec).cells(["workbench.zoo:resnet"], ["resnet"])[0]
+        assert cell.id == "resnet-ce4e90d49c" and "precision" not in cell.label
+        assert cell.options["precision"] == "fp32"
+    crossed = Matrix.of({"precision": ["fp32", "int8-ort", "INT8"]})
+    assert crossed.axes["precision"] == ["fp32", "int8-onnxruntime", "int8"]
+    cells = crossed.cells(["workbench.zoo:resnet"], ["resnet"])
+    assert [c.label.split()[-1] for c in cells] == ["precision=fp32", "precision=int8-onnxruntime",
+                                                    "precision=int8"]
+    assert cells[0].id != "resnet-ce4e90d49c"  # another sweep: its matrix says so
 
 
 @pytest.mark.parametrize("factory, expected", [
@@ -138,18 +155,20 @@ def test_a_sweep_stores_every_stage_resumes_and_retries_failed_cells(tmp_path, n
     tiny, flaky = by["tiny"], by["flaky"]
     assert tiny.status == "ok" and flaky.status == "failed"
     stages = {s.stage: s for s in tiny.stages}
-    assert list(stages) == ["model", "export", "simplify", "raise", "ncnn", "compare"]
-    assert all(s.status == "ok" for s in stages.values())
+    assert list(stages) == ["model", "export", "simplify", "raise", "ncnn", "ort-int8",
+                            "ncnn-int8", "compare"]
+    assert [s.status for s in stages.values()] == ["ok"] * 5 + ["off"] * 2 + ["ok"]
+    assert (stages["ncnn"].atol, stages["ncnn"].rtol) == wb_tolerances.for_precision("fp32")
     assert stages["export"].nodes == 3 and stages["export"].max_abs < 1e-5
     assert stages["ncnn"].aligned_fraction > 0.5 and stages["raise"].aligned_fraction > 0.5
     assert stages["export"].tools["torch"] and stages["ncnn"].tools["ncnn"]
-    assert all(s.seconds > 0 for s in stages.values())
+    assert all(s.seconds > 0 for s in stages.values() if s.status != "off")
     assert (Path(tiny.folder) / "0001-export" / "model.onnx").is_file()
     assert {o.candidate for o in tiny.ops} == {"raise", "ncnn"}
     bad = flaky.stages[0]
     assert (bad.stage, bad.error_class) == ("model", "InputError")
     assert "not fixed yet" in bad.error and bad.hint
-    assert [s.status for s in flaky.stages[1:]] == ["skipped"] * 5
+    assert [s.status for s in flaky.stages[1:]] == ["skipped"] * 4 + ["off"] * 2 + ["skipped"]
     # the same sweep again: every cell was stored, none runs
     again = wb.sweep(models, {"exporter": "torchscript"}, workspace=ws, progress=False)
     assert again.ran == 0 and again.resumed == 2
@@ -171,13 +190,19 @@ def test_a_sweep_stores_every_stage_resumes_and_retries_failed_cells(tmp_path, n
 
 
 def test_a_native_crash_costs_one_cell_and_is_reported_with_its_signal(tmp_path, nets):
-    res = wb.sweep([f"{nets}:segfault", f"{nets}:broken"], {}, workspace=tmp_path / "ws",
-                   workers=2, progress=False)
+    res = wb.sweep([f"{nets}:segfault", f"{nets}:broken", f"{nets}:nothing"], {},
+                   workspace=tmp_path / "ws", workers=2, progress=False)
     by = {c.name: c for c in res.cells}
     crash = by["segfault"].stages[0]
     assert by["segfault"].status == "crashed" and crash.error_class == "BackendCrashed"
     assert "signal SIGSEGV" in crash.error and "cell.log" in crash.hint
     assert by["broken"].status == "failed" and "no weights" in by["broken"].stages[0].error
+    # a factory that returns no model: that cell fails with the hint of what to return
+    none = by["nothing"].stages[0]
+    assert by["nothing"].status == "failed" and "returned None" in none.error
+    assert "(model, example_inputs)" in none.hint
+    with SweepDB(tmp_path / "ws", readonly=True) as db:
+        assert db.integrity() == "ok"
 
 
 def test_a_folder_with_a_foreign_sweep_db_is_refused(tmp_path, nets):

@@ -184,7 +184,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweeps.run import sweep
 
     matrix: dict[str, list[str]] = {}
-    for key in ("exporter", "opset", "simplify", "raise_", "ncnn"):
+    for key in ("exporter", "opset", "simplify", "raise_", "ncnn", "precision"):
         value = getattr(args, key)
         if value:
             matrix[key.rstrip("_")] = [v.strip() for v in value.split(",") if v.strip()]
@@ -292,6 +292,7 @@ EXAMPLES = {
                "--input 1x3x224x224\n"
                "  workbench compare workbench.zoo:vit vit.onnx --atol 1e-4 --rtol 1e-3 --json",
     "sweep": "  workbench sweep resnet vit --exporter torchscript,dynamo --ncnn fp32,fp16\n"
+             "  workbench sweep resnet --precision fp32,int8\n"
              "  workbench sweep mypkg.nets:a mypkg.nets:b --workspace runs/nightly "
              "--report report.html\n"
              "  workbench sweep --scheduler tcp://10.0.0.5:8786 --shared /mnt/runs/zoo\n"
@@ -403,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--simplify", help="comma-separated: onnxslim,onnxsim,onnxscript,none")
     w.add_argument("--raise", dest="raise_", help="comma-separated: on,off")
     w.add_argument("--ncnn", help="comma-separated: fp32,fp16,none")
+    w.add_argument("--precision", help="comma-separated: fp32,int8 (int8: wb.quantize on ONNX "
+                   "Runtime and ncnn, calibrated on 4 seeded samples; int8-onnxruntime or "
+                   "int8-ncnn for one backend)")
     w.add_argument("--workspace", default=None, help="the sweep's folder (default "
                    "./workbench-runs/sweep)")
     w.add_argument("--workers", type=int, default=None, help="cells at a time on this machine "

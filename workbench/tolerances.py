@@ -10,6 +10,25 @@ from typing import Any
 EPS = 1e-6
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
+# The default (atol, rtol) by the precision a candidate computes or stores its weights in. fp16
+# keeps 11 significant bits (a rounding of 2**-11 ~ 4.9e-4 relative per weight and per value),
+# which adds up over a network's depth: 1e-2 both ways. int8 is judged by its output SNR
+# (INT8_MIN_SNR_DB); its (atol, rtol) only finds where the error grows (first divergence).
+PRECISION_TOLERANCES: dict[str, tuple[float, float]] = {
+    "fp32": (DEFAULT_ATOL, DEFAULT_RTOL), "fp16": (1e-2, 1e-2), "int8": (1e-1, 1e-1)}
+# int8's bar: output noise at most a tenth of the signal (SNR 10 dB vs the float model)
+INT8_MIN_SNR_DB = 10.0
+
+
+def for_precision(precision: str) -> tuple[float, float]:
+    """The default (atol, rtol) for a candidate in ``precision`` ("fp32", "fp16", "int8")."""
+    try:
+        return PRECISION_TOLERANCES[precision]
+    except KeyError:
+        from .errors import InputError
+
+        raise InputError(f"no default tolerance for precision {precision!r}",
+                         f"one of {', '.join(PRECISION_TOLERANCES)}") from None
 
 
 def max_errors(ref: Sequence[Any], got: Sequence[Any], eps: float = EPS) -> dict[str, Any]:

@@ -16,7 +16,9 @@ from typing import Any
 from ..errors import WorkbenchError
 from .matrix import Cell
 
-STAGES = ("model", "export", "simplify", "raise", "ncnn", "compare")
+STAGES = ("model", "export", "simplify", "raise", "ncnn", "ort-int8", "ncnn-int8", "compare")
+INT8_STAGES = ("ort-int8", "ncnn-int8")
+CALIBRATION_SAMPLES = 4  # the example inputs and 3 seeded samples like them
 # A stage's status: ran and its checks passed; ran but a check failed (numbers off, checker);
 # raised; not run because an earlier stage failed; not chosen in this cell's matrix.
 STATUSES = ("ok", "mismatch", "failed", "crashed", "skipped", "off")
@@ -41,6 +43,12 @@ class StageResult:
     warnings: int = 0
     artifact: str = ""  # path relative to the cell's folder
     tools: dict[str, str] = field(default_factory=dict)
+    # the tolerance this stage's candidate was compared with (workbench.tolerances, by its
+    # precision); int8: its output SNR vs its float parent and the bar it had to reach
+    atol: float | None = None
+    rtol: float | None = None
+    snr_db: float | None = None
+    min_snr_db: float | None = None
 
 
 @dataclass
@@ -142,19 +150,55 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
                                                    fp16=opts["ncnn"] == "fp16"))
     onnx_stage = next((s for s in ("raise", "simplify", "export") if arts.get(s) is not None),
                       None)
-    cands = [(s, arts[s]) for s in (onnx_stage, "ncnn") if s and arts.get(s) is not None]
+    precision = opts["precision"]
+    if built is not None and precision != "fp32":
+        from ..stages.quantize import quantize
+
+        samples = calibration_samples(inputs)
+        if precision in ("int8", "int8-onnxruntime") and onnx_stage:
+            arts["ort-int8"] = run("ort-int8", lambda: quantize(
+                arts[onnx_stage], samples, backend="onnxruntime", workspace=ws,
+                progress=False))
+        if precision in ("int8", "int8-ncnn") and opts["ncnn"] == "fp16":
+            out["ncnn-int8"] = StageResult(
+                "ncnn-int8", "off", hint="ncnn int8 is made from the fp32 model: the cell "
+                "with ncnn=fp32 has it", tools=tools)
+        elif precision in ("int8", "int8-ncnn") and arts.get("ncnn") is not None:
+            arts["ncnn-int8"] = run("ncnn-int8", lambda: quantize(
+                arts["ncnn"], samples, backend="ncnn", workspace=ws, progress=False))
+        for stage in INT8_STAGES:
+            if arts.get(stage) is not None:
+                _judge_int8(out[stage], arts[stage])
+    # every candidate compared with the tolerance of its precision: one comparison per
+    # precision present (the ONNX stages fp32, ncnn its weights', int8 its own)
+    of: dict[str, str] = {onnx_stage or "": "fp32", "ncnn": opts["ncnn"], "ort-int8": "int8",
+                          "ncnn-int8": "int8"}
+    cands = [(s, arts[s], of[s]) for s in (onnx_stage, "ncnn", *INT8_STAGES)
+             if s and arts.get(s) is not None]
     if cands:
         from ..comparison.compare import compare
+        from ..comparison.metrics import Tolerance
+        from ..tolerances import for_precision
 
-        rep = run("compare", lambda: compare(model, [a for _, a in cands], inputs,
-                                              progress=False))
-        if rep is not None:
-            _record_comparison(rep, cands, out, ops)
+        groups = {p: [(s, a) for s, a, q in cands if q == p] for _, _, p in cands}
+
+        def compare_all() -> list[tuple[str, list[tuple[str, Any]], Any]]:
+            return [(p, group, compare(model, [a for _, a in group], inputs,
+                                       tolerance=Tolerance(*for_precision(p)), progress=False))
+                    for p, group in groups.items()]
+
+        reps = run("compare", compare_all)
+        if reps is not None:
+            _record_comparisons(reps, out, ops)
     for stage in STAGES:  # what did not run: not chosen, or an earlier stage failed
         if stage not in out:
             chosen = not ((stage == "simplify" and opts["simplify"] == "none")
                           or (stage == "raise" and not opts["raise"])
-                          or (stage == "ncnn" and opts["ncnn"] == "none"))
+                          or (stage == "ncnn" and opts["ncnn"] == "none")
+                          or (stage == "ort-int8" and precision not in ("int8",
+                                                                        "int8-onnxruntime"))
+                          or (stage == "ncnn-int8" and (precision not in ("int8", "int8-ncnn")
+                                                        or opts["ncnn"] == "none")))
             out[stage] = StageResult(stage, "skipped" if chosen else "off", tools=tools)
     return CellResult(cell.id, [out[s] for s in STAGES], ops,
                       seconds=round(time.perf_counter() - t0, 3))
@@ -186,34 +230,91 @@ def _failed(stage: str, e: BaseException, folder: Path) -> StageResult:
                        "this cell's errors.log")
 
 
-def _record_comparison(rep: Any, cands: list[tuple[str, Any]], out: dict[str, StageResult],
-                       ops: list[OpPoint]) -> None:
-    """The comparison's verdicts onto the compare row, and each candidate's aligned fraction
-    and first divergence onto the row of the stage that made it."""
-    names = [c.name for c in rep.candidates]
-    stage_of = {name: stage for (stage, _), name in zip(cands, names, strict=False)}
-    fractions = rep.aligned_fraction
-    divergences = rep.divergences()
-    verdicts = rep.verdicts()
-    for (stage, _), name in zip(cands, names, strict=False):
-        row = out[stage]
-        row.aligned_fraction = _num(fractions.get(name))
-        div = divergences.get(name)
-        if div is not None:
-            row.first_divergence = (f"{div.reference} ({div.op_type} {div.name}, "
-                                    f"max abs {div.metrics.max_abs:.3g})")
+def _record_comparisons(reps: list[tuple[str, list[tuple[str, Any]], Any]],
+                        out: dict[str, StageResult], ops: list[OpPoint]) -> None:
+    """Each comparison's verdicts onto the compare row, and each candidate's tolerance,
+    aligned fraction and first divergence onto the row of the stage that made it. An int8
+    candidate's bar is its SNR (``_judge_int8``); its comparison says where the error grows."""
     row = out["compare"]
-    bad = [v for v in verdicts.values() if not v.ok]
-    if bad:
+    failed = []
+    tolerances = set()
+    for precision, cands, rep in reps:
+        names = [c.name for c in rep.candidates]
+        stage_of = {name: stage for (stage, _), name in zip(cands, names, strict=False)}
+        fractions = rep.aligned_fraction
+        divergences = rep.divergences()
+        tol = rep.tolerance
+        tolerances.add((tol.atol, tol.rtol))
+        for (stage, _), name in zip(cands, names, strict=False):
+            cand_row = out[stage]
+            cand_row.atol, cand_row.rtol = float(tol.atol), float(tol.rtol)
+            cand_row.aligned_fraction = _num(fractions.get(name))
+            div = divergences.get(name)
+            if div is not None:
+                cand_row.first_divergence = (f"{div.reference} ({div.op_type} {div.name}, "
+                                             f"max abs {div.metrics.max_abs:.3g})")
+        verdicts = rep.verdicts()
+        if precision != "int8" and any(not v.ok for v in verdicts.values()):
+            failed.append(f"{precision} (atol {tol.atol:g}, rtol {tol.rtol:g}): "
+                          f"{rep.summary()}")
+        for r in rep.records:
+            if r.mode == "accumulated":
+                ops.append(OpPoint(stage_of.get(r.candidate, r.candidate), int(r.order),
+                                   r.reference, r.op_type, _num(r.metrics.max_abs),
+                                   bool(r.metrics.passed)))
+    if len(tolerances) == 1:
+        row.atol, row.rtol = map(float, tolerances.pop())
+    if failed:
         row.status = "mismatch"
         row.error_class = "tolerance"
-        row.error = rep.summary()
+        row.error = "\n".join(failed)
         row.hint = "open the comparison: wb.compare(model, [...], inputs).table(), or the " \
                    "first divergence's repro (rep.repro)"
-    for r in rep.records:
-        if r.mode == "accumulated":
-            ops.append(OpPoint(stage_of.get(r.candidate, r.candidate), int(r.order), r.reference, r.op_type,
-                               _num(r.metrics.max_abs), bool(r.metrics.passed)))
+
+
+def _judge_int8(row: StageResult, art: Any) -> None:
+    """An int8 row is ok when its output SNR vs its float parent (the quantize stage's own
+    check, on the example inputs) reaches INT8_MIN_SNR_DB."""
+    from ..tolerances import INT8_MIN_SNR_DB
+
+    row.snr_db = _num(art.metrics.get("min_snr_db_vs_parent"))
+    row.min_snr_db = INT8_MIN_SNR_DB
+    if row.status == "ok" and (row.snr_db is None or row.snr_db < INT8_MIN_SNR_DB):
+        shown = "no finite figure" if row.snr_db is None else f"{row.snr_db:.1f} dB"
+        row.status = "mismatch"
+        row.error_class = "snr"
+        row.error = (f"int8 output SNR vs the float model: {shown}, below "
+                     f"{INT8_MIN_SNR_DB:g} dB")
+        row.hint = ("find the layers that cost most and keep them in float: "
+                    "rep = wb.compare(model, [float_art, int8_art], inputs); "
+                    "wb.quantize(float_art, samples, exclude=rep.sensitive(3))")
+
+
+def calibration_samples(inputs: tuple, n: int = CALIBRATION_SAMPLES, seed: int = 0
+                        ) -> list[tuple[Any, ...]]:
+    """``n`` calibration samples: the example inputs first (the quantize stage checks its SNR
+    on the first), then seeded ones like them: floats uniform over each input's range,
+    integers (token ids) drawn from theirs, others repeated."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    first = tuple(t.detach().cpu().numpy() for t in inputs)
+    out = [first]
+    for _ in range(n - 1):
+        sample = []
+        for t in inputs:
+            t = t.detach().cpu()
+            if t.dtype.is_floating_point and t.numel():
+                lo, hi = float(t.min()), float(t.max())
+                x = torch.rand(t.shape, generator=gen, dtype=torch.float64) * (hi - lo) + lo
+                sample.append(x.to(t.dtype).numpy())
+            elif t.dtype in (torch.int32, torch.int64) and t.numel():
+                sample.append(torch.randint(int(t.min()), int(t.max()) + 1, t.shape,
+                                            generator=gen, dtype=t.dtype).numpy())
+            else:
+                sample.append(t.numpy().copy())
+        out.append(tuple(sample))
+    return out
 
 
 def _num(v: Any) -> float | None:

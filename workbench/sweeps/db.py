@@ -23,7 +23,7 @@ from .matrix import Cell, show
 
 DB_NAME = "sweep.db"
 LOCK_NAME = "sweep.lock"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the tolerance and int8 SNR columns of stages
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cells (
@@ -36,14 +36,17 @@ CREATE TABLE IF NOT EXISTS stages (
     stage TEXT NOT NULL, status TEXT NOT NULL, error_class TEXT, error TEXT, hint TEXT,
     nodes INTEGER, max_abs REAL, max_abs_fp16 REAL, aligned_fraction REAL,
     first_divergence TEXT, seconds REAL, warnings INTEGER, artifact TEXT, tools TEXT,
-    PRIMARY KEY (cell_id, stage));
+    atol REAL, rtol REAL, snr_db REAL, min_snr_db REAL, PRIMARY KEY (cell_id, stage));
 CREATE TABLE IF NOT EXISTS ops (
     cell_id TEXT NOT NULL REFERENCES cells(cell_id), candidate TEXT NOT NULL,
     ord INTEGER NOT NULL, reference TEXT, op_type TEXT, max_abs REAL, passed INTEGER);
 """
 _STAGE_COLS = ("stage", "status", "error_class", "error", "hint", "nodes", "max_abs",
                "max_abs_fp16", "aligned_fraction", "first_divergence", "seconds", "warnings",
-               "artifact", "tools")
+               "artifact", "tools", "atol", "rtol", "snr_db", "min_snr_db")
+# columns added since schema 1, with their types: added to an older store opened for writing,
+# read as None from one opened read-only (an earlier sweep to diff against)
+_ADDED = {"atol": "REAL", "rtol": "REAL", "snr_db": "REAL", "min_snr_db": "REAL"}
 
 
 @dataclass
@@ -102,6 +105,7 @@ class SweepDB:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.execute("PRAGMA synchronous=NORMAL")
                 self.conn.executescript(SCHEMA)  # idempotent: CREATE ... IF NOT EXISTS
+                self._upgrade()
             self.conn.execute("SELECT count(*) FROM cells").fetchone()
         except sqlite3.DatabaseError as e:
             raise WorkspaceError(f"{self.path} is not a sweep database ({e})",
@@ -110,6 +114,19 @@ class SweepDB:
 
     def close(self) -> None:
         self.conn.close()
+
+    def _columns(self) -> list[str]:
+        return [r[1] for r in self.conn.execute("PRAGMA table_info(stages)")]
+
+    def _upgrade(self) -> None:
+        """A store of an earlier schema gets the columns added since (one transaction)."""
+        missing = [c for c in _ADDED if c not in self._columns()]
+        if missing:
+            with self.transaction() as c:
+                for col in missing:
+                    c.execute(f"ALTER TABLE stages ADD COLUMN {col} {_ADDED[col]}")
+                c.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)",
+                          (str(SCHEMA_VERSION),))
 
     def __enter__(self) -> SweepDB:
         return self
@@ -157,7 +174,7 @@ class SweepDB:
             c.executemany(
                 "INSERT OR IGNORE INTO cells (cell_id, position, model, name, choices) "
                 "VALUES (?, ?, ?, ?, ?)",
-                [(cell.id, i, cell.model, cell.name, json.dumps(cell.options))
+                [(cell.id, i, cell.model, cell.name, json.dumps(dict(cell.choices)))
                  for i, cell in enumerate(cells)])
 
     # -- results ---------------------------------------------------------------------------
@@ -192,9 +209,11 @@ class SweepDB:
                                  "seconds, worker, folder, finished FROM cells "
                                  "ORDER BY position").fetchall()
         stages: dict[str, list[StageResult]] = {}
-        for r in self.conn.execute(f"SELECT cell_id, {', '.join(_STAGE_COLS)} FROM stages "
+        have = set(self._columns())
+        cols = [c for c in _STAGE_COLS if c in have]  # an older store lacks the _ADDED ones
+        for r in self.conn.execute(f"SELECT cell_id, {', '.join(cols)} FROM stages "
                                    "ORDER BY cell_id, position"):
-            d = dict(zip(_STAGE_COLS, r[1:], strict=True))
+            d = dict.fromkeys(_STAGE_COLS) | dict(zip(cols, r[1:], strict=True))
             d["tools"] = json.loads(d["tools"] or "{}")
             d = {k: ("" if v is None and k in ("error_class", "error", "hint",
                                                 "first_divergence", "artifact") else v)

@@ -17,7 +17,15 @@ AXES: dict[str, tuple[tuple[Any, ...] | None, Any]] = {
     "simplify": (("onnxslim", "onnxsim", "onnxscript", "none"), "onnxslim"),
     "raise": ((True, False), True),
     "ncnn": (("fp32", "fp16", "none"), "fp32"),
+    # int8 through wb.quantize on every backend the cell has, or on one
+    "precision": (("fp32", "int8", "int8-onnxruntime", "int8-ncnn"), "fp32"),
 }
+# Axes that stay out of a cell's choices (its id and label) at their default: a sweep that does
+# not cross them is the same sweep, with the same cell ids, as before they existed (resume).
+IMPLICIT = {"precision"}
+_ALIASES = {"precision": {"int8-ort": "int8-onnxruntime", "ort": "int8-onnxruntime",
+                          "ncnn-int8": "int8-ncnn", "ort-int8": "int8-onnxruntime",
+                          "float": "fp32", "none": "fp32"}}
 OPSETS = range(7, 26)
 _BOOL_WORDS = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}
 
@@ -32,7 +40,8 @@ class Cell:
 
     @property
     def options(self) -> dict[str, Any]:
-        return dict(self.choices)
+        """Every axis's value: the implicit ones left out of ``choices`` at their default."""
+        return {k: AXES[k][1] for k in IMPLICIT} | dict(self.choices)
 
     @property
     def label(self) -> str:
@@ -68,10 +77,6 @@ class Matrix:
                              "'fp16']}")
         axes: dict[str, list[Any]] = {}
         for key, values in spec.items():
-            if key == "precision":
-                raise InputError("matrix choice 'precision' is not supported by the sweep yet",
-                                 "sweep ncnn fp32/fp16 with 'ncnn': ['fp32', 'fp16']; int8 "
-                                 "runs through workbench.precision one model at a time")
             if key not in AXES:
                 raise InputError(f"matrix: unknown choice {key!r}; known: {', '.join(AXES)}",
                                  _example(None))
@@ -80,8 +85,11 @@ class Matrix:
                 raise InputError(f"matrix[{key!r}] is empty", _example(key))
             axes[key] = _dedupe([_value(key, v) for v in vals])
         for key, (_, default) in AXES.items():
-            axes.setdefault(key, [default])
-        return cls({k: axes[k] for k in AXES})
+            if key in IMPLICIT and axes.get(key, [default]) == [default]:
+                axes.pop(key, None)  # not crossed: out of the ids, labels and stored matrix
+            else:
+                axes.setdefault(key, [default])
+        return cls({k: axes[k] for k in AXES if k in axes})
 
     def cells(self, models: list[str], names: list[str]) -> list[Cell]:
         """Every model crossed with every combination, models outermost."""
@@ -116,6 +124,12 @@ def _value(key: str, v: Any) -> Any:
         return _BOOL_WORDS[v.lower()]
     if isinstance(v, str):
         v = v.lower()
+        v = _ALIASES.get(key, {}).get(v, v)
+    if key == "precision" and v in ("fp16", "bf16"):
+        raise InputError(f"matrix['precision']: {v!r} is not a quantization the sweep runs",
+                         "ncnn fp16 is its own choice: {'ncnn': ['fp32', 'fp16']}; precision "
+                         "crosses fp32 with int8 (wb.quantize): {'precision': ['fp32', "
+                         "'int8']}")
     if v is None and key == "simplify":
         return "none"
     if allowed is not None and (v not in allowed or (key != "raise" and isinstance(v, bool))):
@@ -128,7 +142,9 @@ def _value(key: str, v: Any) -> Any:
 def _example(key: str | None) -> str:
     examples = {"exporter": "'exporter': ['torchscript', 'dynamo']", "opset": "'opset': [13, 17]",
                 "simplify": "'simplify': ['onnxslim', 'none']", "raise": "'raise': [True, False]",
-                "ncnn": "'ncnn': ['fp32', 'fp16']"}
+                "ncnn": "'ncnn': ['fp32', 'fp16']",
+                "precision": "'precision': ['fp32', 'int8'] (or 'int8-onnxruntime', "
+                             "'int8-ncnn': one backend)"}
     if key is None:
         return "e.g. {" + ", ".join(examples.values()) + "}"
     return f"e.g. {{{examples[key]}}}"

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..fileio import atomic_write_text
-from .cell import BAD, STAGES
+from .cell import BAD, INT8_STAGES, STAGES
 from .db import CellRecord, SweepDB
 from .diff import SweepDiff, diff, tools_of
 
@@ -95,15 +95,16 @@ def _matrix(cells: list[CellRecord], links: bool = True) -> str:
     e = _esc
     legend = "".join(f"<span style='background:{c};{'color:#555' if s in ('off', 'pending') else ''}'>"
                      f"{s}</span>" for s, c in COLORS.items())
+    stages = shown_stages(cells)
     rows = ["<h2 id='matrix'>Coverage</h2>", f"<p class='legend'>{legend}</p>",
             "<table class='coverage'><tr><th>model</th><th>choices</th>"
-            + "".join(f"<th>{s}</th>" for s in STAGES) + "<th>seconds</th></tr>"]
+            + "".join(f"<th>{s}</th>" for s in stages) + "<th>seconds</th></tr>"]
     for c in cells:
         by = {s.stage: s for s in c.stages}
         tds = []
-        for stage in STAGES:
+        for stage in stages:
             s = by.get(stage)
-            status = s.status if s else ("pending" if not c.done else "skipped")
+            status = s.status if s else ("pending" if not c.done else "off")
             tip = e(f"{s.error_class}: {s.error}"[:300]) if s and s.error else status
             target = f"#{_anchor(c, stage)}" if s and (s.status in BAD) else f"#fig-{c.cell_id}"
             inner = (f"<a href='{target}' title='{tip}'>{status}</a>" if links
@@ -121,7 +122,10 @@ def _figures(cells: list[CellRecord]) -> str:
     e = _esc
     out = ["<h2 id='figures'>Error figures</h2>",
            "<table><tr><th>model</th><th>choices</th><th>stage</th><th>status</th>"
-           "<th>nodes</th><th>max abs vs torch</th><th>max abs fp16</th><th>aligned</th>"
+           "<th>nodes</th><th>max abs vs torch</th><th>max abs fp16</th>"
+           "<th title='atol + rtol·|torch| per element, by the candidate&#39;s precision'>"
+           "tolerance</th><th title='int8: output SNR vs the float model, and its bar'>"
+           "SNR dB</th><th>aligned</th>"
            "<th>first divergence</th><th>warnings</th><th>seconds</th></tr>"]
     for c in cells:
         first = True
@@ -135,6 +139,7 @@ def _figures(cells: list[CellRecord]) -> str:
                 f"<td style='color:{COLORS.get(s.status, '#222')}'>{s.status}</td>"
                 f"<td class='num'>{_n(s.nodes)}</td><td class='num'>{_g(s.max_abs)}</td>"
                 f"<td class='num'>{_g(s.max_abs_fp16)}</td>"
+                f"<td class='num tol'>{_tol(s)}</td><td class='num'>{_snr(s)}</td>"
                 f"<td class='num'>{_pct(s.aligned_fraction)}</td>"
                 f"<td>{e(s.first_divergence)}</td><td class='num'>{_n(s.warnings)}</td>"
                 f"<td class='num'>{s.seconds:.2f}</td></tr>")
@@ -230,6 +235,25 @@ def _tools(cells: list[CellRecord]) -> str:
     return (f"<h2 id='tools'>Tool versions</h2><table id='tool-versions'><tr><th>tool</th>"
             f"<th>version</th></tr>"
             f"{rows}</table>")
+
+
+def shown_stages(cells: list[CellRecord]) -> list[str]:
+    """The matrix's stage columns: the int8 ones only when some cell ran them."""
+    used = {s.stage for c in cells for s in c.stages if s.status != "off"}
+    return [s for s in STAGES if s not in INT8_STAGES or s in used]
+
+
+def _tol(s: Any) -> str:
+    atol, rtol = getattr(s, "atol", None), getattr(s, "rtol", None)
+    return "-" if atol is None or rtol is None else f"atol {atol:g}, rtol {rtol:g}"
+
+
+def _snr(s: Any) -> str:
+    snr, bar = getattr(s, "snr_db", None), getattr(s, "min_snr_db", None)
+    if snr is None and bar is None:
+        return "-"
+    return f"{'-' if snr is None else f'{snr:.1f}'} (&ge; {bar:g})" if bar is not None \
+        else f"{snr:.1f}"
 
 
 def _anchor(c: CellRecord, stage: str) -> str:

@@ -105,7 +105,9 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
             names (``"resnet"``), or module-level callables, each returning
             ``(model, example_inputs)``; None: the project's zoo (``workbench.zoo.ZOO``).
         matrix: {choice: [values]} over ``exporter``, ``opset``, ``simplify``, ``raise``,
-            ``ncnn`` (see ``workbench.sweeps.matrix.AXES``); choices left out keep defaults.
+            ``ncnn`` and ``precision`` (fp32, int8; see ``workbench.sweeps.matrix.AXES``);
+            choices left out keep defaults. Each candidate is compared with the tolerance
+            of its precision (``workbench.tolerances.for_precision``); int8 by its SNR.
         workspace: the sweep's folder (``sweep.db`` and ``cells/``); a re-run resumes it.
         client: a ``dask.distributed.Client``: the cells run on its cluster.
         scheduler: a Dask scheduler address (``tcp://host:8786``) to connect to instead.
