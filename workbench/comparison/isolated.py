@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..shapes import reshaped
 from .candidates import Candidate
+
+if TYPE_CHECKING:
+    from .align import Alignment
 
 
 def fit_reference(ref: Any, like_shape: tuple[int, ...]) -> Any:
@@ -39,7 +42,7 @@ def fit_reference(ref: Any, like_shape: tuple[int, ...]) -> Any:
 _ISOLATED: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (temp dir, runner)
 
 
-def isolated(cand: Candidate, al: Any, ref_values: dict[str, Any],
+def isolated(cand: Candidate, al: Alignment, ref_values: dict[str, Any],
               layout: dict[str, tuple], args: tuple) -> dict[str, Any] | None:
     """Each op of an ONNX candidate run on reference inputs, all in one session run. The
     rewritten model and its runner are kept (two at most) for the next comparison."""
@@ -102,7 +105,7 @@ def isolated_model(path: Path, cut: list[str], types: dict[str, Any]) -> Any:
     return model
 
 
-def _isolated_ncnn(cand: Candidate, al: Any, ref_values: dict[str, Any],
+def _isolated_ncnn(cand: Candidate, al: Alignment, ref_values: dict[str, Any],
                    layout: dict[str, tuple], model_inputs: dict[str, Any]) -> dict[str, Any]:
     """Each ncnn layer on reference inputs: aligned bottoms are fed from the reference with
     Extractor.input, in as few passes as the graph allows (a layer cannot be measured in the

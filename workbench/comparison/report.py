@@ -123,7 +123,12 @@ class CompareReport:
 
     # -- presenting ---------------------------------------------------------------------------
     def summary(self) -> str:
-        """One line per candidate: aligned, worst error and where, first divergence."""
+        """One line per candidate: aligned, worst error and where, first divergence, and
+        why its comparison is not ok when it is not.
+
+        Returns:
+            The lines, joined by newlines.
+        """
         lines = []
         verdicts = self.verdicts()
         divergences = self.divergences()
@@ -163,13 +168,36 @@ class CompareReport:
         return self.summary()
 
     def rows(self, candidate: str | None = None, mode: str | None = None) -> list[dict]:
+        """The records as table rows (``Record.as_dict``).
+
+        Args:
+            candidate: only this candidate's records (None: all).
+            mode: only "accumulated" or "isolated" records (None: both).
+
+        Returns:
+            One dict per record, with the columns of ``COLUMNS`` and the metrics' other
+            fields.
+        """
         return [r.as_dict() for r in self.records
                 if (candidate is None or r.candidate == candidate)
                 and (mode is None or r.mode == mode)]
 
     def table(self, format: str = "records", candidate: str | None = None,
               mode: str | None = None) -> Any:
-        """Rows as dicts ('records'), CSV text ('csv') or an HTML table ('html')."""
+        """The records as a table.
+
+        Args:
+            format: "records" (a list of dicts), "csv" (text, the ``COLUMNS``) or "html"
+                (a table, the first divergence's row marked).
+            candidate: only this candidate's records (None: all).
+            mode: only this mode's records (None: both).
+
+        Returns:
+            The rows in that format.
+
+        Raises:
+            InputError: an unknown format.
+        """
         rows = self.rows(candidate, mode)
         if format == "records":
             return rows
@@ -199,7 +227,14 @@ class CompareReport:
 
     def plot(self, metric: str = "max_abs") -> list[Any]:
         """The figures: error along the graph (accumulated vs isolated, tolerance, first
-        divergence marked) and error by op type. Returned, not shown."""
+        divergence marked) and error by op type. Returned, not shown.
+
+        Args:
+            metric: the metric plotted: max_abs, mean_abs, max_rel, cosine or snr_db.
+
+        Returns:
+            [error along the graph, error by op type] as matplotlib Figures.
+        """
         from . import plots
 
         recs = self.rows()
@@ -211,7 +246,16 @@ class CompareReport:
 
     def plot_tensor(self, name: str, candidate: str | None = None, channel: int = 0) -> list:
         """One aligned tensor: histogram of |a - b|, heatmap of a channel, reference vs
-        candidate scatter."""
+        candidate scatter (both backends run again).
+
+        Args:
+            name: the candidate tensor's name (an aligned one).
+            candidate: the candidate's name (None: the first).
+            channel: the channel the heatmap shows.
+
+        Returns:
+            [histogram, heatmap or None (a tensor of fewer than 2 axes), scatter].
+        """
         import numpy as np
 
         from . import plots
@@ -228,7 +272,15 @@ class CompareReport:
     def sensitivity(self, candidate: str | None = None, progress: bool = True) -> list[Any]:
         """Every exactly aligned layer of ``candidate`` (default: the one furthest from the
         reference) with the final-output SNR its own isolated error costs, most costly
-        first (compare/sensitivity.py). Needs mode "both" or "isolated"; computed once."""
+        first (comparison/sensitivity.py). Needs mode "both" or "isolated"; computed once.
+
+        Args:
+            candidate: the candidate's name (None: the one furthest from the reference).
+            progress: show a progress bar.
+
+        Returns:
+            Sensitivity entries (record, final-output SNR, isolated SNR), most costly first.
+        """
         from .sensitivity import _pick, sensitivity
 
         name = _pick(self, candidate).name
@@ -238,7 +290,18 @@ class CompareReport:
 
     def sensitive(self, k: int = 3, candidate: str | None = None) -> list[Record]:
         """The ``k`` records whose isolated error costs the final output most (the module in
-        ``.reference``): what to keep in float, ``wb.quantize(..., exclude=rep.sensitive(k))``."""
+        ``.reference``): what to keep in float, ``wb.quantize(..., exclude=rep.sensitive(k))``.
+
+        Args:
+            k: how many layers.
+            candidate: the candidate's name (None: as ``sensitivity``).
+
+        Returns:
+            Up to ``k`` records, most costly first.
+
+        Raises:
+            InputError: ``k`` is not a positive int.
+        """
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError(f"sensitive(k={k!r}): expected a positive number of layers",
                              "e.g. rep.sensitive(3)")
@@ -246,7 +309,18 @@ class CompareReport:
 
     # -- one tensor, again ------------------------------------------------------------------
     def tensors(self, name: str, candidate: str | None = None) -> tuple[Any, Any]:
-        """(reference array, candidate array) of one aligned tensor, by running both again."""
+        """One aligned tensor's values, by running both again.
+
+        Args:
+            name: the candidate tensor's name (an aligned one).
+            candidate: the candidate's name (None: the first).
+
+        Returns:
+            (reference array, candidate array).
+
+        Raises:
+            InputError: no such candidate, or ``name`` is not one of its aligned tensors.
+        """
         cand = self._candidate(candidate)
         pairs = self.alignments[cand.name].pairs
         if name not in pairs:
@@ -265,7 +339,19 @@ class CompareReport:
 
     def repro(self, record: Record | None, folder: str | Path) -> Path:
         """Write a minimal ONNX model of the op, its reference inputs and expected output as
-        .npy, and a script that reproduces the numbers. Returns the folder."""
+        .npy, and a script that reproduces the numbers.
+
+        Args:
+            record: the record to reproduce (e.g. ``report.first_divergence``) of an ONNX
+                candidate.
+            folder: where to write (created).
+
+        Returns:
+            The folder.
+
+        Raises:
+            InputError: no record, or a record of an ncnn candidate.
+        """
         from .repro import write_repro
 
         if record is None:
@@ -278,6 +364,7 @@ class CompareReport:
         return write_repro(self, cand, record, Path(folder))
 
     def to_json(self) -> str:
+        """The summary, aligned fractions and rows as JSON text."""
         return json.dumps({"summary": self.summary(), "aligned_fraction": self.aligned_fraction,
                            "records": self.rows()}, default=str)
 
