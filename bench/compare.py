@@ -164,7 +164,8 @@ def timing_rows(model: Any, x: tuple, onx: Any, nc: Any, runs: int, warmup: int,
     med = {n: statistics.median(t) * 1000 for n, t in times.items()}
     print("medians: " + ", ".join(f"{n} {v:.0f} ms" for n, v in med.items())
           + f" (spread of compare accumulated: {min(times['compare accumulated']):.2f}-"
-          f"{max(times['compare accumulated']):.2f} s)")
+          f"{max(times['compare accumulated']):.2f} s; load average "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())})")
     plain = med["torch"] + med["onnxruntime"] + med["ncnn"]
     return [Row(f"1{k}. ResNet-50 compare {mode} / plain", f"{med[f'compare {mode}']:.0f} ms",
                 f"{plain:.0f} ms", med[f"compare {mode}"] / plain, target)
@@ -315,9 +316,9 @@ PHASES = [  # (label, module, attribute path)
     ("list candidate tensors", "workbench.comparison.compare", "candidate_tensors"),
     ("align", "workbench.comparison.compare", "align"),
     ("metrics (tensor_metrics)", "workbench.comparison.metrics", "tensor_metrics"),
-    ("isolated ONNX: rewrite graph", "workbench.comparison.compare", "isolated_model"),
-    ("isolated ONNX: save + new runner", "workbench.comparison.compare", "_isolated"),
-    ("isolated ncnn: plan passes", "workbench.comparison.compare", "_isolated_ncnn"),
+    ("isolated ONNX: rewrite graph", "workbench.comparison.isolated", "isolated_model"),
+    ("isolated ONNX: save + new runner", "workbench.comparison.compare", "isolated"),
+    ("isolated ncnn: plan passes", "workbench.comparison.isolated", "_isolated_ncnn"),
 ]
 
 
@@ -398,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 timed rounds after 1 warm-up")
     parser.add_argument("--profile", action="store_true",
                         help="also split one ResNet-50 comparison per mode by phase")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="figures 1a and 1b only (no RSS children, no aligned fractions)")
     parser.add_argument("--child", choices=("rss-plain", "rss-compare"), help=argparse.SUPPRESS)
     parser.add_argument("--onnx", help=argparse.SUPPRESS)
     parser.add_argument("--ncnn", help=argparse.SUPPRESS)
@@ -428,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
                          for k, m, t in (("a", "accumulated", 1.5), ("b", "isolated", 5.0))]
             if args.profile:
                 profile_phases(model, x, onx, nc)
+            if args.timing_only:
+                print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+                print_table(rows)
+                return 0
             try:
                 rows += rss_rows(onx, nc)
             except Exception:

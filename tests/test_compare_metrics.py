@@ -550,3 +550,23 @@ def test_within_unchanged():
     assert within(errs, atol=0.0, rtol=9e-4, ref=ref) is False     # bound 0.018
     assert within(errs, atol=0.02, rtol=0.0) is True
     assert within({"max_abs": 0.0, "shape_mismatch": ["x"]}) is False
+
+
+# --- the batch-axis rule, one place (workbench.shapes) ---------------------------------------
+
+def test_the_comparison_shape_rule_lives_in_shapes():
+    from workbench import shapes
+
+    assert shapes.unbatched((1, 1, 3, 1)) == (3, 1) and shapes.unbatched((2, 1)) == (2, 1)
+    assert shapes.unbatched(()) == () and shapes.unbatched((1, 1)) == ()
+    assert shapes.batch_dropped((1, 3, 8, 8), (3, 8, 8))
+    for longer, shorter in (((2, 3), (3,)), ((3, 1), (3,)), ((1, 1, 3), (3,)), ((3,), (3,))):
+        assert not shapes.batch_dropped(longer, shorter), (longer, shorter)
+    assert shapes.same_elements((1, 1, 1, 7, 7, 768), (1, 7, 7, 768))  # axes of 1 anywhere
+    assert shapes.same_elements((1, 7, 7, 768), (49, 768))  # a Gemm's merged leading axes
+    assert not shapes.same_elements((3, 8), (8, 3)) and not shapes.same_elements((6,), (2, 3))
+    x = np.arange(49 * 4, dtype=np.float32).reshape(1, 7, 7, 4)
+    got = shapes.reshaped(x, (49, 4))
+    assert got.shape == (49, 4) and np.shares_memory(got, x)  # a view, never a copy
+    assert shapes.reshaped(x, (1, 7, 7, 4)) is x
+    assert shapes.reshaped(x, (7, 28)) is None  # the last axis differs: not one tensor
