@@ -346,6 +346,17 @@ def test_progress_within_pnnx_and_quantization_names_phases_and_counts(model_inp
     assert quant.run() is not None, quant.result_html.value
     assert any("calibrating on 2 samples (kl)" in s for s in statuses), statuses
     assert any("checking the int8 model" in s for s in statuses)
+    # compare: capturing, then each candidate's aligned tensors measured, counted
+    seen.clear()
+    rep = wb.compare(model, [nc], inputs, progress=seen.append)
+    aligned = len(rep.alignments[rep.candidates[0].name].pairs)
+    assert [s.phase for s in seen][0] == "torch: capturing every tensor"
+    assert any(f"measuring {aligned} aligned tensors of " in s.phase for s in seen)
+    assert seen[-1].done == seen[-1].total == 2
+    cmp_panel = ComparePanel(model, inputs, [nc], workspace=ws, mode="accumulated")
+    cmp_panel.status.observe(lambda c: statuses.append(c["new"]), names="value")
+    assert cmp_panel.run() is not None and cmp_panel.progress.max == 2
+    assert any(f"measuring {aligned} aligned tensors" in s for s in statuses)
 
 
 def test_custom_ops_panel_declares_an_op_of_your_own_with_wb_custom_op(ws) -> None:

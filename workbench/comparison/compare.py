@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InputError
+from ..progress import Progress, Steps
 from .align import Alignment, CandidateTensor, align, samples
 from .candidates import (
     Candidate,
@@ -36,7 +37,7 @@ __all__ = ["MODES", "Candidate", "CompareReport", "Record", "candidate_tensors",
 def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumulated",
             tolerance: Any = None, per_op_tolerance: dict[str, Any] | None = None,
             per_tensor_tolerance: dict[str, Any] | None = None,
-            progress: bool = True, min_explained: float = MIN_EXPLAINED,
+            progress: Progress = True, min_explained: float = MIN_EXPLAINED,
             timeout: float | None = None) -> CompareReport:
     """Compare candidates with a PyTorch reference op by op.
 
@@ -54,7 +55,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         tolerance: the global tolerance: a Tolerance, a float atol or an (atol, rtol) tuple.
         per_op_tolerance: {op type: tolerance}, over the global one.
         per_tensor_tolerance: {candidate tensor name: tolerance}, over both.
-        progress: show a progress bar.
+        progress: show a progress bar; or a callback given each phase and count
+            (``workbench.progress``: capturing, aligning, measuring N tensors).
         min_explained: the share of a candidate's tensors (0 to 1) that must be aligned or
             attributed for its comparison to be ok.
         timeout: seconds each run of a candidate in the worker may take (BackendTimeout past
@@ -68,8 +70,6 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         InputError: an unknown mode, a bad ``min_explained`` or tolerance, no candidates, a
             candidate that is not ONNX or ncnn, or inputs the candidates do not take.
     """
-    from tqdm.auto import tqdm
-
     from ..runtime import TorchRunner, runner_for
 
     if mode not in MODES:
@@ -97,7 +97,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     tensors_of: dict[str, list[CandidateTensor]] = {}
     isolated_available: dict[str, bool] = {}
     steps = len(sets) * (1 + len(cands) * (2 if mode == "both" else 1))
-    bar = tqdm(total=steps, desc="compare", disable=not progress, leave=False)
+    bar = Steps(progress, "compare", steps)
     worst: dict[tuple[str, str, str], Record] = {}
     unmeasured: dict[str, dict[str, str]] = {c.name: {} for c in cands}
     with Schedule() as schedule:
@@ -108,15 +108,15 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
             own_args = [copies(args) for _ in cands]
             with schedule.captures(cands, own_args, mode) as captures:
                 # capture
-                bar.set_postfix_str("torch")
+                bar.phase("torch: capturing every tensor")
                 ref_values = schedule.reference(ref_runner, args if isinstance(
                     ref_runner, TorchRunner) else copies(args))
-                bar.update()
+                bar.advance()
                 # align scores samples: the reference's are taken now, while the captures
                 # run, and each candidate's in its capture thread
                 ref_samples = samples(ref_values)
                 for k, cand in enumerate(cands):
-                    bar.set_postfix_str(cand.name)
+                    bar.phase(f"{cand.name}: capturing")
                     values, cand_samples = captures.get(k)
                     # align (on the first input set)
                     if cand.name not in tensors_of:
@@ -128,6 +128,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                                                       ref_samples, cand_samples)
                     cand_samples = None
                     al = alignments[cand.name]
+                    bar.phase(f"{cand.name}: measuring {len(al.pairs)} aligned tensors of "
+                              f"{len(tensors)}")
                     # measure: accumulated (the captured values), isolated (a run of its own)
                     runs = [] if mode == "isolated" else [("accumulated", values)]
                     if mode in ("isolated", "both"):
@@ -149,7 +151,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                             if key not in worst or rec.metrics.max_abs > \
                                     worst[key].metrics.max_abs:
                                 worst[key] = rec
-                        bar.update()
+                        bar.advance()
                     runs = vals = None
                     captures.done(k)
     bar.close()

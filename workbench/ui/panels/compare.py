@@ -79,7 +79,7 @@ class ComparePanel(StagePanel):
         if not self.candidates:
             raise InputError("nothing to compare yet", "run export (and ncnn) first")
         cands = list(self.candidates)
-        report = compare(self.model, cands, self.inputs, **settings)
+        report = compare(self.model, cands, self.inputs, progress=self._on_step, **settings)
         self.compared = cands
         return report
 
