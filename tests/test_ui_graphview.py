@@ -443,3 +443,151 @@ def test_compare_view_two_candidates_share_one_x_axis_and_one_summary(lowered, t
     quiet = CompareView(rep, figures=False, summary=False)
     assert not any(first_line[:40] in getattr(w, "value", "") for w in quiet.children
                    if isinstance(getattr(w, "value", None), str))
+
+
+# -- modules, folded constants, shapes and attributes (issue 20) ----------------------------
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1)
+        self.act = torch.nn.ReLU()
+        self.conv2 = torch.nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        return x + self.conv2(self.act(self.conv1(x))) * 0.5
+
+
+class _Deep(torch.nn.Module):
+    """40 residual blocks in a Sequential: ~200 drawn nodes, a constant in each block."""
+
+    def __init__(self, n=40, c=4):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = torch.nn.Sequential(*[_Block(c) for _ in range(n)])
+        self.head = torch.nn.Conv2d(c, 2, 1)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)))
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    torch.manual_seed(0)
+    model, x = _Deep().eval(), (torch.randn(1, 3, 8, 8),)
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path_factory.mktemp("deep") / "ws"))
+    return model, x, onx
+
+
+def test_module_paths_from_each_exporter():
+    from workbench.ui.graphmodel import dotted_path, scope_path
+
+    assert scope_path("/layer1/layer1.0/conv1/Conv") == ["layer1", "layer1.0", "layer1.0.conv1"]
+    assert scope_path("/model/mobilenet_v2/layer.0/conv_3x3/convolution/Conv") == [
+        "model", "model.mobilenet_v2", "model.mobilenet_v2.layer.0",
+        "model.mobilenet_v2.layer.0.conv_3x3", "model.mobilenet_v2.layer.0.conv_3x3.convolution"]
+    assert scope_path("/Mul") == [] and scope_path("node_conv2d") == []
+    assert scope_path("node_conv2d", "['', 'layer1', 'layer1.0', 'layer1.0.conv1', 'conv2d']"
+                      ) == ["layer1", "layer1.0", "layer1.0.conv1"]
+    assert dotted_path("layer1.0.conv1") == ["layer1", "layer1.0"] and dotted_path("conv") == []
+
+
+def test_a_big_export_starts_grouped_by_module_and_opens_level_by_level(deep):
+    from workbench.ui.graphmodel import VISIBLE_BUDGET
+
+    _, _, onx, = deep
+    gv = GraphView(onx)
+    ids = [g["id"] for g in gv.groups]
+    assert "blocks" in ids and "blocks.0" in ids and "blocks.39" in ids
+    assert gv.groups[ids.index("blocks.7")]["parent"] == ids.index("blocks")
+    assert gv.groups[ids.index("blocks.7")]["label"] == "7"
+    drawn_nodes = sum(n["fold"] < 0 for n in gv.payload["nodes"])
+    assert drawn_nodes > 150
+    items = gv.drawn_items()
+    # blocks is open (its 40 children fit the budget), each block is one closed module
+    assert gv.expanded == ["blocks"]
+    assert len(items) <= VISIBLE_BUDGET
+    assert sum(i.startswith("module:blocks.") for i in items) == 40
+    assert "/stem/Conv" in items and "/head/Conv" in items
+    gv.expand("blocks.3")
+    after = gv.drawn_items()
+    assert "module:blocks.3" not in after and "/blocks/blocks.3/conv1/Conv" in after
+    assert len(after) == len(items) - 1 + 5  # conv1, act, conv2, Mul, Add: its drawn nodes
+    gv.collapse("blocks")
+    assert gv.drawn_items() == ["/stem/Conv", "module:blocks", "/head/Conv"]
+    gv.expand("blocks.5")  # opens the modules around it too
+    assert gv.expanded == ["blocks", "blocks.3", "blocks.5"]
+    with pytest.raises(wb.WorkbenchError, match="module 'nope' is not a group") as e:
+        gv.expand("nope")
+    assert "blocks" in e.value.hint
+
+
+def test_a_small_graph_starts_with_every_module_open(compared):
+    _, _, onx, _ = compared
+    gv = GraphView(onx)
+    assert gv.expanded == [g["id"] for g in gv.groups]
+    assert gv.drawn_items() == [n["id"] for n in gv.payload["nodes"] if n["fold"] < 0]
+
+
+def test_constants_fold_into_their_consumers_and_show_on_click(deep):
+    _, _, onx = deep
+    gv = GraphView(onx)
+    g = onnx.load(str(onx.path), load_external_data=False).graph
+    consts = [n for n in gv.payload["nodes"] if n["op"] == "Constant"]
+    assert len(consts) == sum(n.op_type == "Constant" for n in g.node) >= 40
+    ids = [n["id"] for n in gv.payload["nodes"]]
+    for c in consts:  # each is drawn in the node that reads it
+        consumer = gv.payload["nodes"][c["fold"]]
+        assert c["outputs"][0] in {i for n in g.node if n.name == consumer["id"] for i in n.input}
+    assert not any(i.startswith("/blocks/blocks.0/Constant") for i in gv.drawn_items())
+    gv.expand("blocks.0")
+    assert not any("Constant" in i for i in gv.drawn_items())
+    mul = ids.index("/blocks/blocks.0/Mul")
+    gv.select("/blocks/blocks.0/Mul")
+    assert "wb-graphview-consts" in gv.last_html and "/blocks/blocks.0/Constant" in gv.last_html
+    assert "float32[] = [0.5]" in gv.last_html  # its value, as Netron shows it
+    assert gv.payload["nodes"][mul]["fold"] == -1
+
+
+def test_nodes_carry_names_shapes_and_attributes(deep):
+    _, _, onx = deep
+    gv = GraphView(onx)
+    nodes = gv.payload["nodes"]
+    conv = next(n for n in nodes if n["id"] == "/blocks/blocks.2/conv1/Conv")
+    assert conv["label"] == "conv1" and conv["op"] == "Conv"
+    assert conv["attrs"]["kernel_shape"] == "[3, 3]" and conv["attrs"]["pads"] == "[1, 1, 1, 1]"
+    # edge shapes from ONNX shape inference: every activation here is 1x4x8x8
+    idx = {n["id"]: i for i, n in enumerate(nodes)}
+    e = gv.payload["edges"].index([idx["/blocks/blocks.2/conv1/Conv"],
+                                   idx["/blocks/blocks.2/act/Relu"]])
+    assert gv.payload["shapes"][e] == "1x4x8x8"
+    assert gv.canvas.graph["shapes"][e] == "1x4x8x8"
+    gv.select("/blocks/blocks.2/conv1/Conv")
+    assert "kernel_shape" in gv.last_html and "[1x4x8x8]" in gv.last_html
+    drawn = {n["id"]: n for n in gv.canvas.graph["nodes"]}
+    assert drawn["/blocks/blocks.2/conv1/Conv"]["label"] == "conv1"
+
+
+def test_dynamo_exports_group_by_their_name_scopes(deep, tmp_path):
+    model, x, _ = deep
+    small = _Deep(n=3).eval()
+    onx = wb.export(small, x, workspace=wb.Workspace(tmp_path / "ws"), exporter="dynamo")
+    gv = GraphView(onx)
+    ids = [g["id"] for g in gv.groups]
+    assert {"blocks", "blocks.0", "blocks.1", "blocks.2"} <= set(ids)
+    assert gv.expanded == ids  # a small graph: all open
+
+
+def test_groups_take_their_worst_nodes_colour(deep):
+    model, x, onx = deep
+    rep = wb.compare(model, [onx], x, tolerance=TOL, progress=False)
+    gv = GraphView(onx, color_by="accumulated", report=rep)
+    k = [g["id"] for g in gv.groups].index("blocks.4")
+    members = [i for i, n in enumerate(gv.payload["nodes"])
+               if n["id"].startswith("/blocks/blocks.4/") and n["fold"] < 0]
+    ratios = [(gv.ratios[i], i) for i in members if gv.ratios[i] is not None]
+    assert ratios
+    assert gv.canvas.group_colors[k] == gv.canvas.colors[max(ratios)[1]]
+    assert gv.canvas.group_strokes[k] == any(gv.canvas.strokes[i] for i in members)
+    assert "worst accumulated" in gv.canvas.group_tooltips[k]

@@ -1,13 +1,20 @@
 // Graph view: an artifact's graph as SVG, nodes coloured by a per-node value (error or op
-// type), legend, zoom and pan, click a node to select it (the `selected` trait goes to Python).
+// type), grouped into the PyTorch modules they came from, legend, zoom and pan. A click on a
+// node selects it (the `selected` trait goes to Python); a click on a closed module opens it
+// one level (the `expanded` trait), a click on an open module's title closes it. Constants
+// are folded into their consumers (Python lists them on the consumer's click).
 // Plain ES module for anywidget: no build step; dagre (vendored) comes in the `_dagre` trait
 // and is imported from a Blob URL once per page.
 
-const DAGRE_MAX_NODES = 200; // above this, the layered layout below (see layeredLayout)
-const EAGER_LABELS = 300; // above this, labels are added for the nodes in view only
-const NODE_H = 26;
+const DAGRE_MAX_NODES = 150; // items drawn; above this, the layered layout below (see layeredLayout)
+const EAGER_LABELS = 300; // above this, labels are added for the items in view only
+const SHAPE_LABELS = 400; // tensor shapes on edges up to this many items
+const NODE_H = 32;
+const GROUP_H = 40;
+const ROW_H = 40; // the layered layout's row: the taller of the two
 const CHAR_W = 7;
 const SVGNS = "http://www.w3.org/2000/svg";
+const FOLDED = -1000000000; // a folded constant: drawn as part of its consumer
 
 let dagrePromise = null;
 
@@ -24,22 +31,50 @@ function esc(s) {
     "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
 
-function nodeWidth(label) {
-  return Math.max(44, Math.min(180, label.length * CHAR_W + 18));
+function clip(s, n) { return s.length > n ? s.slice(0, n - 1) + "\u2026" : s; }
+
+// What each node is drawn as, with the groups in `open` expanded (same rule as Python's
+// graphmodel.visible_items): the node itself (its index), a closed group g (-1 - g), or
+// FOLDED. Returns {rep, items}.
+function visibleItems(nodes, groups, open) {
+  const closedAt = new Array(groups.length);
+  groups.forEach((g, k) => {
+    const up = g.parent >= 0 ? closedAt[g.parent] : -1;
+    closedAt[k] = up >= 0 ? up : (open.has(g.id) ? -1 : k);
+  });
+  const rep = new Array(nodes.length);
+  const items = [];
+  const seen = new Set();
+  nodes.forEach((n, i) => {
+    if (n.fold >= 0) { rep[i] = FOLDED; return; }
+    const r = n.g >= 0 && closedAt[n.g] >= 0 ? -1 - closedAt[n.g] : i;
+    rep[i] = r;
+    if (!seen.has(r)) { seen.add(r); items.push(r); }
+  });
+  return { rep, items };
 }
 
-function dagreLayout(dagre, nodes, edges, widths) {
-  const g = new dagre.graphlib.Graph();
-  g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 24, marginx: 10, marginy: 10 });
+// dagre with open groups as clusters (compound graph): a module's nodes stay together.
+function dagreLayout(dagre, ids, edges, widths, heights, parents) {
+  const g = new dagre.graphlib.Graph({ compound: true });
+  g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 12, marginy: 12, ranker: "longest-path" });
   g.setDefaultEdgeLabel(() => ({}));
-  nodes.forEach((n, i) => g.setNode(String(i), { width: widths[i], height: NODE_H }));
-  edges.forEach(([a, b]) => g.setEdge(String(a), String(b)));
+  ids.forEach((id, i) => g.setNode(id, { width: widths[i], height: heights[i] }));
+  for (const [c, p] of parents) { if (!g.hasNode(p)) g.setNode(p, { paddingTop: 18 }); }
+  for (const [c, p] of parents) g.setParent(c, p);
+  edges.forEach(([a, b]) => g.setEdge(ids[a], ids[b]));
   dagre.layout(g);
-  const x = nodes.map((_, i) => g.node(String(i)).x);
-  const y = nodes.map((_, i) => g.node(String(i)).y);
-  const paths = edges.map(([a, b]) => g.edge(String(a), String(b)).points.map((p) => [p.x, p.y]));
+  const x = ids.map((id) => g.node(id).x);
+  const y = ids.map((id) => g.node(id).y);
+  const paths = edges.map(([a, b]) => g.edge(ids[a], ids[b]).points.map((p) => [p.x, p.y]));
+  const boxes = new Map();
+  for (const [, p] of parents) {
+    if (boxes.has(p)) continue;
+    const n = g.node(p);
+    boxes.set(p, { x0: n.x - n.width / 2, y0: n.y - n.height / 2 - 16, x1: n.x + n.width / 2, y1: n.y + n.height / 2 });
+  }
   const gg = g.graph();
-  return { x, y, paths, width: gg.width, height: gg.height };
+  return { x, y, paths, width: gg.width, height: gg.height + 16, boxes };
 }
 
 // Layered (Sugiyama-style) layout in linear time per sweep, for large graphs: dagre took
@@ -113,21 +148,12 @@ function layeredLayout(nodes, edges, widths) {
     const total = L.reduce((s, v) => s + itemW[v], 0) + gap * Math.max(0, L.length - 1);
     width = Math.max(width, total);
     let cx = -total / 2;
-    for (const v of L) { xs[v] = cx + itemW[v] / 2; cx += itemW[v] + gap; ys[v] = r * (NODE_H + ranksep) + NODE_H / 2; }
+    for (const v of L) { xs[v] = cx + itemW[v] / 2; cx += itemW[v] + gap; ys[v] = r * (ROW_H + ranksep) + ROW_H / 2; }
   });
   const shift = width / 2 + 10;
   for (let i = 0; i < xs.length; i++) { xs[i] += shift; ys[i] += 10; }
   const paths = chains.map((c) => c.map((v) => [xs[v], ys[v]]));
-  return { x: xs.slice(0, n), y: ys.slice(0, n), paths, width: width + 20, height: nr * (NODE_H + ranksep) + 20 };
-}
-
-function labelSVG(label, w) {
-  const text = label.length > 24 ? label.slice(0, 23) + "\u2026" : label;
-  return `<text x="${(w / 2).toFixed(1)}" y="17">${esc(text)}</text>`;
-}
-
-function pathD(points) {
-  return "M" + points.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join("L");
+  return { x: xs.slice(0, n), y: ys.slice(0, n), paths, width: width + 20, height: nr * (ROW_H + ranksep) + 20 };
 }
 
 function legendHTML(legend) {
@@ -147,6 +173,59 @@ function legendHTML(legend) {
   return h;
 }
 
+function nodeBox(lines, big) {
+  const w = Math.max(...lines.map((t, k) => t.length * (k === 0 && big ? 8 : CHAR_W))) + 20;
+  return Math.max(48, Math.min(220, w));
+}
+
+function labelSVG(lines, w, h) {
+  if (lines.length === 1 || !lines[1]) return `<text x="${(w / 2).toFixed(1)}" y="${(h / 2 + 4).toFixed(1)}">${esc(lines[0])}</text>`;
+  return `<text x="${(w / 2).toFixed(1)}" y="${(h / 2 - 2).toFixed(1)}">${esc(lines[0])}</text>` +
+    `<text class="wb-sub" x="${(w / 2).toFixed(1)}" y="${(h / 2 + 11).toFixed(1)}">${esc(lines[1])}</text>`;
+}
+
+function pathD(points) {
+  return "M" + points.map((p) => p[0].toFixed(1) + "," + p[1].toFixed(1)).join("L");
+}
+
+// the drawing as a standalone SVG file: the same elements, styles inlined, legend at the right
+const EXPORT_CSS = `text{font:11px sans-serif;text-anchor:middle;fill:#111}.wb-sub{font-size:9.5px;fill:#333}
+.wb-group text{font-size:13px;font-weight:600}.wb-edges path{fill:none;stroke:#9a9a9a;stroke-width:1.2}
+.wb-node rect,.wb-group rect{stroke:rgba(0,0,0,.35);stroke-width:1}.wb-group rect{stroke:#50607a;stroke-width:1.5}
+.wb-flagged rect{stroke:#7f0000;stroke-width:2.5}.wb-groupbox rect{fill:rgba(80,96,122,.06);stroke:#50607a;stroke-dasharray:4 3}
+.wb-groupbox text{text-anchor:start;font-size:11px;font-weight:600;fill:#50607a}.wb-shape{font-size:9px;fill:#666;text-anchor:start}
+.wb-legend-svg text{text-anchor:start;font-size:11px}`;
+
+function exportSVG(root, viewport, size, legend, title) {
+  const lw = 200;
+  const parts = [`<svg xmlns="${SVGNS}" width="${(size.width + lw).toFixed(0)}" height="${(size.height + 30).toFixed(0)}" viewBox="0 -30 ${(size.width + lw).toFixed(0)} ${(size.height + 30).toFixed(0)}">`,
+    `<style>${EXPORT_CSS}</style><rect x="0" y="-30" width="100%" height="100%" fill="#fff"/>`,
+    `<text x="8" y="-10" style="text-anchor:start;font-weight:600;font-size:13px">${esc(title)}</text>`,
+    viewport.innerHTML.replace(/<title>[\s\S]*?<\/title>/g, ""),
+    `<g class="wb-legend-svg" transform="translate(${(size.width + 10).toFixed(0)},0)"><text y="0" style="font-weight:600">${esc(legend.title || "")}</text>`];
+  let y = 18;
+  if (legend.kind === "scale") {
+    parts.push(`<defs><linearGradient id="wbramp">${legend.stops.map((c, i) => `<stop offset="${i / (legend.stops.length - 1)}" stop-color="${c}"/>`).join("")}</linearGradient></defs>` +
+      `<text y="${y + 9}">${esc(legend.min_label)}</text><rect x="42" y="${y}" width="100" height="10" fill="url(#wbramp)"/><text x="148" y="${y + 9}">${esc(legend.max_label)}</text>`);
+    y += 24;
+  }
+  for (const [label, color, count] of legend.items || []) {
+    parts.push(`<rect y="${y}" width="12" height="12" fill="${esc(color)}" stroke="#777"/><text x="18" y="${y + 10}">${esc(label)} ${count ?? ""}</text>`);
+    y += 17;
+  }
+  parts.push("</g></svg>");
+  return parts.join("");
+}
+
+function download(name, blob) {
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = name;
+  document.body.appendChild(a);
+  a.click();
+  setTimeout(() => { URL.revokeObjectURL(a.href); a.remove(); }, 1000);
+}
+
 async function render({ model, el }) {
   const root = document.createElement("div");
   root.className = "wb-graphview";
@@ -154,6 +233,10 @@ async function render({ model, el }) {
     `<div class="wb-graphview-bar"><span class="wb-graphview-title"></span>` +
     `<button class="wb-zoom-in" title="Zoom in">+</button><button class="wb-zoom-out" title="Zoom out">\u2212</button>` +
     `<button class="wb-zoom-fit" title="Fit">fit</button>` +
+    `<button class="wb-expand-all" title="Open every module">open all</button>` +
+    `<button class="wb-collapse-all" title="Close every module">close all</button>` +
+    `<button class="wb-save-svg" title="Save the graph as drawn (SVG)">SVG</button>` +
+    `<button class="wb-save-png" title="Save the graph as drawn (PNG, 2x)">PNG</button>` +
     `<input class="wb-find" type="search" data-lm-suppress-shortcuts="true" placeholder="find node" title="a node name or op type; Enter selects the next match">` +
     `</div>` +
     `<div class="wb-graphview-body"><span class="wb-graphview-status"></span><svg class="wb-graph" xmlns="${SVGNS}"><g class="wb-viewport"></g></svg>` +
@@ -164,23 +247,26 @@ async function render({ model, el }) {
   const status = root.querySelector(".wb-graphview-status");
   let view = { k: 1, x: 0, y: 0 };
   let size = { width: 1, height: 1 };
-  // Large graphs get their labels lazily, for the nodes in view: laying out 2,000 SVG texts
-  // is most of the first paint. `lazy` holds what is needed to add them as the view moves.
+  let fitPending = true; // fit again once the view has a size (drawn in a hidden tab)
+  let userMoved = false;
+  // Large drawings get their labels lazily, for the items in view: laying out 2,000 SVG
+  // texts is most of the first paint. `lazy` holds what is needed to add them as the view moves.
   let lazy = null;
-  let positions = null; // node centres of the last layout (find centres on them)
+  let positions = null; // item centres of the last layout, and the item of each node
   let labelPending = false;
-  const labelVisible = () => {
+  let open = new Set(model.get("expanded") || []);
+  const labelVisible = (all) => {
     labelPending = false;
-    if (!lazy || view.k < 0.55) return;
+    if (!lazy || (view.k < 0.55 && !all)) return;
     const b = svg.getBoundingClientRect();
     const m = 200 / view.k;
     const x0 = -view.x / view.k - m, y0 = -view.y / view.k - m;
     const x1 = x0 + (b.width || 800) / view.k + 2 * m, y1 = y0 + (b.height || 520) / view.k + 2 * m;
-    const { xs, ys, widths, labels, done, els } = lazy;
+    const { xs, ys, widths, heights, labels, done, els } = lazy;
     for (let i = 0; i < xs.length; i++) {
-      if (done[i] || xs[i] < x0 || xs[i] > x1 || ys[i] < y0 || ys[i] > y1) continue;
+      if (done[i] || (!all && (xs[i] < x0 || xs[i] > x1 || ys[i] < y0 || ys[i] > y1))) continue;
       done[i] = 1;
-      els[i].insertAdjacentHTML("beforeend", labelSVG(labels[i], widths[i]));
+      els[i].insertAdjacentHTML("beforeend", labelSVG(labels[i], widths[i], heights[i]));
     }
   };
   const apply = () => {
@@ -188,18 +274,28 @@ async function render({ model, el }) {
     root.dataset.zoom = view.k.toFixed(4);
     // labels below ~6 px are unreadable: hide them (SVG text is most of the paint cost)
     svg.classList.toggle("wb-far", view.k < 0.55);
-    if (lazy && !labelPending) { labelPending = true; requestAnimationFrame(labelVisible); }
+    if (lazy && !labelPending) { labelPending = true; requestAnimationFrame(() => labelVisible(false)); }
   };
   const fit = () => {
     const box = svg.getBoundingClientRect();
-    const W = box.width || 600, H = box.height || 500;
+    if (!box.width || !box.height) { fitPending = true; return; } // hidden: fit when shown
+    fitPending = false;
+    const W = box.width, H = box.height;
     // fit the width, but keep labels readable on long graphs: scroll (pan) down instead
-    view.k = Math.min(1.5, W / size.width, Math.max(H / size.height, 0.6));
+    view.k = Math.min(1.5, W / size.width, Math.max(H / size.height, 0.8));
     view.x = (W - size.width * view.k) / 2;
     view.y = 8;
     apply();
   };
+  // a graph drawn in a hidden tab (zero size) is fitted when its tab opens; a resize refits
+  // until the user has zoomed or panned
+  const ro = new ResizeObserver(() => {
+    const b = svg.getBoundingClientRect();
+    if (b.width && b.height && (fitPending || !userMoved)) { fit(); root.dataset.fittedWidth = b.width.toFixed(0); }
+  });
+  ro.observe(svg);
   const zoomAt = (factor, cx, cy) => {
+    userMoved = true;
     const k = Math.max(0.02, Math.min(8, view.k * factor));
     view.x = cx - (cx - view.x) * (k / view.k);
     view.y = cy - (cy - view.y) * (k / view.k);
@@ -209,13 +305,13 @@ async function render({ model, el }) {
   const center = () => { const b = svg.getBoundingClientRect(); return [b.width / 2, b.height / 2]; };
   root.querySelector(".wb-zoom-in").onclick = () => zoomAt(1.25, ...center());
   root.querySelector(".wb-zoom-out").onclick = () => zoomAt(0.8, ...center());
-  root.querySelector(".wb-zoom-fit").onclick = fit;
+  root.querySelector(".wb-zoom-fit").onclick = () => { userMoved = false; fit(); };
   svg.addEventListener("wheel", (e) => {
     // ctrl/cmd + wheel (and pinch) zooms at the pointer; a plain wheel pans the graph
     e.preventDefault();
     const b = svg.getBoundingClientRect();
     if (e.ctrlKey || e.metaKey) zoomAt(Math.exp(-e.deltaY * 0.002), e.clientX - b.left, e.clientY - b.top);
-    else { view.x -= e.shiftKey ? e.deltaY : e.deltaX; view.y -= e.shiftKey ? 0 : e.deltaY; apply(); }
+    else { userMoved = true; view.x -= e.shiftKey ? e.deltaY : e.deltaX; view.y -= e.shiftKey ? 0 : e.deltaY; apply(); }
   }, { passive: false });
   let drag = null;
   svg.addEventListener("pointerdown", (e) => {
@@ -226,19 +322,46 @@ async function render({ model, el }) {
     if (!drag) return;
     const dx = e.clientX - drag.x, dy = e.clientY - drag.y;
     if (Math.abs(dx) + Math.abs(dy) > 3) drag.moved = true;
-    if (drag.moved) { view.x = drag.vx + dx; view.y = drag.vy + dy; apply(); svg.classList.add("wb-panning"); }
+    if (drag.moved) { userMoved = true; view.x = drag.vx + dx; view.y = drag.vy + dy; apply(); svg.classList.add("wb-panning"); }
   });
   window.addEventListener("pointerup", () => {
     if (drag && drag.moved) svg.dataset.justPanned = "1";
     drag = null; svg.classList.remove("wb-panning");
   });
+  const setOpen = (next, focus) => {
+    open = next;
+    const groups = (model.get("graph") || {}).groups || [];
+    model.set("expanded", groups.filter((g) => open.has(g.id)).map((g) => g.id));
+    model.save_changes();
+    draw("expand", focus);
+  };
   svg.addEventListener("click", (e) => {
     if (svg.dataset.justPanned) { delete svg.dataset.justPanned; return; }
+    const box = e.target.closest(".wb-groupbox-title");
+    if (box) { const next = new Set(open); next.delete(box.parentNode.dataset.module); setOpen(next, null); return; }
+    const grp = e.target.closest(".wb-group");
+    if (grp) { const next = new Set(open); next.add(grp.dataset.module); setOpen(next, grp.dataset.module); return; }
     const g = e.target.closest(".wb-node");
     if (!g) return;
     model.set("selected", g.dataset.id);
     model.save_changes();
   });
+  root.querySelector(".wb-expand-all").onclick = () => setOpen(new Set(((model.get("graph") || {}).groups || []).map((g) => g.id)), null);
+  root.querySelector(".wb-collapse-all").onclick = () => setOpen(new Set(), null);
+  const saveName = (ext) => (model.get("title") || "graph").split(" ")[0].replace(/[^\w.-]+/g, "_") + "." + ext;
+  const svgText = () => { labelVisible(true); return exportSVG(root, viewport, size, model.get("legend") || {}, model.get("title") || ""); };
+  root.querySelector(".wb-save-svg").onclick = () => download(saveName("svg"), new Blob([svgText()], { type: "image/svg+xml" }));
+  root.querySelector(".wb-save-png").onclick = () => {
+    const text = svgText();
+    const img = new Image();
+    img.onload = () => {
+      const c = document.createElement("canvas");
+      c.width = img.width * 2; c.height = img.height * 2;
+      const ctx = c.getContext("2d"); ctx.scale(2, 2); ctx.drawImage(img, 0, 0);
+      c.toBlob((b) => download(saveName("png"), b), "image/png");
+    };
+    img.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(text);
+  };
 
   const highlight = () => {
     const sel = model.get("selected");
@@ -249,45 +372,127 @@ async function render({ model, el }) {
     }
   };
 
-  const draw = async () => {
+  const draw = async (why = "draw", focus = null) => {
     const t0 = performance.now();
     const graph = model.get("graph") || { nodes: [], edges: [] };
     const colors = model.get("colors") || [];
     const strokes = model.get("strokes") || [];
     const titles = model.get("tooltips") || [];
+    const gcolors = model.get("group_colors") || [];
+    const gstrokes = model.get("group_strokes") || [];
+    const gtitles = model.get("group_tooltips") || [];
     root.querySelector(".wb-graphview-title").textContent = model.get("title") || "";
     root.querySelector(".wb-legend").innerHTML = legendHTML(model.get("legend"));
-    const nodes = graph.nodes, edges = graph.edges;
-    const labels = nodes.map((nd) => nd.op);
-    const widths = labels.map(nodeWidth);
+    const nodes = graph.nodes, groups = graph.groups || [], shapes = graph.shapes || [];
+    const { rep, items } = visibleItems(nodes, groups, open);
+    const slot = new Map(items.map((r, k) => [r, k]));
+    // edges between drawn items, once each, with the shape of the first tensor they carry
+    const seen = new Map();
+    graph.edges.forEach(([a, b], e) => {
+      const ra = rep[a], rb = rep[b];
+      if (ra === FOLDED || rb === FOLDED || ra === rb) return;
+      const key = slot.get(ra) * 1048576 + slot.get(rb);
+      if (!seen.has(key)) seen.set(key, [slot.get(ra), slot.get(rb), shapes[e] || ""]);
+    });
+    const edges = [...seen.values()];
+    const labels = items.map((r) => r >= 0 ? [nodes[r].op, nodes[r].label || ""]
+      : [clip(groups[-1 - r].label, 28), `${groups[-1 - r].size} nodes`]);
+    const widths = items.map((r, k) => nodeBox(labels[k], r < 0));
+    const heights = items.map((r) => r < 0 ? GROUP_H : NODE_H);
+    // the innermost open group around each item (and around each open group): clusters
+    const innerOpen = (g) => { while (g >= 0 && !open.has(groups[g].id)) g = groups[g].parent; return g; };
+    const parents = [];
+    const ids = items.map((r) => r >= 0 ? "n" + r : "c" + (-1 - r));
+    items.forEach((r, k) => {
+      const g = r >= 0 ? innerOpen(nodes[r].g) : innerOpen(groups[-1 - r].parent);
+      if (g >= 0) parents.push([ids[k], "g" + g]);
+    });
+    const openUsed = new Set(parents.map(([, p]) => p));
+    for (const p of [...openUsed]) {
+      let g = Number(p.slice(1));
+      while (g >= 0) {
+        const up = innerOpen(groups[g].parent);
+        if (up >= 0) parents.push(["g" + g, "g" + up]);
+        openUsed.add("g" + g);
+        g = up;
+      }
+    }
     let layout, engine;
-    if (nodes.length <= DAGRE_MAX_NODES) {
+    if (items.length <= DAGRE_MAX_NODES) {
       const dagre = await loadDagre(model.get("_dagre"));
-      layout = dagreLayout(dagre, nodes, edges, widths); engine = "dagre";
+      layout = dagreLayout(dagre, ids, edges, widths, heights, parents); engine = "dagre";
     } else {
-      layout = layeredLayout(nodes, edges, widths); engine = "layered";
+      layout = layeredLayout(ids, edges, widths); engine = "layered";
+      // open groups as boxes around their items (innermost first, so outer ones hold inner)
+      const boxes = new Map();
+      const grow = (p, x0, y0, x1, y1) => {
+        const b = boxes.get(p) || { x0: Infinity, y0: Infinity, x1: -Infinity, y1: -Infinity };
+        boxes.set(p, { x0: Math.min(b.x0, x0), y0: Math.min(b.y0, y0), x1: Math.max(b.x1, x1), y1: Math.max(b.y1, y1) });
+      };
+      items.forEach((r, k) => {
+        const g = r >= 0 ? innerOpen(nodes[r].g) : innerOpen(groups[-1 - r].parent);
+        let p = g, pad = 6;
+        while (p >= 0) {
+          grow("g" + p, layout.x[k] - widths[k] / 2 - pad, layout.y[k] - heights[k] / 2 - pad - 14, layout.x[k] + widths[k] / 2 + pad, layout.y[k] + heights[k] / 2 + pad);
+          p = innerOpen(groups[p].parent); pad += 6;
+        }
+      });
+      layout.boxes = boxes;
     }
     const t1 = performance.now();
-    const parts = ['<g class="wb-edges">'];
+    const parts = ['<g class="wb-boxes">'];
+    const boxList = [...layout.boxes.entries()].map(([p, b]) => [Number(p.slice(1)), b]).sort((a, b) => a[0] - b[0]);
+    for (const [g, b] of boxList) {
+      parts.push(`<g class="wb-groupbox" data-module="${esc(groups[g].id)}"><rect x="${b.x0.toFixed(1)}" y="${b.y0.toFixed(1)}" width="${(b.x1 - b.x0).toFixed(1)}" height="${(b.y1 - b.y0).toFixed(1)}" rx="6"/>` +
+        `<text class="wb-groupbox-title" x="${(b.x0 + 6).toFixed(1)}" y="${(b.y0 + 12).toFixed(1)}"><title>close module ${esc(groups[g].id)}</title>\u25be ${esc(clip(groups[g].label, 40))}</text></g>`);
+    }
+    parts.push('</g><g class="wb-edges">');
     for (const p of layout.paths) parts.push(`<path d="${pathD(p)}"/>`);
-    parts.push('</g><g class="wb-nodes">');
-    const eager = nodes.length <= EAGER_LABELS;
-    nodes.forEach((nd, i) => {
-      const w = widths[i], x = layout.x[i] - w / 2, y = layout.y[i] - NODE_H / 2;
-      const stroke = strokes[i] ? ` wb-flagged` : "";
-      parts.push(`<g class="wb-node${stroke}" data-id="${esc(nd.id)}" data-index="${i}" data-op="${esc(nd.op)}" transform="translate(${x.toFixed(1)},${y.toFixed(1)})">` +
-        `<title>${esc(titles[i] || nd.id)}</title>` +
-        `<rect width="${w}" height="${NODE_H}" rx="4" fill="${esc(colors[i] || "#dddddd")}"/>` +
-        (eager ? labelSVG(labels[i], w) : "") + "</g>");
+    parts.push("</g>");
+    if (items.length <= SHAPE_LABELS) {
+      parts.push('<g class="wb-shapes">');
+      layout.paths.forEach((p, e) => {
+        const s = edges[e][2];
+        if (!s || p.length < 2) return;
+        const m = p[Math.floor((p.length - 1) / 2)], n = p[Math.floor((p.length - 1) / 2) + 1] || m;
+        parts.push(`<text class="wb-shape" x="${((m[0] + n[0]) / 2 + 4).toFixed(1)}" y="${((m[1] + n[1]) / 2 + 3).toFixed(1)}">${esc(s)}</text>`);
+      });
+      parts.push("</g>");
+    }
+    parts.push('<g class="wb-nodes">');
+    const eager = items.length <= EAGER_LABELS;
+    items.forEach((r, k) => {
+      const w = widths[k], h = heights[k], x = layout.x[k] - w / 2, y = layout.y[k] - h / 2;
+      const tr = `transform="translate(${x.toFixed(1)},${y.toFixed(1)})"`;
+      if (r >= 0) {
+        const nd = nodes[r];
+        parts.push(`<g class="wb-node${strokes[r] ? " wb-flagged" : ""}" data-id="${esc(nd.id)}" data-index="${r}" data-op="${esc(nd.op)}" ${tr}>` +
+          `<title>${esc(titles[r] || nd.id)}</title>` +
+          `<rect width="${w}" height="${h}" rx="4" fill="${esc(colors[r] || "#dddddd")}"/>` +
+          (eager ? labelSVG(labels[k], w, h) : "") + "</g>");
+      } else {
+        const g = -1 - r;
+        parts.push(`<g class="wb-group${gstrokes[g] ? " wb-flagged" : ""}" data-module="${esc(groups[g].id)}" data-group="${g}" ${tr}>` +
+          `<title>${esc(gtitles[g] || groups[g].id)}</title>` +
+          `<rect width="${w}" height="${h}" rx="9" fill="${esc(gcolors[g] || "#e3e9f2")}"/>` +
+          (eager ? labelSVG(labels[k], w, h) : "") + "</g>");
+      }
     });
     parts.push("</g>");
     viewport.innerHTML = parts.join("");
-    positions = { x: layout.x, y: layout.y };
-    lazy = eager ? null : { xs: layout.x, ys: layout.y, widths, labels, done: new Uint8Array(nodes.length),
-      els: viewport.querySelectorAll(".wb-node") };
+    const els = viewport.querySelectorAll(".wb-nodes > g");
+    positions = { x: layout.x, y: layout.y, slot, rep };
+    lazy = eager ? null : { xs: layout.x, ys: layout.y, widths, heights, labels, done: new Uint8Array(items.length), els };
     size = { width: layout.width, height: layout.height };
-    fit();
-    labelVisible();
+    const fb = focus !== null ? layout.boxes.get("g" + groups.findIndex((g) => g.id === focus)) : null;
+    if (fb && !fitPending) { // keep the zoom; show the opened module from its top
+      const b = svg.getBoundingClientRect();
+      view.x = b.width / 2 - ((fb.x0 + fb.x1) / 2) * view.k;
+      view.y = 24 - fb.y0 * view.k;
+      if ((fb.x1 - fb.x0) * view.k > b.width) view.x = 8 - fb.x0 * view.k;
+      apply();
+    } else if (why !== "expand" || fitPending) { userMoved = false; fit(); } else apply();
+    labelVisible(false);
     highlight();
     void svg.getBoundingClientRect(); // force style and layout now, so the time includes them
     const t2 = performance.now();
@@ -300,41 +505,66 @@ async function render({ model, el }) {
     root.dataset.domMs = ms.dom.toFixed(1);
     root.dataset.paintMs = ms.paint.toFixed(1);
     root.dataset.nodes = String(nodes.length);
+    root.dataset.items = String(items.length);
+    root.dataset.lastDraw = why;
+    if (why === "expand") root.dataset.expandMs = ms.total.toFixed(1);
+    else root.dataset.firstMs = root.dataset.firstMs || ms.total.toFixed(1);
+    root.dataset.draws = String(Number(root.dataset.draws || 0) + 1);
     root.classList.add("wb-drawn");
-    status.textContent = `${nodes.length} nodes \u00b7 ${engine} \u00b7 ${ms.total.toFixed(0)} ms`;
-    model.set("render_ms", ms);
+    const closed = items.filter((r) => r < 0).length;
+    status.textContent = `${nodes.length} nodes \u00b7 ${items.length} drawn${closed ? ` (${closed} modules closed)` : ""} \u00b7 ${engine} \u00b7 ${ms.total.toFixed(0)} ms`;
+    model.set("render_ms", { ...ms, items: items.length, why });
     model.save_changes();
   };
-  // new colours (another color_by): repaint the nodes and the legend, keep layout and view
+  // new colours (another color_by or metric): repaint the items and the legend, keep layout and view
   const recolor = () => {
     const colors = model.get("colors") || [];
     const strokes = model.get("strokes") || [];
     const titles = model.get("tooltips") || [];
+    const gcolors = model.get("group_colors") || [];
+    const gstrokes = model.get("group_strokes") || [];
+    const gtitles = model.get("group_tooltips") || [];
     viewport.querySelectorAll(".wb-node").forEach((g) => {
       const i = Number(g.dataset.index);
       g.querySelector("rect").setAttribute("fill", colors[i] || "#dddddd");
       g.classList.toggle("wb-flagged", !!strokes[i]);
       g.querySelector("title").textContent = titles[i] || g.dataset.id;
     });
+    viewport.querySelectorAll(".wb-group").forEach((g) => {
+      const k = Number(g.dataset.group);
+      g.querySelector("rect").setAttribute("fill", gcolors[k] || "#e3e9f2");
+      g.classList.toggle("wb-flagged", !!gstrokes[k]);
+      g.querySelector("title").textContent = gtitles[k] || g.dataset.module;
+    });
     root.querySelector(".wb-legend").innerHTML = legendHTML(model.get("legend"));
   };
-  // find: the next node whose name or op type contains the text; centre on it and select it
+  // find: the next node whose name or op type contains the text; open its modules, centre on it
   const find = root.querySelector(".wb-find");
   let lastFind = -1;
-  find.addEventListener("keydown", (e) => {
+  find.addEventListener("keydown", async (e) => {
     if (e.key !== "Enter" || !positions) return;
     e.stopPropagation();
     const q = find.value.trim().toLowerCase();
-    const nodes = (model.get("graph") || { nodes: [] }).nodes;
+    const graph = model.get("graph") || { nodes: [] };
+    const nodes = graph.nodes, groups = graph.groups || [];
     if (!q) return;
     for (let k = 1; k <= nodes.length; k++) {
       const i = (lastFind + k) % nodes.length;
-      if (nodes[i].id.toLowerCase().includes(q) || nodes[i].op.toLowerCase().includes(q)) {
+      if (nodes[i].fold < 0 && (nodes[i].id.toLowerCase().includes(q) || nodes[i].op.toLowerCase().includes(q))) {
         lastFind = i;
+        if (positions.rep[i] !== i) { // inside a closed module: open the modules around it
+          const next = new Set(open);
+          for (let g = nodes[i].g; g >= 0; g = groups[g].parent) next.add(groups[g].id);
+          open = next;
+          model.set("expanded", groups.filter((g) => open.has(g.id)).map((g) => g.id));
+          await draw("expand", null);
+        }
+        const s = positions.slot.get(i);
         const b = svg.getBoundingClientRect();
         view.k = Math.max(view.k, 0.8);
-        view.x = (b.width || 600) / 2 - positions.x[i] * view.k;
-        view.y = (b.height || 500) / 2 - positions.y[i] * view.k;
+        view.x = (b.width || 600) / 2 - positions.x[s] * view.k;
+        view.y = (b.height || 500) / 2 - positions.y[s] * view.k;
+        userMoved = true;
         apply();
         model.set("selected", nodes[i].id);
         model.save_changes();
@@ -345,10 +575,17 @@ async function render({ model, el }) {
     find.classList.add("wb-not-found");
   });
   find.addEventListener("keyup", (e) => e.stopPropagation()); // keep JupyterLab shortcuts out
-  model.on("change:graph", draw);
+  model.on("change:graph", () => draw("draw"));
+  model.on("change:expanded", () => {
+    const next = new Set(model.get("expanded") || []);
+    if (next.size === open.size && [...next].every((g) => open.has(g))) return; // our own change
+    open = next;
+    draw("expand", null);
+  });
   model.on("change:colors", recolor);
+  model.on("change:group_colors", recolor);
   model.on("change:selected", highlight);
-  await draw();
+  await draw("first");
 }
 
 export default { render };

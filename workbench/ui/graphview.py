@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import html
 import math
-from collections import OrderedDict
-from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -23,237 +21,37 @@ import ipywidgets as widgets
 import traitlets
 
 from ..errors import InputError
+from .graphcolors import (
+    ERROR_STOPS,
+    GROUP_FILL,
+    HIGHER_BETTER,
+    METRIC_ORDER,
+    MISSING,
+    higher_better_colors,
+    op_colors,
+    tolerance_colors,
+    value_colors,
+)
+from .graphmodel import (
+    NodeAccount,
+    _source_path,
+    attach_modules,
+    build_groups,
+    graph_payload,
+    initial_expanded,
+    node_accounts,
+)
+
+__all__ = ["MISSING", "ERROR_STOPS", "GraphView", "NodeAccount", "graph_payload", "node_accounts",
+           "op_colors", "tolerance_colors", "value_colors"]
 
 COLOR_BY = ("op_type", "accumulated", "isolated")
-MISSING = "#d9d9d9"  # a node with no value (not aligned, constant, glue)
-# error ramp, low to high: green, yellow, red (ColorBrewer RdYlGn ends)
-ERROR_STOPS = ("#1a9850", "#fee08b", "#d73027")
-# op types: Tableau 20; types past the 20th share OTHER
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac", "#a0cbe8", "#ffbe7d", "#ff9d9a", "#86bcb6",
-           "#8cd17d", "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e")
-OTHER = "#cccccc"
 
 
 @cache
 def widget_source(name: str) -> str:
     """The text of a browser-side file shipped in the package (``widgets/<name>``)."""
     return (resources.files("workbench") / "widgets" / name).read_text(encoding="utf-8")
-
-
-# -- the graph as nodes and edges -----------------------------------------------------------
-
-
-def _source_path(source: Any) -> Path | None:
-    path = getattr(source, "path", source)
-    return Path(path) if isinstance(path, (str, Path)) else None
-
-
-def graph_payload(source: Any) -> dict[str, Any]:
-    """{format, title, nodes: [{id, op, outputs}], edges: [[from, to]]} of an ONNX, ncnn or
-    pnnx graph (an Artifact, a path or an ``onnx.ModelProto``); node ids are unique names."""
-    from ..graph import GraphSummary
-
-    if isinstance(source, GraphSummary):
-        raise InputError("a GraphSummary has no node list to draw",
-                         "pass the Artifact (or its path): GraphView(artifact)")
-    path = _source_path(source)
-    if path is None:
-        if type(source).__name__ == "ModelProto":
-            return _onnx_payload(source, "model")
-        raise InputError(f"cannot draw a {type(source).__name__}",
-                         "pass an Artifact, a path to a .onnx, .ncnn.param or .pnnx.param "
-                         "file, or an onnx.ModelProto")
-    title = getattr(source, "id", None) or path.name
-    try:
-        st = path.stat()
-        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
-    except OSError:
-        key = None  # check_model_file says what is wrong
-    if key in _PAYLOADS:
-        _PAYLOADS.move_to_end(key)
-        return {**_PAYLOADS[key], "title": title}
-    payload = _read_payload(path, title)
-    if key is not None:
-        _PAYLOADS[key] = payload
-        while len(_PAYLOADS) > 8:
-            _PAYLOADS.popitem(last=False)
-    return payload
-
-
-# Payloads by (file, mtime, size): a ResNet-50 ONNX holds its weights inline, so reading its
-# graph parses ~100 MB; drawing the same artifact again (another colouring) skips that.
-_PAYLOADS: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
-
-
-def _read_payload(path: Path, title: str) -> dict[str, Any]:
-    from ..onnx_io import check_model_file, detect_format, load_onnx
-
-    if detect_format(path) == "onnx" and path.is_file():  # parsed once, here
-        return _onnx_payload(load_onnx(path, external_data=False), title)
-    fmt = check_model_file(path)  # a clear error for a missing file or a folder
-    if fmt == "ncnn":
-        from ..params import parse_ncnn_param
-
-        param = parse_ncnn_param(path)
-        return _payload("ncnn", title, [(la.name, la.type, la.bottoms, la.tops)
-                                        for la in param.layers])
-    if fmt == "pnnx":
-        from ..params import parse_pnnx_param
-
-        param = parse_pnnx_param(path)
-        return _payload("pnnx", title, [(op.name, op.type, op.inputs, op.outputs)
-                                        for op in param.ops])
-    return _onnx_payload(load_onnx(path, external_data=False), title)  # pragma: no cover
-
-
-def _onnx_payload(model: Any, title: str) -> dict[str, Any]:
-    rows = []
-    for i, node in enumerate(model.graph.node):
-        op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
-        rows.append((node.name or f"{node.op_type}_{i}", op, list(node.input), list(node.output)))
-    return _payload("onnx", title, rows)
-
-
-def _payload(fmt: str, title: str, rows: list[tuple[str, str, list[str], list[str]]]
-             ) -> dict[str, Any]:
-    nodes, producer, seen = [], {}, set()
-    for i, (name, op, _ins, outs) in enumerate(rows):
-        uid = name if name not in seen else f"{name}#{i}"
-        seen.add(uid)
-        nodes.append({"id": uid, "op": op, "outputs": [o for o in outs if o]})
-        for o in outs:
-            if o:
-                producer[o] = i
-    edges = sorted({(producer[t], j) for j, (_n, _op, ins, _o) in enumerate(rows)
-                    for t in ins if t in producer and producer[t] != j})
-    return {"format": fmt, "title": title, "nodes": nodes, "edges": [list(e) for e in edges]}
-
-
-# -- colours -------------------------------------------------------------------------------
-
-
-def _mix(a: str, b: str, t: float) -> str:
-    ca = [int(a[k:k + 2], 16) for k in (1, 3, 5)]
-    cb = [int(b[k:k + 2], 16) for k in (1, 3, 5)]
-    return "#" + "".join(f"{round(x + (y - x) * t):02x}" for x, y in zip(ca, cb, strict=True))
-
-
-def error_color(t: float) -> str:
-    """The ramp colour at ``t`` in [0, 1] (green, yellow, red); three stops need no
-    matplotlib colormap."""
-    t = min(1.0, max(0.0, t))
-    if t <= 0.5:
-        return _mix(ERROR_STOPS[0], ERROR_STOPS[1], t * 2)
-    return _mix(ERROR_STOPS[1], ERROR_STOPS[2], (t - 0.5) * 2)
-
-
-def value_colors(values: list[float | None]) -> tuple[list[str], float | None, float | None]:
-    """One colour per value on a log scale between the smallest and largest positive value
-    (errors span decades); None gets MISSING. Returns (colours, low, high)."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    positive = [v for v in finite if v > 0]
-    if not finite:
-        return [MISSING] * len(values), None, None
-    lo = min(positive) if positive else 0.0
-    hi = max(finite)
-    out = []
-    for v in values:
-        if v is None:
-            out.append(MISSING)
-        elif not math.isfinite(v):
-            out.append(ERROR_STOPS[-1])  # inf / nan error: as bad as it gets
-        elif hi <= lo or v <= 0:
-            out.append(error_color(0.0 if v <= lo or hi <= 0 else 1.0))
-        else:
-            out.append(error_color((math.log10(max(v, lo)) - math.log10(lo))
-                                   / (math.log10(hi) - math.log10(lo))))
-    return out, lo, hi
-
-
-def tolerance_colors(ratios: list[float | None]) -> list[str]:
-    """One colour per error/tolerance ratio on a fixed log scale: green at 1/1000 of the
-    tolerance or less, yellow at the tolerance, red at 100x and beyond; None gets MISSING.
-    Fixed, so red means over tolerance in every model, not just the worst op of this one."""
-    out = []
-    for r in ratios:
-        if r is None:
-            out.append(MISSING)
-        elif not math.isfinite(r):
-            out.append(ERROR_STOPS[-1])
-        else:
-            e = math.log10(r) if r > 0 else -math.inf
-            out.append(error_color((e + 3) / 6 if e <= 0 else 0.5 + e / 4))
-    return out
-
-
-def op_colors(ops: list[str]) -> tuple[list[str], list[list]]:
-    """A colour per op type (most frequent first), and the legend items [op, colour, count]."""
-    counts: dict[str, int] = {}
-    for op in ops:
-        counts[op] = counts.get(op, 0) + 1
-    ranked = sorted(counts, key=lambda o: (-counts[o], o))
-    color = {op: PALETTE[i] if i < len(PALETTE) else OTHER for i, op in enumerate(ranked)}
-    items = [[op, color[op], counts[op]] for op in ranked[:len(PALETTE)]]
-    if len(ranked) > len(PALETTE):
-        items.append([f"{len(ranked) - len(PALETTE)} other types", OTHER,
-                      sum(counts[o] for o in ranked[len(PALETTE):])])
-    return [color[op] for op in ops], items
-
-
-# -- why a node has a value or not ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NodeAccount:
-    """What the comparison's accounting (its Alignment) says of one node: ``kind`` is
-    aligned, attributed, constant, glue, unaligned, uncaptured or '' (no comparison), and
-    ``text`` says it in words, e.g. "a step inside module 'self_attn' ..."."""
-
-    kind: str
-    text: str
-
-
-def node_accounts(nodes: list[dict[str, Any]], alignment: Any) -> list[NodeAccount]:
-    """One NodeAccount per node, from its output tensors' places in ``alignment`` (pairs,
-    attributed, unaligned with the reason). A node whose outputs are in none of them was not
-    captured; a Constant node that was not is still a constant."""
-    from ..comparison.align import CONSTANT_OPS
-
-    if alignment is None:
-        return [NodeAccount("", "") for _ in nodes]
-    out = []
-    for n in nodes:
-        found: list[NodeAccount] = []
-        for t in n["outputs"]:
-            if t in alignment.pairs:
-                rel = alignment.relation(t)
-                found.append(NodeAccount("aligned", f"aligned to torch {alignment.pairs[t]!r}"
-                                         + ("" if rel == "equal" else f" ({rel})")))
-            elif t in alignment.attributed:
-                m = alignment.attributed[t]
-                where = f"module {m!r}" if m else "the model's own forward()"
-                found.append(NodeAccount(
-                    "attributed", f"a step inside {where}: torch computed no such tensor, so "
-                    "nothing is measured against it (the module's output is)"))
-            elif t in alignment.unaligned:
-                why = alignment.unaligned[t]
-                kind = ("constant" if why.startswith("a constant") else
-                        "glue" if "glue" in why else
-                        "uncaptured" if why == "not captured" else "unaligned")
-                text = {"constant": why, "glue": f"shape or index glue ({why.split(' (')[0]}), "
-                        "not an activation", "uncaptured": "not captured by the comparison"
-                        }.get(kind, f"unaligned: {why}")
-                found.append(NodeAccount(kind, text))
-        if not found:
-            found = [NodeAccount("constant", "a constant (not an activation)")
-                     if n["op"] in CONSTANT_OPS else
-                     NodeAccount("uncaptured", "not in the comparison (no output of it was "
-                                 "captured)")]
-        best = next((a for a in found if a.kind == "aligned"), found[0])
-        texts = list(dict.fromkeys(a.text for a in found if a.kind == best.kind))
-        out.append(NodeAccount(best.kind, "; ".join(texts)))
-    return out
 
 
 # -- the widget ----------------------------------------------------------------------------
@@ -273,6 +71,10 @@ class GraphCanvas(anywidget.AnyWidget):
     title = traitlets.Unicode().tag(sync=True)
     selected = traitlets.Unicode("").tag(sync=True)
     render_ms = traitlets.Dict().tag(sync=True)  # the browser's own timing of its last draw
+    expanded = traitlets.List(traitlets.Unicode()).tag(sync=True)  # open module groups
+    group_colors = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    group_strokes = traitlets.List(traitlets.Bool()).tag(sync=True)
+    group_tooltips = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(_esm=widget_source("graphview.js"), _css=widget_source("graphview.css"),
@@ -313,17 +115,32 @@ class GraphView(widgets.HBox):
         alignment = (self.report.alignments.get(self.candidate.name)
                      if self.candidate is not None else None)
         self.accounts = node_accounts(nodes, alignment)  # why each node has a value or not
+        if alignment is not None:  # the comparison's modules for nodes the exporter left bare
+            module_of = {**{t: m for t, m in alignment.attributed.items() if m},
+                         **alignment.pairs}
+            nodes = attach_modules(nodes, module_of)
+            self.payload = {**self.payload, "nodes": nodes}
+        self.groups, self._node_group = build_groups(nodes)
+        self._group_index = {g["id"]: k for k, g in enumerate(self.groups)}
+        self._check_metric(metric)
         self._given_values = values
         self.values = self._node_values(values)
         colors, strokes, legend = self._colors()
+        gcolors, gstrokes, gtips = self._group_paint(colors, strokes)
         self.output = widgets.Output(layout=widgets.Layout(width="42%", min_width="320px",
                                                             max_height="560px",
                                                             overflow="auto"))
         self.output.add_class("wb-graphview-output")
         self.canvas = GraphCanvas(
-            graph={"nodes": [{"id": n["id"], "op": n["op"], "why": a.text, "kind": a.kind}
-                             for n, a in zip(nodes, self.accounts, strict=True)],
-                   "edges": self.payload["edges"]},
+            graph={"nodes": [{"id": n["id"], "op": n["op"], "label": n["label"], "why": a.text,
+                              "kind": a.kind, "g": g, "fold": n["fold"]}
+                             for n, a, g in zip(nodes, self.accounts, self._node_group,
+                                                strict=True)],
+                   "edges": self.payload["edges"], "shapes": self.payload["shapes"],
+                   "groups": [{k: g[k] for k in ("id", "label", "parent", "size")}
+                              for g in self.groups]},
+            expanded=initial_expanded(nodes, self.groups, self._node_group),
+            group_colors=gcolors, group_strokes=gstrokes, group_tooltips=gtips,
             colors=colors, strokes=strokes, legend=legend, tooltips=self._tooltips(),
             title=f"{self.payload['title']} ({self.payload['format']}, {len(nodes)} nodes)")
         modes = ["op_type"] + [m for m in ("accumulated", "isolated")
@@ -334,7 +151,14 @@ class GraphView(widgets.HBox):
             description="colour by", style={"button_width": "108px"})
         self.color_w.observe(lambda c: self.recolor(c["new"]), names="value")
         self.color_w.add_class("wb-graphview-color-by")
-        left = widgets.VBox([self.color_w, self.canvas] if len(modes) > 1 else [self.canvas],
+        metrics = self._metrics()
+        self.metric_w = widgets.Dropdown(options=metrics or [metric], value=metric,
+                                         description="metric", layout={"width": "200px"})
+        self.metric_w.observe(lambda c: self.set_metric(c["new"]), names="value")
+        self.metric_w.add_class("wb-graphview-metric")
+        bar = [self.color_w] + ([self.metric_w] if len(metrics) > 1 else [])
+        left = widgets.VBox([widgets.HBox(bar), self.canvas] if len(modes) > 1
+                            else [self.canvas],
                             layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
         super().__init__([left, self.output], layout=widgets.Layout(width="100%"))
         self.add_class("wb-graphview-box")
@@ -392,11 +216,136 @@ class GraphView(widgets.HBox):
             self.color_by = before
             raise
         colors, strokes, legend = self._colors()
+        gcolors, gstrokes, gtips = self._group_paint(colors, strokes)
         with self.canvas.hold_sync():
+            self.canvas.group_colors, self.canvas.group_strokes = gcolors, gstrokes
+            self.canvas.group_tooltips = gtips
             self.canvas.colors, self.canvas.strokes = colors, strokes
             self.canvas.legend, self.canvas.tooltips = legend, self._tooltips()
         if self.color_w.value != color_by and color_by in [v for _l, v in self.color_w.options]:
             self.color_w.value = color_by
+
+    def set_metric(self, metric: str) -> None:
+        """Colour by another metric of the report's records (``snr_db``, ``cosine``,
+        ``max_rel``...; larger is better for cosine and SNR, so green is the high end)."""
+        self._check_metric(metric)
+        before, self.metric = self.metric, metric
+        try:
+            self.recolor(self.color_by)
+        except InputError:
+            self.metric = before
+            raise
+        if self.metric_w.value != metric and metric in self.metric_w.options:
+            self.metric_w.value = metric
+
+    def _metrics(self) -> list[str]:
+        """The numeric metrics the report's records of this candidate hold."""
+        found = {k for rs in self.records.values() for recs in rs.values() for r in recs
+                 for k, v in _metric_items(r.metrics) if isinstance(v, float)}
+        return [m for m in METRIC_ORDER if m in found] + sorted(found - set(METRIC_ORDER))
+
+    def _check_metric(self, metric: Any) -> None:
+        known = self._metrics()
+        if not isinstance(metric, str) or (self.records and metric not in known):
+            raise InputError(f"metric={metric!r} is not a metric of the report's records",
+                             f"one of {known or list(METRIC_ORDER)}, e.g. "
+                             "GraphView(artifact, report=rep, color_by='accumulated', "
+                             "metric='snr_db')")
+
+    # -- module groups ----------------------------------------------------------------------
+    @property
+    def expanded(self) -> list[str]:
+        """The module groups drawn open (the rest are drawn as one node each)."""
+        return list(self.canvas.expanded)
+
+    def expand(self, module: str) -> None:
+        """Open a module group (and the groups around it), as a click on it does."""
+        k = self._group_of(module)
+        opened = set(self.canvas.expanded)
+        while k >= 0:
+            opened.add(self.groups[k]["id"])
+            k = self.groups[k]["parent"]
+        self.canvas.expanded = [g["id"] for g in self.groups if g["id"] in opened]
+
+    def collapse(self, module: str) -> None:
+        """Close a module group: it is drawn as one node again."""
+        gid = self.groups[self._group_of(module)]["id"]
+        self.canvas.expanded = [g for g in self.canvas.expanded if g != gid]
+
+    def drawn_items(self) -> list[str]:
+        """What is drawn with the groups as they are open now: node ids, and ``module:<name>``
+        for each closed group (folded constants are in neither)."""
+        from .graphmodel import visible_items
+
+        opened = {self._group_index[g] for g in self.canvas.expanded if g in self._group_index}
+        _rep, items = visible_items(self.payload["nodes"], self.groups, self._node_group,
+                                    opened)
+        return [self.payload["nodes"][r]["id"] if r >= 0 else
+                f"module:{self.groups[-1 - r]['id']}" for r in items]
+
+    def save(self, path: str | Path, expanded: bool | None = None) -> Path:
+        """Write the graph as drawn (colours, legend, modules open as now) to an SVG or PNG
+        file; ``expanded=True`` draws every module open. Returns the path written."""
+        from .graphsave import save_graph
+
+        return save_graph(self, path, expanded)
+
+    def _group_of(self, module: str) -> int:
+        if module in self._group_index:
+            return self._group_index[module]
+        ends = [k for k, g in enumerate(self.groups) if g["id"].endswith("." + str(module))]
+        if len(ends) == 1:
+            return ends[0]
+        names = [g["id"] for g in self.groups if g["parent"] < 0][:8]
+        raise InputError(f"module {module!r} is not a group of this graph"
+                         + (f" ({len(ends)} modules end with it)" if ends else ""),
+                         f"a module name as the groups are named, e.g. {names}"
+                         if names else "this graph has no module groups")
+
+    def _group_members(self) -> list[list[int]]:
+        members: list[list[int]] = [[] for _ in self.groups]
+        for i, n in enumerate(self.payload["nodes"]):
+            k = self._node_group[i] if n["fold"] < 0 else -1
+            while k >= 0:
+                members[k].append(i)
+                k = self.groups[k]["parent"]
+        return members
+
+    def _group_paint(self, colors: list[str], strokes: list[bool]
+                     ) -> tuple[list[str], list[bool], list[str]]:
+        """Per group: a fill (its worst node's colour when colouring by a value), an outline
+        when a node inside is over tolerance, and a tooltip (size, op types, worst node)."""
+        nodes = self.payload["nodes"]
+        fills, outs, tips = [], [], []
+        for g, mem in zip(self.groups, self._group_members(), strict=True):
+            ops: dict[str, int] = {}
+            for i in mem:
+                ops[nodes[i]["op"]] = ops.get(nodes[i]["op"], 0) + 1
+            top = ", ".join(f"{o} {c}" for o, c in sorted(ops.items(), key=lambda x: -x[1])[:4])
+            tip = f"module {g['id']} ({len(mem)} nodes: {top})\nclick to open"
+            fill = GROUP_FILL
+            if self.color_by != "op_type":
+                scored = [(self._badness(i), i) for i in mem if self.values[i] is not None]
+                if scored:
+                    _b, worst = max(scored)
+                    fill = colors[worst]
+                    tip += (f"\nworst {self.color_by} {self.metric}: "
+                            f"{self.values[worst]:.3g} at {nodes[worst]['id']}")
+                else:
+                    fill = MISSING
+                    tip += f"\nno {self.color_by} value inside"
+            fills.append(fill)
+            outs.append(any(strokes[i] for i in mem))
+            tips.append(tip)
+        return fills, outs, tips
+
+    def _badness(self, i: int) -> float:
+        if self.ratios is not None and self.ratios[i] is not None:
+            return self.ratios[i]
+        v = self.values[i]
+        if v is None or math.isnan(v):
+            return math.inf
+        return -v if self.metric in HIGHER_BETTER else v
 
     # -- report -> per-node values ----------------------------------------------------------
     def _match_candidate(self, source: Any, name: str | None) -> Any:
@@ -466,18 +415,19 @@ class GraphView(widgets.HBox):
         ratios: list[float | None] = [None] * n
         for i, modes in self.records.items():
             recs = modes.get(self.color_by, [])
-            vals = [float(getattr(r.metrics, self.metric)) for r in recs
-                    if getattr(r.metrics, self.metric, None) is not None]
-            out[i] = max(vals) if vals else None
+            vals = [float(_mget(r.metrics, self.metric)) for r in recs
+                    if _mget(r.metrics, self.metric) is not None]
+            worst = min if self.metric in HIGHER_BETTER else max
+            out[i] = worst(vals) if vals else None
             rs = [_ratio(r.metrics) for r in recs]
             rs = [x for x in rs if x is not None]
             ratios[i] = max(rs) if rs else None
-        self.ratios = ratios
+        self.ratios = ratios if self.metric == "max_abs" else None  # the tolerance is on max_abs
         return out
 
     def _failing(self) -> list[bool]:
         mode = self.color_by if self.color_by != "op_type" else "accumulated"
-        return [any(not r.metrics.passed
+        return [any(not _mget(r.metrics, "passed", True)
                     for r in self.records.get(i, {}).get(mode, []))
                 for i in range(len(self.payload["nodes"]))]
 
@@ -495,11 +445,17 @@ class GraphView(widgets.HBox):
                 "kind": "scale", "title": f"{self.color_by} error / tolerance",
                 "stops": list(ERROR_STOPS), "min_label": "\u22640.001", "mid_label": "1",
                 "max_label": "\u2265100", "items": items, "log": True}
-        colors, lo, hi = value_colors(self.values)
+        title = self.color_by if self.metric == "max_abs" else f"{self.color_by} {self.metric}"
+        if self.metric in HIGHER_BETTER:
+            colors, lo, hi = higher_better_colors(self.values)
+            lo, hi = hi, lo  # the green end of the bar is the high value
+        else:
+            colors, lo, hi = value_colors(self.values)
         return colors, strokes, {
-            "kind": "scale", "title": self.color_by, "stops": list(ERROR_STOPS),
-            "min_label": "-" if lo is None else f"{lo:.2g}",
-            "max_label": "-" if hi is None else f"{hi:.2g}", "items": items, "log": True}
+            "kind": "scale", "title": title, "stops": list(ERROR_STOPS),
+            "min_label": "-" if lo is None else f"{lo:.3g}",
+            "max_label": "-" if hi is None else f"{hi:.3g}", "items": items,
+            "log": self.metric not in HIGHER_BETTER}
 
     def _tooltips(self) -> list[str]:
         out = []
@@ -541,6 +497,26 @@ class GraphView(widgets.HBox):
                              + (f"<br><i>hint: {html.escape(hint)}</i>" if hint else "")
                              + "</div>"))
 
+    def _with_shapes(self, tensors: list[str]) -> str:
+        shapes = self.payload.get("tensor_shapes", {})
+        return ", ".join(f"{t} [{shapes[t]}]" if shapes.get(t) else t for t in tensors) or "-"
+
+    def _details_html(self, i: int) -> str:
+        """A node's attributes and the constants folded into it (as Netron lists them)."""
+        nodes = self.payload["nodes"]
+        out = ""
+        if nodes[i]["attrs"]:
+            out += ('<table class="wb-graphview-attrs"><tr><th>attribute</th><th>value</th>'
+                    f"</tr>{_attr_rows(nodes[i]['attrs'])}</table>")
+        folded = [n for n in nodes if n["fold"] == i]
+        if folded:
+            rows = "".join(f"<tr><td>{html.escape(n['id'])}</td><td>"
+                           f"{html.escape(n['attrs'].get('value', n['op']))}</td></tr>"
+                           for n in folded)
+            out += ('<table class="wb-graphview-consts"><tr><th>folded constant</th>'
+                    f"<th>value</th></tr>{rows}</table>")
+        return out
+
     def _show(self, node_id: str) -> None:
         from IPython.display import HTML, display
 
@@ -549,16 +525,17 @@ class GraphView(widgets.HBox):
         recs = self.records.get(i, {})
         rows = "".join(
             f"<tr><td>{html.escape(r.mode)}</td><td>{html.escape(r.name)}</td>"
-            f"<td>{html.escape(str(r.reference))}</td><td>{_num(r.metrics.max_abs)}</td>"
-            f"<td>{_num(r.metrics.cosine)}</td>"
-            f"<td>{'yes' if r.metrics.passed else 'no'}</td></tr>"
+            f"<td>{html.escape(str(r.reference))}</td><td>{_num(_mget(r.metrics, 'max_abs'))}</td>"
+            f"<td>{_num(_mget(r.metrics, 'cosine'))}</td>"
+            f"<td>{'yes' if _mget(r.metrics, 'passed') else 'no'}</td></tr>"
             for mode in ("accumulated", "isolated") for r in recs.get(mode, []))
         value = self.values[i]
         self.last_html = (
             f'<div class="wb-graphview-node" data-node="{html.escape(node["id"])}">'
             f"<b>{html.escape(node['id'])}</b> &middot; {html.escape(node['op'])}"
             + (f" &middot; {html.escape(self.color_by)} {value:.3g}" if value is not None else "")
-            + f"<br>outputs: {html.escape(', '.join(node['outputs']) or '-')}"
+            + f"<br>outputs: {html.escape(self._with_shapes(node['outputs']))}"
+            + self._details_html(i)
             + (f'<div class="wb-graphview-why" data-kind="{html.escape(self.accounts[i].kind)}">'
                f"{html.escape(self._why(i))}</div>" if self._why(i) else "")
             + (f"<table><tr><th>mode</th><th>tensor</th><th>torch module</th><th>max abs</th>"
@@ -570,7 +547,7 @@ class GraphView(widgets.HBox):
                                                    if self.report is not None else "."))
             return
         tensor = max((r for rs in recs.values() for r in rs),
-                     key=lambda r: r.metrics.max_abs).name
+                     key=lambda r: _mget(r.metrics, "max_abs") or 0.0).name
         import io
 
         from IPython.display import Image
@@ -584,9 +561,27 @@ class GraphView(widgets.HBox):
             display(Image(data=buf.getvalue(), format="png"))
 
 
+def _mget(metrics: Any, key: str, default: Any = None) -> Any:
+    """One metric of a record (TensorMetrics, or a plain dict as older reports hold)."""
+    if isinstance(metrics, dict):
+        return metrics.get(key, default)
+    return getattr(metrics, key, default)
+
+
+def _metric_items(metrics: Any) -> list[tuple[str, Any]]:
+    """A record's metrics as (name, value) pairs (TensorMetrics or a plain dict)."""
+    d = metrics.as_dict() if hasattr(metrics, "as_dict") else metrics
+    return [(k, v) for k, v in d.items() if k != "tolerance"]
+
+
+def _attr_rows(attrs: dict[str, str]) -> str:
+    return "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                   for k, v in attrs.items())
+
+
 def _ratio(metrics: Any) -> float | None:
     """max |a - b| over the tolerance bound of the same tensor (> 1: over tolerance)."""
-    err, tol = metrics.max_abs, metrics.tolerance
+    err, tol = _mget(metrics, "max_abs"), _mget(metrics, "tolerance")
     if err is None or tol is None:
         return None
     err, tol = float(err), float(tol)
