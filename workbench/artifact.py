@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .diagnostics import Diagnostic
+from .environment import lock_status
 from .errors import InputError, ManifestError, ModelFileError, WorkspaceError
 from .fileio import atomic_write_text, sha256_file
+from .graph import summarize
+from .onnx_io import check_model_file, external_data_files
 
 if TYPE_CHECKING:
     from .graph import GraphSummary
@@ -46,7 +49,6 @@ def tool_versions() -> dict[str, str]:
     import platform
     from importlib import metadata
 
-    from .environment import lock_status
 
     out = {}
     for name in TOOLS:
@@ -108,7 +110,6 @@ class Artifact:
     @property
     def graph(self) -> GraphSummary:
         if self._graph is None:
-            from .graph import summarize
 
             self._graph = summarize(self.path)
         return self._graph
@@ -155,7 +156,6 @@ class Artifact:
         sha256 its record holds), or ModelFileError naming the file: a runner or stage given
         it would otherwise run on bytes nobody checked (a bit flipped, another model's
         weights copied over). A file is hashed once per size and mtime (see _verified)."""
-        from .errors import ModelFileError
 
         for rel, meta in self.files.items():
             want = meta.get("sha256") if isinstance(meta, dict) else None
@@ -200,6 +200,15 @@ class Workspace:
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        """Open (or create) the workspace at ``path``.
+
+        Args:
+            path: a folder; None is ``workbench-runs/default``. An existing manifest is
+                read and checked against the artifact folders (see ``problems``).
+
+        Raises:
+            WorkspaceError: the folder cannot be created or written, or is a file.
+        """
         if path is None:
             path = DEFAULT_ROOT / "default"
         self.path = Path(path).absolute()
@@ -402,7 +411,6 @@ class Workspace:
                              "stopped", f"remove it: shutil.rmtree({str(d)!r})")
 
     def _write_manifest(self) -> None:
-        from .environment import lock_status
 
         doc = {"version": MANIFEST_VERSION, "workspace": str(self.path), "updated": _now(),
                "environment": lock_status().to_record(),
@@ -501,7 +509,6 @@ class Workspace:
 
     def import_file(self, path: str | os.PathLike[str], format: str | None = None) -> Artifact:
         """Copy a model file (and the external-data files it names) in as an ``import`` artifact."""
-        from .onnx_io import check_model_file, external_data_files
 
         src = Path(path)
         fmt = format or check_model_file(src)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .artifact import Artifact, Diagnostic
+from .errors import InputError
 from .tolerances import max_errors, within
 
 INPUTS_FILE = "example_inputs.npz"
@@ -66,7 +67,6 @@ def random_feeds(graph: Any, example: dict[str, np.ndarray] | None = None,
                     shape.append(base + 1 if bump else base)
             elements = int(np.prod(shape, dtype=np.float64)) if shape else 1
             if any(d < 0 for d in shape) or elements > MAX_FEED_ELEMENTS:
-                from .errors import InputError
 
                 raise InputError(
                     f"input {t.name!r} is declared with shape {shape}: no check input of that "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .onnx_io import detect_format, load_onnx
 from .params import PNNX_IO_OPS, NcnnParam, PnnxParam, parse_ncnn_param, parse_pnnx_param
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
@@ -92,10 +93,16 @@ def _human(n: int) -> str:
 
 
 def summarize(source: Any) -> GraphSummary:
-    """GraphSummary of an Artifact, a path, or an ``onnx.ModelProto``."""
+    """GraphSummary of an Artifact, a path, or an ``onnx.ModelProto``.
+
+    Args:
+        source: an Artifact, a path to a .onnx / .ncnn.param / .pnnx.param, or a ModelProto.
+
+    Returns:
+        GraphSummary: node_count, op_histogram, inputs and outputs with shapes and dtypes.
+    """
     import onnx
 
-    from .onnx_io import detect_format, load_onnx
 
     if hasattr(source, "graph") and isinstance(source.graph, GraphSummary):
         return source.graph

@@ -32,7 +32,14 @@ def super_resolution(seed: int = 0, upscale: int = 3) -> Any:
 
 
 def default_model(seed: int = 0) -> tuple[Any, tuple]:
-    """The embedded default model and its example input (1x3x64x64, seeded)."""
+    """The embedded default model and its example input (1x3x64x64, seeded).
+
+    Args:
+        seed: the seed of the weights and of the input.
+
+    Returns:
+        (model in eval mode, (input tensor,)).
+    """
     import torch
 
     model = super_resolution(seed)

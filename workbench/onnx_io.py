@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from .diagnostics import Diagnostic
 from .errors import ModelFileError
+from .fileio import atomic_write_bytes
+from .params import parse_ncnn_param, parse_pnnx_param
 
 if TYPE_CHECKING:
     import onnx
@@ -37,7 +39,6 @@ def check_model_file(path: str | Path) -> str:
     if fmt == "onnx":
         load_onnx(path, external_data=False)
     else:
-        from .params import parse_ncnn_param, parse_pnnx_param
 
         (parse_ncnn_param if fmt == "ncnn" else parse_pnnx_param)(path)
     return fmt
@@ -207,7 +208,6 @@ def lower_ir_version(model: onnx.ModelProto) -> Diagnostic | None:
 
 def ensure_ort_readable(path: str | Path) -> Diagnostic | None:
     """Rewrite ``path`` with a lower IR version if onnxruntime cannot read it (external data kept)."""
-    from .fileio import atomic_write_bytes
 
     model = load_onnx(path, external_data=False)
     diag = lower_ir_version(model)

@@ -163,6 +163,17 @@ def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
     subclass); without them both call the torch implementation on the tensors. ``fake=`` is
     the fake (meta) implementation; by default the torch implementation itself runs on fake
     tensors, which works for code written with torch ops.
+
+    Args:
+        name: "namespace::op".
+        fn: the torch implementation (or use ``custom_op(name, ...)`` as a decorator).
+        mutates_args, schema: as ``torch.library.custom_op``.
+        onnx: the lowering to standard ONNX ops, ``fn(g, *args)``.
+        ort, ncnn: the kernels ONNX Runtime and ncnn run.
+        fake: the meta implementation.
+
+    Returns:
+        The ``CustomOpDef`` (or a decorator returning it when ``fn`` is None).
     """
     if fn is None:
         return lambda f: custom_op(name, f, mutates_args=mutates_args, schema=schema,

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..onnx_io import load_onnx
 from .kernels import _kernel
 from .registry import _OPS, ORT_DOMAIN
 
@@ -125,7 +126,6 @@ def ort_model(model: Any, path: Path | None = None, libraries: Any = ()) -> Any:
     from onnx import helper
 
     if path is not None:  # the weights too: the rewritten model is given to ORT as bytes
-        from ..onnx_io import load_onnx
 
         model = load_onnx(path)
     else:

@@ -128,7 +128,16 @@ def register_symbolic(name: str, fn: Callable, opset: int = 17,
     ``alpha_f=1.0``, ``axes_i=[0]``) and serves both exporters: TorchScript through
     ``torch.onnx.register_custom_op_symbolic``, dynamo through a ``custom_translation_table``
     entry ``wb.export`` passes by itself. With ``exporter="dynamo"``, ``fn`` is an onnxscript
-    function of the op's arguments instead (no ``g``). Returns ``fn``.
+    function of the op's arguments instead (no ``g``).
+
+    Args:
+        name: the op, "aten::asinh" or "mylib::op".
+        fn: the conversion.
+        opset: the lowest opset ``fn``'s ONNX ops exist in.
+        exporter: None for both exporters, or "torchscript" / "dynamo".
+
+    Returns:
+        ``fn``, so it can be used as a decorator.
     """
     import torch
 

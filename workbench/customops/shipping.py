@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import WorkbenchError
+from ..onnx_io import load_onnx
 from .ort import _PORTABLE
 from .registry import _OPS, CustomOpWarning
 
@@ -18,7 +19,6 @@ def _used_ops(path: Path) -> list[str]:
     if name.endswith(".ncnn.param"):
         return sorted({ln.split()[0] for ln in path.read_text().splitlines()[2:]
                        if ln.split() and ln.split()[0] in _OPS})
-    from ..onnx_io import load_onnx
 
     data = path.read_bytes() if path.is_file() else b""
     if not any(s.short.encode() in data and s.namespace.encode() in data

@@ -42,6 +42,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from ..errors import InputError
 from ._rule import (
     DOMAIN,
     Rule,
@@ -70,7 +71,6 @@ _LOADED = False
 
 def register(rule: Rule, *, replace: bool = False) -> Rule:
     """Add ``rule`` to the registry (by its name); returns it, so it works as a call or inline."""
-    from ..errors import InputError
 
     if not isinstance(rule, Rule):
         raise InputError(f"register takes a workbench.rules.Rule, got {type(rule).__name__}",
@@ -106,7 +106,6 @@ def names() -> list[str]:
 
 def get(name: str) -> Rule:
     """The registered rule called ``name`` (an InputError listing the known names if none)."""
-    from ..errors import InputError
 
     _load_builtin()
     if name not in _REGISTRY:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InputError
 from .base import Runner
 
 __all__ = ["Runner", "TorchRunner", "OrtRunner", "NcnnRunner", "runner_for"]
@@ -34,7 +35,6 @@ def runner_for(thing: Any, num_threads: int | None = None) -> Runner:
     ``num_threads`` sets the intra-op threads of an ONNX Runtime or ncnn runner made here."""
     from pathlib import Path
 
-    from ..errors import InputError
 
     if isinstance(thing, Runner):
         return thing

@@ -10,6 +10,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
+
 CAPTURES = ("outputs", "all")
 
 
@@ -126,7 +128,6 @@ class Runner:
         raise NotImplementedError
 
     def _check_capture(self, capture: str) -> None:
-        from ..errors import InputError
 
         if capture not in CAPTURES:
             raise InputError(f"capture={capture!r} is not one of {CAPTURES}",
@@ -135,7 +136,6 @@ class Runner:
 
 def split_inputs(inputs: Any, names: list[str], model: str) -> list[Any]:
     """Inputs given as a dict by name, a tuple in order, or one array -> values in order."""
-    from ..errors import InputError
 
     if isinstance(inputs, dict):
         unknown = sorted(set(inputs) - set(names))

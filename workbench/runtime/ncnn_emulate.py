@@ -34,6 +34,7 @@ from typing import Any
 
 from ..diagnostics import Diagnostic
 from ..errors import InputError
+from ..ncnn_bin import FP32_TAG, walk_bin
 from .base import BlobCapture
 
 # emulate name -> the precision it goes with
@@ -132,7 +133,6 @@ def check_emulate(emulate: str | None, precision: str, graph: Any, bin_path: Pat
     int8 = [la for la in graph.layers if la.type in _INT8_KEYS
             and str(la.params.get(_INT8_KEYS[la.type], "0")) not in ("0", "")]
     if not int8:
-        from ..ncnn_bin import walk_bin
 
         held = {b.layer for b in walk_bin(graph, bin_path).blobs
                 if b.storage in ("int8", "quantized")}
@@ -155,7 +155,6 @@ def rounded_bin(graph: Any, bin_path: Path, emulation: Emulation) -> bytes:
     ``emulation.unrounded``: the bytes from there on are copied as they are."""
     import numpy as np
 
-    from ..ncnn_bin import FP32_TAG, walk_bin
 
     layout = walk_bin(graph, bin_path)
     data = bin_path.read_bytes()

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..customops import register_ncnn_layers
+from ..errors import BackendCrashed, NcnnRunError
+from ..params import parse_ncnn_param
+
 _MARK = "@@wb-layer "
 PROBE_SECONDS = 120.0
 
@@ -88,8 +92,6 @@ def _probe(spec_path: str) -> None:  # pragma: no cover - runs in the probe proc
     import numpy as np
 
     spec = json.loads(Path(spec_path).read_text())
-    from ..customops import register_ncnn_layers
-    from ..params import parse_ncnn_param
 
     graph = parse_ncnn_param(spec["param"])
     net = ncnn.Net()
@@ -144,7 +146,6 @@ def locate(param: Path, bin_path: Path, feed: dict[str, Any], precision: str = "
     layer ran in the probe (or the probe could not load the model or did not finish)."""
     import numpy as np
 
-    from ..params import parse_ncnn_param
 
     graph = parse_ncnn_param(param)
     with tempfile.TemporaryDirectory(prefix="wb-ncnn-probe-") as tmp:
@@ -319,7 +320,6 @@ def failure_hint(found: LayerFailure | None, model: str) -> str:
 def explain(param: Path, bin_path: Path, feed: dict[str, Any], precision: str,
             batch_axes: dict[str, int | None], what: str) -> Exception:
     """An NcnnRunError for a failed ncnn run: ``what`` happened, then the layer to blame."""
-    from ..errors import NcnnRunError
 
     found = locate(param, bin_path, feed, precision, batch_axes)
     if found is None:
@@ -337,7 +337,6 @@ def explain_crash(param: Path, bin_path: Path, feed: dict[str, Any], precision: 
                   batch_axes: dict[str, int | None], crashed: Any) -> Exception:
     """``crashed`` (a BackendCrashed from the worker) with the layer that crashes named, when
     ncnn itself crashed (SIGSEGV, SIGABRT...) and the probe finds the layer; else as it was."""
-    from ..errors import BackendCrashed
 
     if crashed.signal not in _NATIVE:
         return crashed

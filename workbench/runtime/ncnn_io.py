@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import shapes
+from ..artifact import SIDECAR
+from ..errors import WorkbenchError
+from ..params import parse_pnnx_param
 
 _TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
                  "long": "int64", "int64": "int64", "int32": "int32", "double": "float64",
@@ -97,7 +100,6 @@ def pnnx_param_for(source: Any, param: Path) -> Path | None:
     if beside.exists():
         return beside
     try:  # a path inside a workspace: the sidecar names the parent artifact (its folder)
-        from ..artifact import SIDECAR
 
         rec = json.loads((param.parent / SIDECAR).read_text(encoding="utf-8"))
         up = json.loads((param.parent.parent / rec["parent"] / SIDECAR).read_text(
@@ -114,8 +116,6 @@ def declare_shapes(pnnx_param: Path | None, ins: dict[str, BlobSpec],
     pnnx.Input operands in order, outputs out0..outN its outputs (tuples unpacked)."""
     if pnnx_param is None:
         return
-    from ..errors import WorkbenchError
-    from ..params import parse_pnnx_param
 
     try:
         p = parse_pnnx_param(pnnx_param)

@@ -6,12 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..customops import is_custom_layer
+from ..errors import ModelFileError
+from ..ncnn_bin import walk_bin
+from ..params import parse_ncnn_param
+
 
 def unloadable_layers(param: Path) -> list[tuple[str, str]]:
     """(layer type, layer name) of every layer in an ncnn param that ncnn cannot create."""
     import ncnn
 
-    from ..customops import is_custom_layer
 
     bad = []
     lines = param.read_text().splitlines()[2:]
@@ -31,9 +35,6 @@ def check_model_files(param_path: Path, bin_path: Path) -> Any:
 
     ncnn checks neither: a .param whose layer count is too small runs a truncated graph, and
     a .bin of another model of the same or larger size loads and computes garbage."""
-    from ..errors import ModelFileError
-    from ..ncnn_bin import walk_bin
-    from ..params import parse_ncnn_param
 
     param = parse_ncnn_param(param_path)  # counts, names, order: a hinted ModelFileError
     hint = ("a .param and its .bin come from one conversion: convert again with wb.to_ncnn "

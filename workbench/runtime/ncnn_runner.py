@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import shapes
-from ..errors import InputError
+from ..customops import missing_ncnn_hint, register_ncnn_layers
+from ..errors import BackendCrashed, InputError, MissingOpError
+from ..ncnn_bin import walk_bin
 from .base import BlobCapture, ModelIO, Runner, TensorSpec, split_inputs, to_numpy
 from .ncnn_failure import bad_mat
 from .ncnn_io import INT_DTYPES, BlobSpec, declare_shapes, parse_ncnn_py, pnnx_param_for
@@ -128,7 +130,6 @@ class NcnnRunner(Runner):
             net.opt.use_fp16_packed = fp16
             net.opt.use_fp16_arithmetic = fp16
             net.opt.num_threads = self.num_threads
-            from ..customops import register_ncnn_layers
 
             register_ncnn_layers(net, self.param)  # Python layers of @wb.custom_op ops
             if net.load_param(str(self.param)) != 0:
@@ -136,10 +137,8 @@ class NcnnRunner(Runner):
 
                 unknown = unloadable_layers(self.param)
                 if unknown:
-                    from ..errors import MissingOpError
 
                     listing = ", ".join(f"{t} ({n})" for t, n in unknown[:8])
-                    from ..customops import missing_ncnn_hint
 
                     raise MissingOpError(
                         f"ncnn has no layer type for {listing} in {self.param.name}",
@@ -188,7 +187,6 @@ class NcnnRunner(Runner):
             torch shape where the conversion declared one (``workbench.shapes.fit``); with
             capture="all", every other blob after them as ncnn holds it.
         """
-        from ..errors import BackendCrashed
 
         self._check_capture(capture)
         feed = self.feed(inputs)
@@ -488,7 +486,6 @@ class NcnnRunner(Runner):
             if requant:
                 import numpy as np
 
-                from ..ncnn_bin import walk_bin
 
                 with open(self.param.with_suffix(".bin"), "rb") as f:
                     for blob in walk_bin(self._graph, self.param.with_suffix(".bin")).blobs:

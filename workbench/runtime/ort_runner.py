@@ -6,7 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, WorkbenchError
+from ..graph import summarize
+from ..onnx_io import check_model_file, load_onnx
 from .base import ModelIO, Runner, TensorSpec, keep_freed_memory, split_inputs, to_numpy
 
 # onnxruntime's type strings -> numpy dtype names
@@ -40,7 +42,6 @@ class OrtRunner(Runner):
                 capture="all" still builds its own session, with every tensor an output.
         """
         from .. import customops as cops
-        from ..onnx_io import check_model_file
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
@@ -89,7 +90,6 @@ class OrtRunner(Runner):
     def _describe_local(self) -> ModelIO:
         # from the graph, not a session: a session made only to describe the model would
         # cost as much as the one that runs it (and capture="all" builds its own)
-        from ..graph import summarize
 
         g = summarize(self.path)
         return ModelIO(inputs=tuple(
@@ -142,7 +142,6 @@ class OrtRunner(Runner):
         try:
             out = dict(zip(names, sess.run(names, feed), strict=True))
         except Exception as e:  # a node failed on these inputs: name it, say why
-            from ..errors import WorkbenchError
             from .ort_session import explain_ort_run_error
 
             if isinstance(e, WorkbenchError):
@@ -181,7 +180,6 @@ class OrtRunner(Runner):
         if self._all_session is None:
             from onnx import helper
 
-            from ..onnx_io import load_onnx
             from .ort_session import session
 
             model = load_onnx(self.path)

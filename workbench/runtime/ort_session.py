@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..customops import ORT_DOMAIN, missing_ort_hint, ort_model, track_session
-from ..errors import ModelFileError, WorkbenchError
+from ..errors import MissingOpError, ModelFileError, OrtRunError, WorkbenchError
 from ..onnx_io import (
     check_shapes,
     external_data_files,
@@ -140,7 +140,6 @@ def _libraries(model: onnx.ModelProto, libraries: Any) -> list[str]:
 
 
 def _missing_op(model: onnx.ModelProto, domain: str, op: str) -> Exception:
-    from ..errors import MissingOpError
 
     opset = next((o.version for o in model.opset_import if o.domain == domain), None)
     nodes = [n.name or n.output[0] for n in model.graph.node
@@ -181,7 +180,6 @@ _ORT_RUN_ERRORS = [
 
 def explain_ort_run_error(message: str, path: Path | None) -> Exception:
     """A hinted OrtRunError for onnxruntime's failure ``message`` while running a model."""
-    from ..errors import OrtRunError
 
     name = str(path.name) if path is not None else "the model"
     m = re.search(r"running (\S+) node\. Name:'([^']*)' Status Message: (.*)", message, re.S)

@@ -32,7 +32,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendCrashed, BackendTimeout, RemoteError, WorkbenchError
+from ..customops import install
+from ..errors import BackendCrashed, BackendTimeout, InputError, RemoteError, WorkbenchError
 from .base import ModelIO
 from .transfer import Packer, SharedFile, _shm_dir, pack, unpack
 
@@ -93,7 +94,6 @@ def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
         try:
             if op == "create":
                 if msg.get("custom_ops"):  # the @wb.custom_op kernels/layers the twin runs
-                    from ..customops import install
 
                     install(msg["custom_ops"])
                 module, cls = msg["cls"].split(":")
@@ -519,7 +519,6 @@ def _proc_stat(pid: int) -> tuple[str, int | None]:
 
 def check_timeout(timeout: Any) -> float:
     """``timeout`` as seconds > 0, or InputError."""
-    from ..errors import InputError
 
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise InputError(f"timeout={timeout!r} is not a number of seconds > 0",

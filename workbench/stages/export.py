@@ -13,11 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._capture import capture
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..checks import save_reference
+from ..customops import translation_table
 from ..customops.registry import EXPORTERS, check_opset
 from ..errors import InputError, WorkbenchError
+from ..fileio import atomic_write_bytes
+from ..graph import summarize, summarize_onnx
 from ..inputs import as_tensor_tuple, copies, describe, run_torch
+from ..onnx_io import ensure_ort_readable, external_data_files
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
 from .export_errors import export_error, warning_diagnostics
 
@@ -54,7 +59,29 @@ def export(
     ``opset`` defaults to what each exporter handles (DEFAULT_OPSET: 17 for TorchScript,
     18 for dynamo, whose op library starts at 18; below that torch converts its output down,
     and what that writes is repaired where it is invalid, e.g. Split's opset-18
-    ``num_outputs``). Returns an ``onnx`` Artifact whose ``diagnostics`` hold every trap found.
+    ``num_outputs``).
+
+    Args:
+        model: the ``torch.nn.Module`` to export (put in eval mode for the export).
+        inputs: example inputs: one tensor, a tuple of them, or a dict by forward()'s names.
+        workspace: a Workspace or folder to write into (default ``workbench-runs/``).
+        exporter: "torchscript" or "dynamo".
+        opset: the ai.onnx opset; None picks the exporter's default.
+        input_names, output_names: ONNX names of the graph inputs and outputs.
+        dynamic_axes: axes that may vary, by input/output name.
+        inputs2: a second set of example inputs, other shapes or values (trace checks).
+        atol, rtol: the tolerance of the torch vs ONNX Runtime check on the outputs.
+        external_data_threshold: bytes of weights above which they go to a side file.
+        moduleop: submodule classes (or class names) kept as one op each.
+
+    Returns:
+        An ``onnx`` Artifact; its ``diagnostics`` hold every trap found (a frozen
+        ``.item()``, a branch not taken, an axis that is not dynamic) and its ``metrics``
+        the numeric check.
+
+    Raises:
+        ExportError: the exporter failed (the hint names the cause and the next step).
+        InputError: a bad argument (the message names it, what was expected and what came).
     """
     import torch
 
@@ -74,7 +101,6 @@ def export(
     from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
 
     modules = resolve_moduleops(model, moduleop, exporter, opset)
-    from .._capture import capture
 
     with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
         reference = run_torch(model, args, "example inputs")
@@ -192,7 +218,6 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
                   earlier: Any = None, modules: set | None = None) -> None:
     import torch
 
-    from .._capture import capture
 
     error: Exception | None = None
     args = copies(args)  # the trace runs forward(): a write into an input stays in the copy
@@ -204,7 +229,6 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
                                   dynamic_axes=axes or None, do_constant_folding=True,
                                   export_modules_as_functions=modules or False)
             else:
-                from ..customops import translation_table
 
                 prog = torch.onnx.export(
                     model, args, dynamo=True, opset_version=opset, input_names=input_names,
@@ -264,7 +288,6 @@ def _repair_down_converted(path: Path, opset: int, diags: list[Diagnostic]) -> N
         node.attribute.extend(keep)
         fixed += 1
     if fixed:
-        from ..fileio import atomic_write_bytes
 
         atomic_write_bytes(path, model.SerializeToString())
         diags.append(Diagnostic(
@@ -295,8 +318,6 @@ def _finalize_external_data(path: Path, threshold: int, diags: list[Diagnostic])
     """Move initializers to one ``model.onnx.data`` file when they pass ``threshold`` bytes."""
     import onnx
 
-    from ..graph import summarize_onnx
-    from ..onnx_io import external_data_files
 
     existing = external_data_files(path)
     model = onnx.load(str(path), load_external_data=False)
@@ -318,7 +339,6 @@ def _finalize_external_data(path: Path, threshold: int, diags: list[Diagnostic])
 def _check_onnx(path: Path, diags: list[Diagnostic]) -> None:
     import onnx
 
-    from ..onnx_io import ensure_ort_readable
 
     lowered = ensure_ort_readable(path)
     if lowered is not None:
@@ -335,7 +355,6 @@ def _check_onnx(path: Path, diags: list[Diagnostic]) -> None:
 def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: list, path: Path,
                     input_names: list[str], axes: dict[str, dict[int, str]], atol: float,
                     rtol: float, diags: list[Diagnostic]) -> dict[str, Any]:
-    from ..graph import summarize
     from ..runtime.ort_runner import OrtRunner
 
     kept = [t.name for t in summarize(path).inputs]
@@ -407,7 +426,6 @@ def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: 
                         spec: dict[int, str], path: Path, atol: float,
                         rtol: float) -> list[Diagnostic]:
     """Run each declared dynamic axis at another size in torch and ONNX Runtime."""
-    from ..graph import summarize
 
     diags = []
     declared = next(t for t in summarize(path).inputs if t.name == name)

@@ -9,6 +9,7 @@ import linecache
 import re
 from typing import Any
 
+from ..customops import registration_hint
 from ..diagnostics import Diagnostic
 from ..errors import ExportError
 
@@ -158,7 +159,6 @@ def op_schema(op: str) -> tuple[str, list[str]]:
 
 
 def _unsupported_op_error(op: str, exporter: str, opset: int) -> ExportError:
-    from ..customops import registration_hint
 
     schema, arg_names = op_schema(op)
     where = supported_opsets(op) if exporter == "torchscript" else []

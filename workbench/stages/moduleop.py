@@ -21,6 +21,7 @@ from typing import Any
 
 from ..artifact import Diagnostic
 from ..errors import InputError
+from ..onnx_io import external_data_files
 
 MIN_OPSET = 15  # export_modules_as_functions needs ONNX local functions with attributes
 
@@ -132,7 +133,6 @@ def group_module_calls(path: Any, classes: set[type]) -> list[Diagnostic]:
     import onnx
     import onnx_ir as ir
 
-    from ..onnx_io import external_data_files
 
     if external_data_files(path):
         return [Diagnostic("warning", "moduleop-unmatched", "moduleop: the model keeps its "

@@ -20,10 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import shapes
+from .._capture import capture
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..checks import reference_data
 from ..errors import ConversionError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, run_torch
+from ..params import parse_pnnx_param
 from ..progress import Progress, Steps
+from ..tolerances import max_errors
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
@@ -66,11 +70,24 @@ def to_ncnn(
 ) -> Artifact:
     """Convert through pnnx; returns the ncnn Artifact whose parent is the pnnx Artifact.
 
-    ``source`` is an ``nn.Module`` (traced with ``inputs``) or an ONNX Artifact or path
-    (``inputs`` default to the example inputs stored at export). ``fp16=False`` keeps fp32
-    weights. ``inputs2`` gives pnnx a second shape for dynamic axes (``inputshape2``);
-    ``moduleop`` keeps the named module classes as one op each. ``progress``: a bar over
-    tracing, pnnx's passes and the numeric check, or a callback (``workbench.progress``).
+    Args:
+        source: an ``nn.Module`` (traced with ``inputs``), or an ONNX Artifact or path.
+        inputs: example inputs; for an ONNX source they default to those stored at export.
+        workspace: where to write (default: the source artifact's workspace).
+        fp16: write fp16 weights (False keeps fp32).
+        inputs2: a second shape for dynamic axes (pnnx's ``inputshape2``).
+        moduleop: module classes kept as one op each.
+        optlevel: pnnx's optimisation level.
+        timeout: seconds pnnx may run before it is stopped.
+        progress: a bar over tracing, pnnx's passes and the numeric check, or a callback.
+
+    Returns:
+        The ncnn Artifact (``.ncnn.param`` + ``.ncnn.bin``), whose parent is the pnnx
+        Artifact; ``diagnostics`` hold the output check (``ncnn-shape-mismatch``,
+        ``fp16-not-exercised``...).
+
+    Raises:
+        ConversionError: pnnx failed (the tail of its log in the message).
     """
     import torch
 
@@ -94,7 +111,6 @@ def to_ncnn(
         parent = as_onnx_artifact(source, workspace, "to_ncnn")
         ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
         if inputs is None:
-            from ..checks import reference_data
 
             reference = reference_data(parent)
             if reference is None:
@@ -192,7 +208,6 @@ def _moduleop_names(moduleop: Any) -> list[str]:
 def _unmatched_moduleops(pnnx_param: Path, moduleop: list[str]) -> list[Diagnostic]:
     if not moduleop or not pnnx_param.exists():
         return []
-    from ..params import parse_pnnx_param
 
     kept = {op.type for op in parse_pnnx_param(pnnx_param).ops}
     return [Diagnostic("warning", "moduleop-unmatched",
@@ -217,7 +232,6 @@ def _commit(ws: Workspace, tmp: Path, names: list[str], **kw: Any) -> Artifact:
 def _trace(model: Any, args: tuple, out: Path) -> list[Diagnostic]:
     import torch
 
-    from .._capture import capture
     from .export_errors import warning_diagnostics
 
     model.eval()
@@ -371,7 +385,6 @@ def _check_numbers(param: Path, args: tuple,
     import numpy as np
 
     from ..runtime.ncnn_runner import NcnnRunner
-    from ..tolerances import max_errors
 
     metrics: dict[str, Any] = {}
     diags: list[Diagnostic] = []

@@ -11,6 +11,7 @@ from typing import Any
 from ..customops.ort import _NP_TYPES
 from ..customops.registry import _OPS, RANK_IN, RANK_OUT
 from ..errors import CustomOpError
+from ..onnx_io import load_onnx
 
 # -- pnnx --------------------------------------------------------------------------------------
 PNNX_PREFIX = "wbcustom_"
@@ -27,7 +28,6 @@ def pnnx_prepare(onnx_path: Path, inputs: tuple | None = None) -> list[dict[str,
     import onnx
     from onnx import helper
 
-    from ..onnx_io import load_onnx
 
     if not any(f"{n.domain}::{n.op_type}" in _OPS
                for n in load_onnx(onnx_path, external_data=False).graph.node):

@@ -37,7 +37,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..checks import check_against, error_vs_torch, random_feeds, reference_data
 from ..errors import InputError, RaiseError
+from ..graph import summarize
+from ..onnx_io import ensure_ort_readable, load_onnx
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .rewrite import Firing, apply_rules
 from .simplify import as_onnx_artifact
@@ -151,16 +154,24 @@ def raise_ops(
 ) -> Artifact:
     """Raise lowered subgraphs to high-level ops; returns a new ``raise`` Artifact.
 
-    ``rules``: None (every registered rule), or rule names / ``Rule`` objects. ``target``:
-    "standard" or "functions" (see the module docstring). ``opset``: upgrade the model's
-    ai.onnx opset first (e.g. 21 for GroupNormalization). The report is
-    ``RaiseReport.of(artifact)``; its figures are also in ``artifact.metrics``.
+    Args:
+        source: an ONNX Artifact or a path to a .onnx file.
+        rules: None (every registered rule), or rule names / ``Rule`` objects.
+        target: "standard" or "functions" (see the module docstring).
+        workspace: where to write (default: the source artifact's workspace).
+        opset: upgrade the model's ai.onnx opset first (e.g. 21 for GroupNormalization).
+        atol, rtol: the tolerance of the before/after numeric check.
+        seed: the seed of the check's random inputs.
+
+    Returns:
+        A ``raise`` Artifact. The report is ``RaiseReport.of(artifact)``; its figures are
+        also in ``artifact.metrics``.
+
+    Raises:
+        RaiseError: a rewrite broke the graph or changed the numbers (the source is kept).
     """
     import onnx
 
-    from ..checks import check_against, error_vs_torch, random_feeds, reference_data
-    from ..graph import summarize
-    from ..onnx_io import ensure_ort_readable, load_onnx
     from ..runtime.ort_runner import OrtRunner
 
     t0 = time.perf_counter()

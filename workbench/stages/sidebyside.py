@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import Artifact, Workspace, as_workspace
-from ..errors import InputError, WorkbenchError
+from ..errors import ConversionError, InputError, WorkbenchError
+from ..params import PNNX_IO_OPS, parse_pnnx_param
 
 LEVELS = ("torch", "pnnx", "onnx", "simplified", "raised")
 
@@ -250,8 +251,6 @@ def _torch_level(model: Any, inputs: Any) -> Level:
 
 
 def _pnnx_level(model: Any, inputs: Any, ws: Workspace) -> tuple[Level, str, str]:
-    from ..errors import ConversionError
-    from ..params import PNNX_IO_OPS, parse_pnnx_param
     from .ncnn import to_ncnn
 
     before = {a.id for a in ws}

@@ -13,8 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._capture import capture
 from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..checks import check_against, error_vs_torch, random_feeds, reference_data
 from ..errors import InputError, SimplifyError
+from ..graph import summarize
+from ..onnx_io import check_model_file, check_shapes, ensure_ort_readable, load_onnx
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 MAIN = "model.onnx"
@@ -74,7 +78,6 @@ def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str)
     if isinstance(source, (str, Path)):
         import onnx
 
-        from ..onnx_io import check_model_file, check_shapes, load_onnx
 
         if check_model_file(source) != "onnx":
             raise InputError(f"{stage} takes an ONNX model; {str(source)!r} is not .onnx",
@@ -106,14 +109,25 @@ def simplify(
 ) -> Artifact:
     """Simplify an ONNX model; returns a new Artifact (the input is never touched).
 
-    ``inputs`` (a dict by input name) adds a feed to the numeric check; by default the
-    example inputs stored at export and random inputs respecting dynamic dims are used.
+    Args:
+        source: an ONNX Artifact or a path to a .onnx file.
+        backend: "onnxslim", "onnxsim" or "onnxscript" (its optimizer), or a callable
+            ``ModelProto -> ModelProto``.
+        workspace: where to write (default: the source artifact's workspace).
+        inputs: a dict by input name added to the numeric check; by default the example
+            inputs stored at export and random inputs respecting dynamic dims are used.
+        atol, rtol: the tolerance of the before/after check.
+        seed: the seed of the random check inputs.
+
+    Returns:
+        A ``simplify`` Artifact (parent: ``source``), node counts before and after in
+        ``metrics``.
+
+    Raises:
+        SimplifyError: the backend failed or changed the numbers (the source is kept).
     """
     import onnx
 
-    from .._capture import capture
-    from ..checks import check_against, error_vs_torch, random_feeds, reference_data
-    from ..onnx_io import ensure_ort_readable, load_onnx
     from ..runtime.ort_runner import OrtRunner
 
     t0 = time.perf_counter()
@@ -169,7 +183,6 @@ def simplify(
         vs_parent, more = check_against(OrtRunner(parent.path), after_runner, feeds,
                                         f"simplify ({name})", atol, rtol)
         diags.extend(more)
-        from ..graph import summarize
 
         after = summarize(path)
         metrics = {
