@@ -406,3 +406,57 @@ def test_show_code_keeps_the_workspace_path_as_the_user_wrote_it(model_inputs, t
         model, inputs, workspace=wb.Workspace("runs/obj")).code()
     absolute = str(tmp_path / "abs")
     assert f"wb.Workspace({absolute!r})" in ExportPanel(model, inputs, workspace=absolute).code()
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    import struct
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_compare_view_figures_at_screen_density_table_resizable(pipeline) -> None:
+    import base64
+    import re
+
+    from workbench.ui.compareview import CSS_DPI, DENSITY, CompareView
+
+    view = CompareView(pipeline.report, summary=False)
+    imgs = re.findall(r"<img src='data:image/png;base64,([^']+)' width='(\d+)' height='(\d+)'",
+                      view.figures_w.value)
+    assert len(imgs) == len(view.figures) == 2
+    for (data, width, height), fig in zip(imgs, view.figures, strict=True):
+        w_in, h_in = fig.get_size_inches()
+        # shown at the figure's own size (text at its point size), drawn at 2x for the screen
+        assert (int(width), int(height)) == (round(w_in * CSS_DPI), round(h_in * CSS_DPI))
+        assert _png_size(base64.b64decode(data)) == (round(w_in * CSS_DPI * DENSITY),
+                                                     round(h_in * CSS_DPI * DENSITY))
+    assert "max-width:none" in view.figures_w.value and "overflow-x:auto" in view.figures_w.value
+    assert view.table_w.layout.height == "360px" and view.table_w.layout.max_height is None
+    assert 'el.style.resize = "vertical"' in view.table_w._esm
+
+
+def test_many_op_labels_do_not_overlap_and_the_colourbar_keeps_off_the_title() -> None:
+    import numpy as np
+
+    from workbench.comparison import plots
+
+    rows = [{"candidate": c, "mode": "accumulated", "order": i, "name": f"/n{i}",
+             "reference": f"blocks.{i // 10}.attn.layer_{i}", "op_type": "MatMul",
+             "max_abs": 10.0 ** -(i % 7), "passed": True, "tolerance": 1e-4}
+            for c in ("onnxruntime a", "ncnn b") for i in range(400)]
+    fig = plots.error_along_graph(rows)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    boxes = sorted((t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()),
+                   key=lambda b: b.x0)
+    assert 10 <= len(boxes) <= 60  # thinned, not 400
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:], strict=False))  # none overlap
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(1, 4, 32, 32)).astype("float32")
+    fig = plots.diff_heatmap(a, a + rng.normal(scale=1e-5, size=a.shape).astype("float32"))
+    fig.canvas.draw()
+    ax, bar = fig.axes
+    title = ax.title.get_window_extent()
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.width  # the whole title on the figure
+    assert not title.overlaps(bar.get_tightbbox())  # the colour bar and its ticks keep off it

@@ -110,10 +110,11 @@ class CompareView(widgets.VBox):
         self.descending_w = widgets.Checkbox(value=False, description="descending",
                                              indent=False)
         self.count_w = widgets.HTML()
-        self.table_w = CompareTable(layout=widgets.Layout(max_height="420px", overflow="auto"))
+        # a fixed height the user can drag taller (compare_table.js makes the box resizable)
+        self.table_w = CompareTable(layout=widgets.Layout(height="360px", overflow="auto"))
         self.table_w.add_class("wb-compare-view-table")
         self.table_w.observe(self._on_header, names="clicked")
-        self.figures_w = widgets.Output()
+        self.figures_w = widgets.HTML()
         self.figures_w.add_class("wb-compare-view-figures")
         for w in (self.candidate_w, self.mode_w, self.op_w, self.threshold_w, self.failing_w,
                   self.sort_w, self.descending_w):
@@ -237,8 +238,6 @@ class CompareView(widgets.VBox):
         return [{**r, "order": x[str(r.get("reference") or r["name"])]} for r in self.all_rows]
 
     def _draw_figures(self) -> None:
-        from IPython.display import Image, display
-
         from ..comparison import plots
 
         # report.plot, but on the shared x (each candidate's own order would put one module
@@ -249,11 +248,26 @@ class CompareView(widgets.VBox):
         self.figures = [plots.error_along_graph(rows, metric=self.metric,
                                                 highlight=first.name if first else None),
                         plots.error_by_op_type(self.all_rows, metric=self.metric, mode=mode)]
-        with self.figures_w:
-            for fig in self.figures:  # PNG bytes: the same whatever backend is active
-                buf = io.BytesIO()
-                fig.savefig(buf, format="png", dpi=80)
-                display(Image(data=buf.getvalue(), format="png"))
+        self.figures_w.value = "".join(figure_html(fig) for fig in self.figures)
+
+
+CSS_DPI = 96  # CSS pixels per inch: a figure's inches shown at this size, text at its points
+DENSITY = 2  # device pixels per CSS pixel drawn: sharp on high-density screens
+
+
+def figure_html(fig: Any, density: int = DENSITY) -> str:
+    """A figure as an <img>: its own size in CSS pixels (inches x 96: text at its point size,
+    never shrunk to the output's width; a wide figure scrolls sideways), drawn at ``density``
+    device pixels per CSS pixel (PNG bytes: the same whatever matplotlib backend is active)."""
+    import base64
+
+    width, height = (round(v * CSS_DPI) for v in fig.get_size_inches())
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=CSS_DPI * density)
+    data = base64.b64encode(buf.getvalue()).decode("ascii")
+    return (f"<div class='wb-figure' style='overflow-x:auto;max-width:100%'>"
+            f"<img src='data:image/png;base64,{data}' width='{width}' height='{height}' "
+            f"style='max-width:none;width:{width}px;height:{height}px' alt='figure'></div>")
 
 
 def compare_view(report: Any, metric: str = "max_abs", figures: bool = True,
