@@ -8,17 +8,20 @@ cells run three times, each into a fresh workspace:
 2. pool:    the local pool, ``--workers`` cells at a time (default 2)
 3. cluster: a Dask ``LocalCluster`` of ``--workers`` worker processes, 1 thread each
 
-and the figures are: pool and cluster speed-up over serial (target >= 1.7 on 2 cores), and
-the Dask path's overhead per cell over the pool, (cluster wall - pool wall) / pool wall
-(target <= 10%). Then resume: ``workbench sweep`` is started as a process, stopped with
-SIGINT once half its cells are stored, and started again; the figure is how many finished
-cells the second run redid (target 0), checked by each cell's stored finish time.
+Figures: pool and cluster speed-up over serial in wall time (target >= 1.7 on 2 cores); the
+Dask path's overhead over the pool, as wall time, (cluster - pool) / pool, and per cell: each
+path's slot time not spent inside a cell's process, (wall × slots - Σ cell seconds) / cells,
+cluster minus pool, over the mean cell time (target <= 10% either way). Then resume:
+``workbench sweep`` is started as a process, stopped with SIGINT once half its cells are
+stored, and started again; the figure is how many finished cells the second run redid
+(target 0), by each cell's stored finish time and attempts.
 
-Wall times on a shared machine move with the load of everything else running; each variant
-prints its own cell count and wall time so the ratios can be read against it.
+A shared machine's load moves every figure: each line prints the 1-minute load average at its
+start and end ("loaded" above 3 on 2 cores), so a ratio can be read against it.
 
-Run:  cd /work/main && .venv/bin/python bench/sweep.py [--models resnet,vit] [--exporter ...]
-      [--ncnn ...] [--workers 2] [--skip serial,pool,cluster,resume]
+Run:  cd /work/main && .venv/bin/python bench/sweep.py [--quick] [--models resnet,vit]
+      [--exporter ...] [--ncnn ...] [--precision fp32,int8] [--workers 2]
+      [--skip serial,pool,cluster,resume]
 """
 
 from __future__ import annotations
@@ -35,16 +38,36 @@ from pathlib import Path
 
 import workbench as wb
 from workbench.sweeps.db import SweepDB
+from workbench.sweeps.matrix import Matrix
 from workbench.zoo import ZOO
 
+QUICK_MODELS = ("resnet", "vit")  # the two quickest zoo models: 8 cells
+LOADED = 3.0  # a 1-minute load average above this on 2 cores: the figures are noise-bound
 
-def timed_sweep(models: list[str], matrix: dict, ws: Path, **kw) -> tuple[float, object]:
-    t0 = time.perf_counter()
-    res = wb.sweep(models, matrix, workspace=ws, progress=True, **kw)
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def load_note(a: float, b: float) -> str:
+    return f"load {a:.1f}->{b:.1f}" + (" (loaded)" if max(a, b) > LOADED else "")
+
+
+def timed_sweep(models: list[str], matrix: dict, ws: Path, slots: int, **kw
+                ) -> dict[str, float]:
+    """One sweep; its wall time, the cells' own seconds and the slot overhead per cell."""
+    l0, t0 = load(), time.perf_counter()
+    res = wb.sweep(models, matrix, workspace=ws, progress=False, **kw)
     wall = time.perf_counter() - t0
-    print(f"  {res.where}: {len(res.cells)} cells, {len(res.failed)} failed, wall {wall:.1f} s",
-          flush=True)
-    return wall, res
+    inside = sum(c.seconds or 0.0 for c in res.cells)
+    n = max(1, len(res.cells))
+    fig = {"wall": wall, "inside": inside, "n": n, "overhead": (wall * slots - inside) / n,
+           "load0": l0, "load1": load()}
+    print(f"  {res.where}: {len(res.cells)} cells ({len(res.failed)} failed: "
+          f"{sorted({c.status for c in res.failed})}), wall {wall:.1f} s, inside the cells "
+          f"{inside:.1f} s, slot time outside a cell {fig['overhead']:.2f} s per cell; "
+          f"{load_note(l0, fig['load1'])}", flush=True)
+    return fig
 
 
 def resume_figure(models: list[str], matrix: dict, ws: Path, workers: int) -> None:
@@ -52,8 +75,9 @@ def resume_figure(models: list[str], matrix: dict, ws: Path, workers: int) -> No
            "--workers", str(workers)]
     for key, values in matrix.items():
         cmd += [f"--{key}", ",".join(values)]
-    n = len(models) * len(matrix.get("exporter", [1])) * len(matrix.get("ncnn", [1]))
+    n = len(Matrix.of(matrix).cells(models, models))
     half = max(1, n // 2)
+    l0 = load()
     # SIGINT back to its default in the child: a shell starts background jobs with SIGINT
     # ignored, and Python started so would never see the Ctrl-C this figure sends
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -76,41 +100,50 @@ def resume_figure(models: list[str], matrix: dict, ws: Path, workers: int) -> No
             proc.send_signal(signal.SIGINT)
             break
     rc = proc.wait()
-    print(f"  polled {polls} time(s), last saw {done} stored"
-          + (f", last poll error: {last_error}" if last_error else ""), flush=True)
     with SweepDB(ws, readonly=True) as db:
-        before = {c.cell_id: c.finished for c in db.cells() if c.done}
-    print(f"  first run stopped (exit {rc}) with {len(before)} of {n} cells stored", flush=True)
-    res = wb.sweep(models, matrix, workspace=ws, workers=workers, progress=True)
-    after = {c.cell_id: c.finished for c in res.cells}
+        before = {c.cell_id: (c.finished, c.attempts) for c in db.cells() if c.done}
+    print(f"  first run stopped (exit {rc}, 130 = Ctrl-C) with {len(before)} of {n} cells "
+          f"stored (polled {polls} time(s){', last poll error: ' + last_error if last_error else ''})",
+          flush=True)
+    res = wb.sweep(models, matrix, workspace=ws, workers=workers, progress=False)
+    after = {c.cell_id: (c.finished, c.attempts) for c in res.cells}
     redone = sum(after[k] != v for k, v in before.items())
     print(f"  second run: ran {res.ran} cell(s), {res.resumed} resumed; finished cells redone: "
-          f"{redone} (target 0); all stored: {not res.pending}", flush=True)
+          f"{redone} (target 0); all stored: {not res.pending}; {load_note(l0, load())}",
+          flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default=",".join(ZOO), help="zoo names or MODULE:FACTORY")
+    ap.add_argument("--models", default=None, help="zoo names or MODULE:FACTORY, comma-"
+                    "separated (default: the whole zoo)")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{', '.join(QUICK_MODELS)} only, unless --models says otherwise")
     ap.add_argument("--exporter", default="torchscript,dynamo")
     ap.add_argument("--ncnn", default="fp32,fp16")
+    ap.add_argument("--precision", default="fp32", help="e.g. fp32,int8")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma-separated: serial,pool,cluster,resume")
     args = ap.parse_args()
-    models = [m for m in args.models.split(",") if m]
-    matrix = {"exporter": args.exporter.split(","), "ncnn": args.ncnn.split(",")}
+    models = [m for m in (args.models or ",".join(QUICK_MODELS if args.quick else ZOO)
+                          ).split(",") if m]
+    matrix = {"exporter": args.exporter.split(","), "ncnn": args.ncnn.split(","),
+              "precision": args.precision.split(",")}
     skip = set(args.skip.split(","))
     base = Path(tempfile.mkdtemp(prefix="wb-bench-sweep-"))
-    n = len(models) * len(matrix["exporter"]) * len(matrix["ncnn"])
+    n = len(Matrix.of(matrix).cells(models, models))
     print(f"sweep bench: {n} cells ({', '.join(models)} x {matrix}), {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f}, workspaces in {base}", flush=True)
-    walls: dict[str, float] = {}
+          f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}, workspaces in "
+          f"{base}", flush=True)
+    figs: dict[str, dict[str, float]] = {}
     if "serial" not in skip:
         print("serial:", flush=True)
-        walls["serial"], _ = timed_sweep(models, matrix, base / "serial", workers=1)
+        figs["serial"] = timed_sweep(models, matrix, base / "serial", 1, workers=1)
     if "pool" not in skip:
         print(f"pool ({args.workers} at a time):", flush=True)
-        walls["pool"], _ = timed_sweep(models, matrix, base / "pool", workers=args.workers)
+        figs["pool"] = timed_sweep(models, matrix, base / "pool", args.workers,
+                                   workers=args.workers)
     if "cluster" not in skip:
         from distributed import Client, LocalCluster
 
@@ -120,16 +153,24 @@ def main() -> None:
         with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                           dashboard_address=None) as cluster, Client(cluster) as client:
             print(f"  cluster started in {time.perf_counter() - t0:.1f} s (not counted)")
-            walls["cluster"], _ = timed_sweep(models, matrix, base / "cluster", client=client)
-    print(f"\nfigures (load average now {os.getloadavg()[0]:.1f}):")
+            figs["cluster"] = timed_sweep(models, matrix, base / "cluster", args.workers,
+                                          client=client)
+    print("\nfigures:")
     for name in ("pool", "cluster"):
-        if "serial" in walls and name in walls:
-            print(f"  {name} speed-up over serial: {walls['serial'] / walls[name]:.2f}x "
-                  "(target >= 1.7)")
-    if "pool" in walls and "cluster" in walls:
-        over = (walls["cluster"] - walls["pool"]) / walls["pool"]
-        print(f"  Dask overhead over the pool: {100 * over:+.1f}% of wall time, "
-              f"{(walls['cluster'] - walls['pool']) / n:+.2f} s per cell (target <= 10%)")
+        if "serial" in figs and name in figs:
+            s, f = figs["serial"], figs[name]
+            print(f"  {name} speed-up over serial: {s['wall'] / f['wall']:.2f}x (target >= 1.7); "
+                  f"serial {load_note(s['load0'], s['load1'])}, {name} "
+                  f"{load_note(f['load0'], f['load1'])}")
+    if "pool" in figs and "cluster" in figs:
+        p, c = figs["pool"], figs["cluster"]
+        over = (c["wall"] - p["wall"]) / p["wall"]
+        per_cell = c["overhead"] - p["overhead"]
+        mean_cell = (p["inside"] + c["inside"]) / (p["n"] + c["n"])
+        print(f"  Dask overhead over the pool: wall {100 * over:+.1f}%; per cell "
+              f"{per_cell:+.2f} s of slot time outside a cell = {100 * per_cell / mean_cell:+.1f}%"
+              f" of the mean cell ({mean_cell:.1f} s) (target <= 10%); pool "
+              f"{load_note(p['load0'], p['load1'])}, cluster {load_note(c['load0'], c['load1'])}")
     if "resume" not in skip:
         print("resume:", flush=True)
         resume_figure(models, matrix, base / "resume", args.workers)

@@ -52,6 +52,11 @@ FACTORIES = textwrap.dedent("""
         time.sleep(120)
         return tiny()
 
+    def threads():  # what the cell's process was given, as its error
+        import torch
+        raise RuntimeError(f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')} "
+                           f"torch={torch.get_num_threads()}")
+
     def segfault():  # a native crash, as a bad kernel in a backend would make
         import signal
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -203,6 +208,23 @@ def test_a_native_crash_costs_one_cell_and_is_reported_with_its_signal(tmp_path,
     assert "(model, example_inputs)" in none.hint
     with SweepDB(tmp_path / "ws", readonly=True) as db:
         assert db.integrity() == "ok"
+
+
+def test_cells_side_by_side_share_the_cores_and_a_serial_cell_has_them_all(tmp_path, nets,
+                                                                              monkeypatch):
+    """The local pool gives each cell cores / slots threads (what a Dask nanny gives its
+    workers), so two cells do not oversubscribe two cores; one cell at a time keeps the
+    libraries' defaults."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    pool = wb.sweep([f"{nets}:threads"], {"exporter": ["torchscript", "dynamo"]},
+                    workspace=tmp_path / "pool", workers=2, progress=False)
+    n = max(1, (os.cpu_count() or 1) // 2)
+    assert all(f"OMP_NUM_THREADS={n} torch={n} (at" in c.stages[0].error for c in pool.cells)
+    assert len(pool.cells) == 2
+    serial = wb.sweep([f"{nets}:threads"], {}, workspace=tmp_path / "serial", workers=1,
+                      progress=False)
+    assert "OMP_NUM_THREADS=None" in serial.cells[0].stages[0].error
 
 
 def test_a_folder_with_a_foreign_sweep_db_is_refused(tmp_path, nets):

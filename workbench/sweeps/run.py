@@ -36,6 +36,10 @@ from .matrix import Cell, Matrix
 
 DEFAULT_WORKSPACE = Path("workbench-runs") / "sweep"
 CELL_TIMEOUT = 1800.0
+# What a Dask nanny sets in its workers (distributed.nanny.pre-spawn-environ), the local pool
+# sets in its cells: cores / slots threads each, so cells side by side do not oversubscribe the
+# cores (torch and pnnx's libtorch size their thread pools by it). A user's own value stays.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 CRASH_HINT = ("the cell's process died (a native crash in torch, onnxruntime, pnnx or ncnn): "
               "its output is in the cell's cell.log; run that model's stages one by one in a "
               "notebook (the runners isolate native code) to find the stage")
@@ -196,9 +200,18 @@ def connect(address: str, timeout: float = 5.0) -> Any:
 
 
 # -- local -------------------------------------------------------------------------------------
+def cell_threads_env(slots: int) -> dict[str, str]:
+    """The thread variables for a cell sharing this machine with ``slots - 1`` others."""
+    if slots <= 1:
+        return {}
+    threads = str(max(1, (os.cpu_count() or 1) // slots))
+    return {v: threads for v in THREAD_VARS if v not in os.environ}
+
+
 def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
                store: Callable[[CellResult, str], None]) -> None:
     stop = threading.Event()
+    env = cell_threads_env(n)
     procs: set[subprocess.Popen[bytes]] = set()
     lock = threading.Lock()
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="wb-cell") as pool:
@@ -210,7 +223,7 @@ def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
                     cell = queue.pop(0)
                     cell_dir = folder / "cells" / cell.id
                     pending[pool.submit(run_fresh, cell, cell_dir, timeout, stop, procs,
-                                        lock)] = cell
+                                        lock, env)] = cell
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     cell = pending.pop(fut)
@@ -230,9 +243,11 @@ def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
 def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
               stop: threading.Event | None = None,
               procs: set[subprocess.Popen[bytes]] | None = None,
-              lock: threading.Lock | None = None) -> CellResult | None:
+              lock: threading.Lock | None = None,
+              extra_env: dict[str, str] | None = None) -> CellResult | None:
     """Run ``cell`` in a fresh Python process with its artifacts in ``cell_dir``; its result,
-    or a crashed result when the process died; None when ``stop`` was set meanwhile."""
+    or a crashed result when the process died; None when ``stop`` was set meanwhile.
+    ``extra_env`` is added to this process's environment (the pool's thread limits)."""
     if cell_dir.exists():  # a cell run again (retry): its earlier files go
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True)
@@ -241,7 +256,7 @@ def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
     spec.write_text(json.dumps({"model": cell.model, "name": cell.name,
                                 "choices": [list(c) for c in cell.choices],
                                 "folder": str(cell_dir), "result": str(result_path)}))
-    env = dict(os.environ)
+    env = dict(os.environ) | (extra_env or {})
     # the parent's import path: a factory importable here is importable in the child
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     t0 = time.perf_counter()
