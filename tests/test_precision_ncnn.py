@@ -150,6 +150,23 @@ def test_kl_minmax_and_aciq_thresholds_of_a_known_distribution():
                                                  / math.sqrt(2 * math.log(n)))
 
 
+@pytest.mark.parametrize("shape", ["heavy-tail-sparse", "outlier-spike"])
+def test_kl_threshold_matches_the_reference_on_skewed_histograms(shape):
+    """The search over all thresholds at once (boundary bins, empty bins, a far tail) picks
+    the bin the plain per-threshold search picks."""
+    rng = np.random.default_rng(5)
+    if shape == "heavy-tail-sparse":
+        values = rng.laplace(size=50_000) ** 3
+        hist = histogram(values, float(np.abs(values).max()))
+        hist[rng.integers(0, BINS, 400)] = 0  # empty bins inside the range
+    else:  # a Gaussian body and a few values 40x out: the clip lands low
+        values = np.concatenate([rng.normal(0, 1, 50_000), np.full(30, 40.0)])
+        hist = histogram(values, 40.0)
+    t = kl_threshold(hist)
+    assert t == _kl_reference(hist.astype(np.float64))
+    assert 128 <= t < BINS
+
+
 def test_minmax_scales_are_127_over_the_absmax(models):
     model, art, shape = models["small"]
     samples = _samples(shape, 3, 5)

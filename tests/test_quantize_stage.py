@@ -292,3 +292,35 @@ def test_a_ranked_ncnn_layer_that_never_runs_int8_is_skipped(base, ncnn_fp32):
     recs = [SimpleNamespace(node=interp.name, name=interp.tops[0]),
             SimpleNamespace(node=conv.name, name=conv.tops[0])]
     assert _exclude_names(recs, ncnn_fp32, "ncnn") == [conv.name]
+
+
+def test_sensitivity_pairs_a_folded_batchnorm_as_the_float_parent_does(tmp_path):
+    """conv+BatchNorm export as one Conv. Behind an outlier channel (BN 1's channel 3 is
+    100x the others, conv 2 divides it back: the float function is unchanged) the int8
+    output of conv 2 + BN 3 is too far from both torch tensors for values to say which it
+    is; pairing it with the conv would put BN 3 in twice. The ranking takes the float
+    parent's pairing: the BatchNorm."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16),
+                          nn.Conv2d(16, 8, 3, padding=1))
+    with torch.no_grad():
+        for bn in (model[1], model[3]):
+            bn.running_mean.uniform_(-2, 2)
+            bn.running_var.uniform_(0.05, 0.2)  # BN scales by ~3: conv and BN far apart
+        model[1].weight[3] *= 100
+        model[1].bias[3] *= 100
+        model[2].weight[:, 3] /= 100
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    samples = [torch.rand(1, 3, 16, 16, generator=g) for _ in range(8)]
+    x = (samples[0],)
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    q = wb.quantize(onx, samples, progress=False)
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    ranked = rep.sensitivity(progress=False)
+    print([(s.reference, s.record.node, s.final_snr_db, s.isolated_snr_db) for s in ranked])
+    second = next(s for s in ranked if s.record.node.startswith("/2/Conv"))
+    assert second.reference == "3", [(s.reference, s.record.node) for s in ranked]
+    assert second.isolated_snr_db > 10  # conv 2's own int8 error, not BN 3 applied twice

@@ -14,6 +14,7 @@ torch run: it is ranked by its isolated SNR alone, after the measured ones.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,11 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
     al = report.alignments[cand.name]
     records = [r for r in report.records if r.candidate == cand.name
                and r.mode == "isolated" and r.exact]
+    fixed = _parent_pairs(report, cand, al)
+    if fixed:
+        al = dataclasses.replace(al, pairs={**al.pairs, **fixed})
+        records = [dataclasses.replace(r, reference=fixed[r.name]) if r.name in fixed else r
+                   for r in records]
     if not records:
         raise InputError(f"{cand.name} has no isolated records to rank",
                          "compare with mode='both' or 'isolated' (the default 'accumulated' "
@@ -77,6 +83,9 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
         iso_snr = rec.metrics.snr_db
         target = call_module(rec.reference)
         value = iso.get(rec.name)
+        if rec.name in fixed and value is not None:  # measured against its parent's pair
+            iso_snr = snr_db(_fit(np.asarray(ref_values[rec.reference], dtype=np.float32),
+                                  np.shape(value)), np.asarray(value, dtype=np.float32))
         final = None
         if target in modules and value is not None and target != "":
             k = int(rec.reference.split("#", 1)[1]) if "#" in rec.reference else 0
@@ -94,6 +103,58 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
     out.sort(key=lambda s: (s.final_snr_db is None,
                             s.final_snr_db if s.final_snr_db is not None else s.isolated_snr_db))
     return out
+
+
+def _parent_pairs(report: Any, cand: Any, al: Any) -> dict[str, str]:
+    """For a quantized candidate (the quantize stage's artifact), the pairs its float
+    parent aligns where they differ from the candidate's own: {candidate tensor: reference}.
+
+    The quantized graph is its parent's modulo QuantizeLinear/DequantizeLinear (ONNX Runtime;
+    ``x`` becomes ``x_DequantizeLinear_Output``) or with the same blob names (ncnn), but its
+    values are off by the int8 error, and where a folding leaves two reference tensors close
+    in order (a conv and the BatchNorm folded into it) values can no longer tell them apart:
+    the quantized conv pairs with the conv, and putting its output (BatchNorm applied) in
+    place of the conv's applies the BatchNorm twice. The float parent decides (its values
+    are exact); nothing changes for a candidate that is not a quantize artifact."""
+    parent = _float_parent(cand.path)
+    if parent is None:
+        return {}
+    from ..precision.qdq import float_name
+    from .compare import compare
+
+    try:
+        prep = compare(report.reference.model, [parent], report.inputs, mode="accumulated",
+                       progress=False)
+    except InputError:
+        return {}
+    pairs = next(iter(prep.alignments.values())).pairs
+    out = {}
+    for name, ref in al.pairs.items():
+        want = pairs.get(name, pairs.get(float_name(name)))
+        if want is not None and want != ref:
+            out[name] = want
+    return out
+
+
+def _float_parent(path: Any) -> Any:
+    """The float Artifact a quantize artifact's main file ``path`` was made from (None for
+    another file)."""
+    import json
+    from pathlib import Path
+
+    from ..artifact import Artifact
+
+    folder = Path(path).parent
+    try:
+        rec = json.loads((folder / "artifact.json").read_text())
+        if rec.get("stage") != "quantize" or not rec.get("parent"):
+            return None
+        pfolder = folder.parent / rec["parent"]
+        prec = json.loads((pfolder / "artifact.json").read_text())
+    except (OSError, ValueError):
+        return None
+    parent = Artifact.from_record(prec, pfolder)
+    return parent if parent.path.exists() else None
 
 
 def _pick(report: Any, candidate: str | None) -> Any:

@@ -129,7 +129,9 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
             percentile of |x|, symmetric).
         per_channel: one weight scale per output channel (better accuracy on convolutions
             whose channels differ in range; a little slower); False: one per tensor.
-        exclude: node names kept in float (their inputs may still arrive dequantized).
+        exclude: node names kept in float: their weights, their computation and their
+            outputs (no QuantizeLinear/DequantizeLinear on them: ``float_outputs``); their
+            inputs may still arrive dequantized.
         op_types: the op types to quantize (None: all onnxruntime quantizes).
         progress: a progress bar over the calibration runs.
 
@@ -178,6 +180,10 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
             pre, q, reader, QuantFormat.QDQ, calib_method, per_channel, reduce_range, act,
             weight, exclude, op_types, extra, cache))
         qmodel, data = _read_output(q)
+        from .qdq import float_outputs
+
+        if float_outputs(qmodel, exclude):
+            data = qmodel.SerializeToString()
         quantized = _qdq_quantized(qmodel)
         ops = {n.name: n.op_type for n in qmodel.graph.node}
         _verify(quantized, [n for n in quantized if ops[n] in WEIGHTED_OPS], qmodel, exclude,

@@ -211,17 +211,10 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
     return list(dict.fromkeys(out))
 
 
-QDQ_SUFFIXES = ("_DequantizeLinear_Output", "_DequantizeLinear", "_QuantizeLinear_Output",
-                "_QuantizeLinear_Input", "_QuantizeLinear")
-
-
 def _float_name(name: str) -> str:
-    """A node or tensor name of a QDQ model as the float model has it: onnxruntime names
-    what it inserts after the tensor it quantizes ('x_DequantizeLinear_Output')."""
-    for suffix in QDQ_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    from ..precision.qdq import float_name
+
+    return float_name(name)
 
 
 def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bool,
