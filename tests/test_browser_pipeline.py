@@ -110,3 +110,57 @@ def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: 
     assert export.locator("iframe[data-wb-netron]").count() == 0  # the old result is cleared
     lab.screenshot("panel-error", f"{PANEL} .wb-panel-export")
     assert not [e for e in lab.cell_errors() if "Traceback" in e]
+
+
+STALE_CELLS = [
+    # export, simplify, raise; then export and simplify again (as the quickstart does):
+    # raise was made from the old simplify
+    "import torch\n"
+    "import workbench as wb\n"
+    "model, inputs = wb.default_model()\n"
+    "pipe = wb.ui.Pipeline(model, inputs, workspace='runs/stale')\n"
+    "for stage in ('export', 'simplify', 'raise', 'export', 'simplify'):\n"
+    "    pipe.panels[stage].run()\n"
+    "pipe",
+    # a failed export, raised in a cell (not in a panel)
+    "class Asinh(torch.nn.Module):\n"
+    "    def forward(self, x):\n"
+    "        return torch.asinh(x)\n"
+    "\n"
+    "wb.export(Asinh(), (torch.rand(2, 5),), workspace='runs/stale', opset=9)",
+]
+
+
+def test_stale_stage_marked_and_a_failed_export_reads_message_and_hint_first(lab) -> None:  # noqa: F811
+    page = lab.page
+    lab.write_notebook("stale-and-error.ipynb", STALE_CELLS)
+    lab.open_notebook("stale-and-error.ipynb")
+    lab.run_all()
+    lab.wait_cells_done(180)
+    # the table marks raise stale, saying what it was made from and what is newest now
+    table = page.locator(f"{PANEL} .wb-pipeline-table")
+    table.wait_for(timeout=30_000)
+    row = table.locator("tr.wb-row-raise")
+    expect(row.locator(".wb-stale")).to_contain_text(
+        "stale: made from 0002-simplify, simplify is now 0005-simplify")
+    assert table.locator(".wb-stale").count() == 1  # export and simplify are fresh
+    tabs = page.locator(f"{PANEL} .wb-pipeline .lm-TabBar-tab")
+    tabs.filter(has_text="Raise ops").click()
+    badge = page.locator(f"{PANEL} .wb-panel-raise .wb-stale")
+    expect(badge).to_be_visible()
+    assert "run again" in badge.inner_text()
+    lab.screenshot("pipeline-stale", f"{PANEL} .wb-pipeline")
+    # the failed export: the message and the hint are the first lines shown, the traceback
+    # comes after them
+    error = page.locator(f"{PANEL} .jp-OutputArea-output[data-mime-type="
+                         "'application/vnd.jupyter.stderr']").last
+    error.wait_for(timeout=30_000)
+    lines = [ln for ln in error.inner_text().splitlines() if ln.strip()]
+    assert lines[0].startswith("ExportError: unsupported operator aten::asinh at opset 9"), lines[:5]
+    hint = next(i for i, ln in enumerate(lines) if ln.startswith("hint: "))
+    rule = next(i for i, ln in enumerate(lines) if "full traceback" in ln)
+    assert hint < rule <= 8 and "wb.register_symbolic(\"aten::asinh\"" in lines[hint + 1]
+    assert not any("File " in ln or "Traceback" in ln for ln in lines[:rule])
+    error.evaluate("e => e.scrollIntoView({block: 'start'})")  # the output's top, as read
+    expect(error.get_by_text("hint: register a conversion for it")).to_be_in_viewport()
+    lab.screenshot("failed-export-advice-first")
