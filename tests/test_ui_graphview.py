@@ -591,3 +591,36 @@ def test_groups_take_their_worst_nodes_colour(deep):
     assert gv.canvas.group_colors[k] == gv.canvas.colors[max(ratios)[1]]
     assert gv.canvas.group_strokes[k] == any(gv.canvas.strokes[i] for i in members)
     assert "worst accumulated" in gv.canvas.group_tooltips[k]
+
+
+def test_the_coloured_graph_saves_as_svg_and_png(deep, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    import numpy as np
+    from PIL import Image
+
+    model, x, onx = deep
+    rep = wb.compare(model, [onx], x, tolerance=TOL, progress=False)
+    gv = GraphView(onx, color_by="accumulated", report=rep)
+    svg = gv.save(tmp_path / "graph.svg")
+    text = svg.read_text()
+    ET.fromstring(text)  # well-formed
+    # what is drawn now: the closed blocks by name, in their colours; the legend's title
+    for k in (0, 17, 39):
+        assert f"<!-- {k} -->" in text, k  # matplotlib writes each text's string beside it
+    fills = {c.lower() for c in gv.canvas.group_colors}
+    assert sum(f"fill: {c}" in text.lower() for c in fills) >= min(2, len(fills))
+    assert "accumulated error / tolerance" in text
+    gv.expand("blocks.2")
+    opened = gv.save(tmp_path / "open.svg").read_text()
+    assert "<!-- conv1 -->" not in text and "<!-- conv1 -->" in opened
+    png = gv.save(tmp_path / "graph.png", expanded=True)
+    im = Image.open(png).convert("RGB")
+    assert im.width > 300 and im.height > 2000  # every module open: a tall drawing
+    pixels = np.unique(np.asarray(im).reshape(-1, 3), axis=0)
+    colours = {"#" + "".join(f"{int(v):02x}" for v in p) for p in pixels}
+    drawn = {c for c, n in zip(gv.canvas.colors, gv.payload["nodes"], strict=True)
+             if n["fold"] < 0}
+    assert len(drawn & colours) >= 2
+    with pytest.raises(wb.WorkbenchError, match="graph.bmp"):
+        gv.save(tmp_path / "graph.bmp")

@@ -102,6 +102,13 @@ function layeredLayout(nodes, edges, widths) {
   const pos = new Array(n);
   topo.forEach((v, k) => { pos[v] = k; });
   for (const v of topo) for (const w of succ[v]) if (pos[w] > pos[v]) rank[w] = Math.max(rank[w], rank[v] + 1);
+  // as late as its readers allow: a shape chain sits by the op that uses it, not in the top row
+  for (let q = topo.length - 1; q >= 0; q--) {
+    const v = topo[q];
+    let m = Infinity;
+    for (const w of succ[v]) if (pos[w] > pos[v]) m = Math.min(m, rank[w]);
+    if (m !== Infinity) rank[v] = Math.max(rank[v], m - 1);
+  }
   // items: real nodes 0..n-1, then virtual points of long edges
   const itemRank = rank.slice();
   const itemW = widths.slice();
