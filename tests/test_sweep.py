@@ -271,7 +271,13 @@ def test_ctrl_c_stops_the_sweep_keeps_finished_cells_and_another_sweep_waits(tmp
             pytest.fail("no cell finished in 120 s")
         with pytest.raises(WorkspaceError, match="being written by another sweep"):
             wb.sweep([f"{nets}:broken", f"{nets}:slow"], {}, workspace=ws, progress=False)
-        slow_dir = next(p for p in (ws / "cells").iterdir() if p.name.startswith("slow"))
+        for _ in range(60):  # the next cell's folder: made as it starts (a loaded machine)
+            slow_dir = next((p for p in (ws / "cells").iterdir() if p.name.startswith("slow")),
+                            None)
+            if slow_dir is not None and (slow_dir / "cell.json").is_file():
+                break
+            time.sleep(0.5)
+        assert slow_dir is not None, "the second cell did not start in 30 s"
         time.sleep(1)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -288,3 +294,40 @@ def test_ctrl_c_stops_the_sweep_keeps_finished_cells_and_another_sweep_waits(tmp
     ps = subprocess.run(["pgrep", "-f", str(slow_dir / "cell.json")], capture_output=True)
     assert ps.returncode == 1, "a cell process outlived the sweep"
     assert json.loads((slow_dir / "cell.json").read_text())["name"] == "slow"
+
+
+def test_a_sweep_killed_outright_leaves_a_sound_store_no_cell_running_and_the_lock_free(
+        tmp_path, nets):
+    """SIGKILL (no Ctrl-C handler runs): the stored cell stays, the store is sound, the cell
+    that was running stops by itself (it watches its parent) and the next sweep can start."""
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, "-m", "workbench.cli", "sweep", f"{nets}:broken", f"{nets}:slow",
+           "--workspace", str(ws), "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        running = None
+        while time.monotonic() < deadline and running is None:  # the slow cell under way
+            time.sleep(1)
+            cells = ws / "cells"
+            slow = [p for p in cells.iterdir() if p.name.startswith("slow")] \
+                if cells.is_dir() else []
+            if slow and subprocess.run(["pgrep", "-f", str(slow[0] / "cell.json")],
+                                       capture_output=True).returncode == 0:
+                running = slow[0]
+        assert running is not None, "the slow cell did not start in 120 s"
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    t0 = time.monotonic()
+    while subprocess.run(["pgrep", "-f", str(running / "cell.json")],
+                         capture_output=True).returncode == 0:
+        assert time.monotonic() - t0 < 15, "the cell outlived its sweep by 15 s"
+        time.sleep(0.5)
+    with SweepDB(ws, readonly=True) as db:
+        assert db.integrity() == "ok"
+        assert {c.name: c.status for c in db.cells()} == {"broken": "failed", "slow": "pending"}
+    with writer_lock(ws):  # the dead sweep's lock went with it
+        pass

@@ -329,6 +329,7 @@ def main(argv: list[str]) -> int:
     to write the result (atomically: a reader sees the whole result or none)."""
     from ..fileio import atomic_write_text
 
+    _stop_with_parent()
     spec = json.loads(Path(argv[0]).read_text())
     cell = Cell(spec["model"], spec["name"], tuple((k, v) for k, v in spec["choices"]))
     folder = Path(spec["folder"])
@@ -336,6 +337,27 @@ def main(argv: list[str]) -> int:
     result = run_cell(cell, folder)
     atomic_write_text(Path(spec["result"]), result.to_json())
     return 0
+
+
+def _stop_with_parent(interval: float = 1.0) -> None:
+    """A cell whose sweep is gone (SIGKILLed, or its Dask worker lost) stops too, with what it
+    started: nobody would store its result, and a rerun of the sweep writes the same folder.
+    Only in a process group of its own (as the sweep starts cells): never a shell's group."""
+    import os
+    import signal
+    import threading
+
+    parent = os.getppid()
+    if os.getpgrp() != os.getpid():
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:  # re-parented: the sweep died
+                os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="wb-cell-parent", daemon=True).start()
 
 
 if __name__ == "__main__":
