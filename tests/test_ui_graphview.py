@@ -624,3 +624,34 @@ def test_the_coloured_graph_saves_as_svg_and_png(deep, tmp_path):
     assert len(drawn & colours) >= 2
     with pytest.raises(wb.WorkbenchError, match="graph.bmp"):
         gv.save(tmp_path / "graph.bmp")
+
+
+def test_colour_by_snr_of_an_int8_candidate(deep):
+    """Issue 18's low-precision view: GraphView(..., metric='snr_db'), the lowest SNR red."""
+    from workbench.ui.graphcolors import higher_better_colors
+
+    model, x, onx = deep
+    q8 = wb.quantize(onx, x, backend="onnxruntime")
+    rep = wb.compare(model, [q8], x, progress=False)
+    gv = GraphView(q8, report=rep, color_by="accumulated", metric="snr_db")
+    recs = {r.name: r for r in rep.records if r.mode == "accumulated"}
+    snr = [min((recs[t].metrics.snr_db for t in n["outputs"] if t in recs), default=None)
+           for n in gv.payload["nodes"]]
+    assert gv.values == snr and sum(v is not None for v in snr) >= 40
+    assert gv.canvas.colors == higher_better_colors(snr)[0]
+    worst = min(range(len(snr)), key=lambda i: snr[i] if snr[i] is not None else 1e9)
+    best = max(range(len(snr)), key=lambda i: snr[i] if snr[i] is not None else -1e9)
+    assert gv.canvas.colors[worst] == ERROR_STOPS[2] and gv.canvas.colors[best] == ERROR_STOPS[0]
+    legend = gv.canvas.legend
+    assert legend["title"] == "accumulated snr_db" and not legend["log"]
+    assert float(legend["min_label"]) > float(legend["max_label"])  # green end: high SNR
+    assert "snr_db" in gv.metric_w.options and "max_abs" in gv.metric_w.options
+    gv.metric_w.value = "max_abs"  # the dropdown: back to error over tolerance
+    assert gv.metric == "max_abs" and gv.canvas.legend["title"].endswith("error / tolerance")
+    gv.set_metric("cosine")
+    assert gv.metric_w.value == "cosine" and gv.canvas.legend["title"] == "accumulated cosine"
+    with pytest.raises(wb.WorkbenchError, match="metric='psnr'") as e:
+        gv.set_metric("psnr")
+    assert "snr_db" in e.value.hint and gv.metric == "cosine"
+    with pytest.raises(wb.WorkbenchError, match="metric='db'"):
+        GraphView(q8, report=rep, color_by="accumulated", metric="db")
