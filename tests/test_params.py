@@ -270,12 +270,18 @@ def test_summary_node_counts_match_the_parsed_graphs(samples, name):
     n, q = parse_ncnn_param(s.ncnn), parse_pnnx_param(s.pnnx)
     sn, sp = summarize_ncnn(s.ncnn), summarize_pnnx(s.pnnx)
     assert sn.format == "ncnn" and sp.format == "pnnx"
-    assert sn.node_count == len(n.layers) - len(n.inputs) == sum(sn.op_histogram.values())
+    # ncnn: every layer, Input too, as its header counts them and a drawing shows them
+    assert sn.node_count == len(n.layers) == _header_counts(s.ncnn)[0] \
+        == sum(sn.op_histogram.values()) and sn.op_histogram["Input"] == len(n.inputs)
     assert sp.node_count == len(q.ops) - len(q.inputs) - 1 == sum(sp.op_histogram.values())
-    assert "Input" not in sn.op_histogram and "pnnx.Output" not in sp.op_histogram
+    assert "pnnx.Output" not in sp.op_histogram
     assert sn.op_histogram.get("Split", 0) == sum(la.type == "Split" for la in n.layers)
-    assert sn.inputs == [TensorInfo(b, None, "float32") for b in n.inputs]
-    assert sn.outputs == [TensorInfo(b, None, "float32") for b in n.outputs]
+    # shapes from the pnnx graph beside it (pnnx's own output folder), in order
+    assert sn.inputs == [TensorInfo(b, t.shape, t.dtype) for b, t in zip(n.inputs, sp.inputs,
+                                                                        strict=True)]
+    assert [t.shape for t in sn.outputs] == [t.shape for t in sp.outputs]
+    assert summarize_ncnn(parse_ncnn_param(s.ncnn)).inputs == [
+        TensorInfo(b, None, "float32") for b in n.inputs]  # no pnnx graph: unknown
     assert [t.shape for t in sp.inputs] == [q.operands[r].shape for r in q.inputs]
     assert len(sp.outputs) == len(sn.outputs)  # pnnx's tuple unpacked as ncnn's outputs
 

@@ -16,6 +16,14 @@ def test_pipeline_runs_every_stage(ws, sr_model):
     assert result.artifacts["simplify"].parent is result.artifacts["export"]
     assert result.artifacts["raise"].parent is result.artifacts["simplify"]
     assert result.artifacts["ncnn"].parent.format == "pnnx"
+    # the ncnn summary counts every layer its .param holds (Input too, as a drawing of it
+    # shows them) and knows its shapes from the pnnx graph (not float32[?])
+    nc, onx = result.artifacts["ncnn"].graph, result.artifacts["export"].graph
+    header = result.artifacts["ncnn"].path.read_text().splitlines()[1].split()
+    assert nc.node_count == int(header[0]) == sum(nc.op_histogram.values())
+    assert [t.shape for t in nc.inputs] == [t.shape for t in onx.inputs]
+    assert [t.shape for t in nc.outputs] == [t.shape for t in onx.outputs]
+    assert "?" not in str(nc.inputs[0]) + str(nc.outputs[0])
     rows = result.rows()
     assert [r["stage"] for r in rows] == ["export", "simplify", "raise", "ncnn fp32", "ncnn fp16"]
     assert all(r["max_abs_vs_torch"] < 1e-4 for r in rows[:2] + rows[3:4])

@@ -28,7 +28,7 @@ from .diagnostics import Diagnostic
 from .environment import lock_status
 from .errors import InputError, ManifestError, ModelFileError, WorkspaceError
 from .fileio import atomic_write_text, sha256_file
-from .graph import summarize
+from .graph import summarize, summarize_ncnn
 from .onnx_io import check_model_file, external_data_files
 
 if TYPE_CHECKING:
@@ -110,8 +110,10 @@ class Artifact:
     @property
     def graph(self) -> GraphSummary:
         if self._graph is None:
-
-            self._graph = summarize(self.path)
+            pnnx = next((a for a in reversed(self.lineage()[:-1]) if a.format == "pnnx"),
+                        None) if self.format == "ncnn" else None  # its shapes: pnnx's graph
+            self._graph = (summarize_ncnn(self.path, pnnx.path) if pnnx is not None
+                           else summarize(self.path))
         return self._graph
 
     @property

@@ -178,16 +178,30 @@ def summarize_onnx(model) -> GraphSummary:
 
 
 # -- ncnn and pnnx (parsed by workbench.params) ------------------------------------------
-def summarize_ncnn(source: str | Path | NcnnParam) -> GraphSummary:
-    """GraphSummary of an ncnn ``.param``: layers other than Input, glue layers included."""
+def summarize_ncnn(source: str | Path | NcnnParam,
+                   pnnx: str | Path | PnnxParam | None = None) -> GraphSummary:
+    """GraphSummary of an ncnn ``.param``: every layer (Input and glue layers too), as the
+    file's header counts them and a drawing of it shows them. Input and output shapes and
+    dtypes come from the pnnx graph it was converted from (``pnnx``, else a
+    ``<stem>.pnnx.param`` beside it), in order; unknown (``float32[?]``) without one."""
     p = source if isinstance(source, NcnnParam) else parse_ncnn_param(source)
-    hist = Counter(la.type for la in p.layers if la.type != "Input")
+    if pnnx is None and isinstance(source, (str, Path)):
+        beside = Path(source).with_name(Path(source).name.replace(".ncnn.param", ".pnnx.param"))
+        pnnx = beside if beside.name.endswith(".pnnx.param") and beside.is_file() else None
+    known = summarize_pnnx(pnnx) if pnnx is not None else None
+    hist = Counter(la.type for la in p.layers)
+
+    def infos(blobs: list[str], like: list[TensorInfo] | None) -> list[TensorInfo]:
+        if like is None or len(like) != len(blobs):
+            return [TensorInfo(b, None, "float32") for b in blobs]
+        return [TensorInfo(b, t.shape, t.dtype) for b, t in zip(blobs, like, strict=True)]
+
     return GraphSummary(
         format="ncnn",
         node_count=sum(hist.values()),
         op_histogram=dict(hist.most_common()),
-        inputs=[TensorInfo(b, None, "float32") for b in p.inputs],
-        outputs=[TensorInfo(b, None, "float32") for b in p.outputs],
+        inputs=infos(p.inputs, known.inputs if known else None),
+        outputs=infos(p.outputs, known.outputs if known else None),
     )
 
 
