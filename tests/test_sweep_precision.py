@@ -170,3 +170,25 @@ def test_a_store_of_the_earlier_schema_opens_read_only_and_is_upgraded_to_write(
         assert (db.cells()[0].stages[0].atol, db.cells()[0].stages[0].rtol) == (0.5, 0.25)
     with SweepDB(ws, readonly=True) as db:
         assert json.loads(db.meta()["matrix"]) == Matrix.of({}).axes
+
+
+def test_token_id_samples_are_given_in_the_width_ncnn_declares(tmp_path):
+    """torch hands token ids as int64; ncnn's runner declares int32, and quantize checks the
+    samples against it: the cell's samples are cast (same kind only) and calibrate."""
+    import numpy as np
+    import torch
+
+    from workbench.sweeps.cell import as_declared
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 8, 4)).eval()
+    ids = (torch.randint(0, 32, (1, 8)),)
+    nc = wb.to_ncnn(model, ids, workspace=tmp_path / "ws")
+    samples = calibration_samples(ids)
+    assert samples[0][0].dtype == np.int64
+    fitted = as_declared(samples, nc)
+    assert [s[0].dtype for s in fitted] == [np.dtype(np.int32)] * 4
+    assert all(np.array_equal(f[0], s[0]) for f, s in zip(fitted, samples, strict=True))
+    q = wb.quantize(nc, fitted, backend="ncnn", progress=False)
+    assert q.params["precision"] == "int8"

@@ -157,15 +157,16 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
         samples = calibration_samples(inputs)
         if precision in ("int8", "int8-onnxruntime") and onnx_stage:
             arts["ort-int8"] = run("ort-int8", lambda: quantize(
-                arts[onnx_stage], samples, backend="onnxruntime", workspace=ws,
-                progress=False))
+                arts[onnx_stage], as_declared(samples, arts[onnx_stage]),
+                backend="onnxruntime", workspace=ws, progress=False))
         if precision in ("int8", "int8-ncnn") and opts["ncnn"] == "fp16":
             out["ncnn-int8"] = StageResult(
                 "ncnn-int8", "off", hint="ncnn int8 is made from the fp32 model: the cell "
                 "with ncnn=fp32 has it", tools=tools)
         elif precision in ("int8", "int8-ncnn") and arts.get("ncnn") is not None:
             arts["ncnn-int8"] = run("ncnn-int8", lambda: quantize(
-                arts["ncnn"], samples, backend="ncnn", workspace=ws, progress=False))
+                arts["ncnn"], as_declared(samples, arts["ncnn"]), backend="ncnn",
+                workspace=ws, progress=False))
         for stage in INT8_STAGES:
             if arts.get(stage) is not None:
                 _judge_int8(out[stage], arts[stage])
@@ -288,6 +289,32 @@ def _judge_int8(row: StageResult, art: Any) -> None:
         row.hint = ("find the layers that cost most and keep them in float: "
                     "rep = wb.compare(model, [float_art, int8_art], inputs); "
                     "wb.quantize(float_art, samples, exclude=rep.sensitive(3))")
+
+
+def as_declared(samples: list[tuple[Any, ...]], art: Any) -> list[tuple[Any, ...]]:
+    """``samples`` in the integer or float width ``art`` declares for each input (ncnn takes
+    token ids as int32 where torch gave int64: quantize checks ncnn samples against the
+    runner's input specs); other kinds are left for quantize to refuse."""
+    import numpy as np
+
+    specs = list(art.graph.inputs)
+    if art.format == "ncnn":
+        from ..runtime.ncnn_runner import NcnnRunner
+
+        specs = list(NcnnRunner(art, isolated=False).in_specs.values())
+    if not samples or len(specs) != len(samples[0]):
+        return samples
+
+    def fit(a: Any, dtype: str) -> Any:
+        try:
+            want = np.dtype(dtype)
+        except TypeError:
+            return a
+        same_kind = {a.dtype.kind, want.kind} <= set("iu") or {a.dtype.kind, want.kind} == {"f"}
+        return a.astype(want) if same_kind and a.dtype != want else a
+
+    return [tuple(fit(np.asarray(a), t.dtype) for a, t in zip(s, specs, strict=True))
+            for s in samples]
 
 
 def calibration_samples(inputs: tuple, n: int = CALIBRATION_SAMPLES, seed: int = 0
