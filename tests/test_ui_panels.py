@@ -308,6 +308,7 @@ def test_a_stage_made_from_an_older_input_is_stale_left_out_of_compare_and_run_a
     assert "stale" in p["raise"].stale_html.value and p["simplify"].stale_html.value == ""
     assert [c.id for c in p["compare"].candidates] == [p["simplify"].artifact.id]
     assert f"not compared: {old_raise.id}" in p["compare"].candidates_html.value
+    assert "stale: raise (Run all runs them again)" in pipe.status.value
     # Run all runs the stale stage again (and every other): nothing stale after it
     pipe.run_all_button.click()
     assert not pipe.errors and pipe.stale() == {}

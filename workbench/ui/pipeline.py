@@ -269,6 +269,15 @@ class Pipeline:
         stale = self.stale()
         for stage, panel in self.panels.items():
             panel.mark_stale(stale.get(stage))
+        # between runs of "Run all" (stages run from their tabs): say what is out of date
+        if not self.run_all_button.disabled and stale \
+                and "wb-all-failed" not in self.status.value:  # a failure says more
+            self.status.value = (f"<span class='wb-some-stale' style='color:#8d6e00'>stale: "
+                                 f"{html.escape(', '.join(stale))} (Run all runs them again)"
+                                 "</span>")
+        elif not self.run_all_button.disabled and ("wb-some-stale" in self.status.value
+                                                   or "not run yet" in self.status.value):
+            self.status.value = ""
         if self.code_toggle.value:
             self._show_code()
 
