@@ -326,7 +326,9 @@ def remote_cell(cell: Cell, shared: str | None, timeout: float) -> tuple[str, by
         assert result is not None
         result.worker = worker
         buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        # uncompressed: weights hardly compress (gzip saved ~10% of a zoo cell's 7 MB for
+        # 0.7 s of the worker's CPU per cell)
+        with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(cell_dir, arcname=cell.id)
         return result.to_json(), buf.getvalue(), worker
 
@@ -386,7 +388,7 @@ def _unpack(tar: bytes, target: Path) -> None:
     if tmp is None:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:gz") as t:
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as t:
         t.extractall(tmp, filter="data")  # no absolute paths, no .., no device files
     if target.exists():
         shutil.rmtree(target)
