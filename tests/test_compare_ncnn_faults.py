@@ -304,6 +304,39 @@ def test_the_same_elements_in_another_shape_align_by_value(tmp_path):
     assert rep.ok and not al.unaligned, rep.summary()
 
 
+class Batch2Layouts(nn.Module):
+    """A batch-2 convolution whose transposed outputs ncnn holds as batch-2 blobs in layouts
+    torch never holds (the PNNX corpus's test_torch_transpose): [2, 4, 7, 5] for torch's
+    [2, 4, 5, 7] with its last axes swapped, before a flatten."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.conv2 = nn.Conv2d(3, 4, 1)
+
+    def forward(self, w):
+        a = torch.transpose(self.conv(w), 0, 1)
+        a = torch.flatten(torch.transpose(a, 2, 3), start_dim=0, end_dim=1)
+        b = torch.relu(torch.transpose(self.conv2(w), 0, 3))
+        return a, b
+
+
+def test_a_blob_in_another_layout_is_aligned_and_measured_in_it(tmp_path):
+    model, x = _seeded(Batch2Layouts, 2, 3, 5, 7)
+    art, rep, name, al = _converted_and_compared(model, x, tmp_path)
+    assert al.layouts and not al.unaligned, (al.unaligned, al.pairs)
+    for blob, axes in al.layouts.items():
+        assert al.relation(blob).startswith("equal up to a layout"), al.relations
+        assert sorted(axes) == [0, 1, 2, 3]
+        recs = [r for r in rep.records if r.name == blob]
+        assert {r.mode for r in recs} == {"accumulated", "isolated"}, recs  # measured, both
+        assert all(r.metrics.max_abs < 1e-5 and r.exact for r in recs)
+    # an isolated run returns a batched output as ncnn holds it: put back as captured
+    assert rep.ok and rep.first_divergence is None and not rep.unmeasured[name], rep.summary()
+    ref, cand = rep.tensors(next(iter(al.layouts)), name)
+    assert np.shape(ref) == np.shape(cand)  # in the layout it was measured in
+
+
 class InPlace(nn.Module):
     """Slice assignments (pnnx: one CopyTo each): the states of x between them are all the
     shape of x, and a sample of elements may miss where they differ."""

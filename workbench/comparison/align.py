@@ -59,6 +59,9 @@ class Alignment:
     attributed: dict[str, str] = field(default_factory=dict)  # candidate name -> module
     relations: dict[str, str] = field(default_factory=dict)  # candidate name -> relation
     covers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # folded: what it spans
+    # candidate name -> axes: the candidate holds np.transpose(reference tensor, axes) (ncnn
+    # keeps a batch-2 blob in a layout torch never held)
+    layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
     considered: int = 0  # float tensors that could have aligned (attributed ones not counted)
 
     @property
@@ -346,6 +349,9 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             _attribute(out, t, t.hint or "")
             continue
         if not choices:
+            if _layout_pair(out, t.name, arr, window, reference, ref_names):
+                low = max(low, ref_names.index(out.pairs[t.name]))
+                continue
             out.unaligned[t.name] = f"no reference tensor of shape {list(np.shape(arr))} nearby"
             continue
         # a poor value match is kept only when name and shape leave no other choice (a real
@@ -359,6 +365,9 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 best, j = other[0]
         if best > ACCEPT:
             if structural is None:
+                if _layout_pair(out, t.name, arr, window, reference, ref_names):
+                    low = max(low, ref_names.index(out.pairs[t.name]))
+                    continue
                 out.unaligned[t.name] = (f"nearest reference tensor {ref_names[j]!r} differs "
                                          f"by {best:.2g} of its range")
                 continue
@@ -387,6 +396,46 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     _attribute_between(out, tensors, ref_names, ref_module, calls)
     _attribute_feeders(out, tensors, ref_module, {n: j for j, n in enumerate(ref_names)})
     return out
+
+
+MAX_LAYOUT_SIZE = 1 << 22  # elements: larger tensors are not searched for a permuted layout
+
+
+def _layout_pair(out: Alignment, name: str, arr: Any, window: range,
+                 reference: dict[str, Any], ref_names: list[str]) -> bool:
+    """Pair ``name`` with the reference tensor in ``window`` that it equals with its axes
+    permuted (every element compared), recording the axes in ``out.layouts``; False when
+    none does. Only axes of other sizes than 1 are moved (the rest is ``same_elements``)."""
+    import itertools
+
+    import numpy as np
+
+    shape = tuple(np.shape(arr))
+    if not 2 <= len(shape) <= 5 or np.size(arr) > MAX_LAYOUT_SIZE:
+        return False
+    b = np.asarray(arr, dtype=np.float64)
+    for j in window:
+        ref = reference[ref_names[j]]
+        rshape = tuple(np.shape(ref))
+        if len(rshape) != len(shape) or sorted(rshape) != sorted(shape) or rshape == shape:
+            continue
+        a_all = np.asarray(ref, dtype=np.float64)
+        for axes in itertools.permutations(range(len(shape))):
+            moved = [k for k, ax in enumerate(axes) if ax != k]
+            if (tuple(rshape[ax] for ax in axes) != shape
+                    or all(rshape[axes[k]] == 1 for k in moved)):
+                continue
+            a = np.transpose(a_all, axes)
+            if not (np.isfinite(a).all() and np.isfinite(b).all()):
+                continue
+            scale = float(np.abs(a).max()) if a.size else 0.0
+            if a.size and float(np.abs(a - b).max()) / (scale + 1e-6) <= ACCEPT:
+                out.pairs[name] = ref_names[j]
+                out.layouts[name] = tuple(axes)
+                out.relations[name] = (f"equal up to a layout: the reference's axes in the "
+                                       f"order {list(axes)}")
+                return True
+    return False
 
 
 def _check_shared(out: Alignment, reference: dict[str, Any], candidate: dict[str, Any]

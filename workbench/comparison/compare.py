@@ -213,16 +213,20 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
     order = {t.name: t for t in tensors}
     jobs = [(order[c], r, tol_of(order[c])) for c, r in al.pairs.items() if c in vals]
 
+    def reference(t: CandidateTensor, rname: str) -> Any:  # in the candidate's layout
+        axes = al.layouts.get(t.name)
+        return ref_values[rname] if axes is None else np.transpose(ref_values[rname], axes)
+
     def measure(job: tuple) -> TensorMetrics | str:
         t, rname, tol = job
-        return measure_pair(ref_values[rname], vals[t.name], tol)
+        return measure_pair(reference(t, rname), vals[t.name], tol)
 
     records, skipped = [], {}
     for (t, rname, _), m in zip(jobs, schedule.measure(measure, jobs), strict=True):
         if isinstance(m, str):  # listed with its reason; the rest goes on
             skipped[t.name] = f"{run_mode}: {m}"
             continue
-        shapes = shape_relation(np.shape(ref_values[rname]), np.shape(vals[t.name]))
+        shapes = shape_relation(np.shape(reference(t, rname)), np.shape(vals[t.name]))
         relation = al.relation(t.name)
         records.append(Record(cand.name, run_mode, t.order, t.name, rname, t.op_type, m,
                               f"{relation}; {shapes}" if shapes else relation,

@@ -39,6 +39,17 @@ def fit_reference(ref: Any, like_shape: tuple[int, ...]) -> Any:
     return out
 
 
+def reference_of(al: Alignment, name: str, ref_values: dict[str, Any],
+                 shape: tuple[int, ...]) -> Any:
+    """The reference value aligned with candidate tensor ``name``, in its layout
+    (``al.layouts``) and shape (``fit_reference``)."""
+    import numpy as np
+
+    ref = ref_values[al.pairs[name]]
+    axes = al.layouts.get(name)
+    return fit_reference(ref if axes is None else np.transpose(ref, axes), shape)
+
+
 _ISOLATED: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (temp dir, runner)
 
 
@@ -75,7 +86,7 @@ def isolated(cand: Candidate, al: Alignment, ref_values: dict[str, Any],
     feeds = dict(cand.runner.feed(args))
     for name in cut:
         shape, dtype = layout[name]
-        ref = fit_reference(ref_values[al.pairs[name]], shape).astype(dtype, copy=False)
+        ref = reference_of(al, name, ref_values, shape).astype(dtype, copy=False)
         feeds[f"{name}__ref"] = np.ascontiguousarray(ref)
     return _ISOLATED[key][1].run(feeds)
 
@@ -144,8 +155,27 @@ def _isolated_ncnn(cand: Candidate, al: Alignment, ref_values: dict[str, Any],
     out: dict[str, Any] = {}
     for tops, fed, _members in passes:
         blobs = dict(model_inputs)  # the model's own inputs, as they are
-        blobs.update({b: fit_reference(ref_values[al.pairs[src]], layout[src][0])
+        blobs.update({b: reference_of(al, src, ref_values, layout[src][0])
                       for b, src in fed.items() if src in layout})
         wanted = [t for t in tops if t in al.pairs]
         out.update(cand.runner.run_blobs(blobs, wanted))
-    return out
+    return {n: _as_captured(cand, n, v, layout) for n, v in out.items()}
+
+
+def _as_captured(cand: Candidate, name: str, value: Any, layout: dict[str, tuple]) -> Any:
+    """A blob of an isolated ncnn run in the layout its capture="all" run gave: run_blobs
+    returns a batched model output with its batch first, as ncnn holds it, where the
+    runner's outputs put the batch at the torch axis pnnx recorded (``out_specs``)."""
+    import numpy as np
+
+    want = layout.get(name, (None,))[0]
+    if want is None or tuple(np.shape(value)) == tuple(want):
+        return value
+    spec = getattr(cand.runner, "out_specs", {}).get(name)
+    axis = getattr(spec, "batch_axis", None)
+    if axis is not None and 0 <= axis < np.ndim(value):
+        moved = np.moveaxis(value, 0, axis)
+        fitted = reshaped(moved, want)
+        if fitted is not None:
+            return fitted
+    return value

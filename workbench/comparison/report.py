@@ -327,6 +327,11 @@ class CompareReport:
             raise InputError(f"{name!r} is not an aligned tensor of {cand.name}",
                              f"aligned names: {list(pairs)[:8]}...")
         ref = self.reference.run(self.inputs, capture="all")[pairs[name]]
+        axes = self.alignments[cand.name].layouts.get(name)
+        if axes is not None:  # in the candidate's layout, as it was measured
+            import numpy as np
+
+            ref = np.transpose(ref, axes)
         return ref, cand.runner.run(self.inputs, capture="all")[name]
 
     def _candidate(self, name: str | None) -> Candidate:
