@@ -369,3 +369,22 @@ for i in range(2000):
 vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", prev)]
 onnx.save(helper.make_model(helper.make_graph(nodes, "chain", vi[:1], vi[1:])), "chain.onnx")
 """
+
+# Notebook source that writes modules.onnx: a 3,000-node graph named as the TorchScript exporter
+# names nodes (/stage3/stage3.7/op12/Relu): 10 stages of 10 blocks of 30 ops, a residual Add every
+# third op; for the graph view's module grouping (bench/ui.py, tests/test_browser_graph.py).
+MODULES_3000 = """\
+import onnx
+from onnx import TensorProto, helper
+nodes, prev = [], "x"
+for s in range(10):
+    for b in range(10):
+        for k in range(30):
+            i = len(nodes)
+            op = "Add" if k % 3 == 2 else "Relu"
+            ins = [prev, prev if k < 3 else f"t{i - 3}"] if op == "Add" else [prev]
+            nodes.append(helper.make_node(op, ins, [f"t{i}"], name=f"/stage{s}/stage{s}.{b}/op{k}/{op}"))
+            prev = f"t{i}"
+vi = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", prev)]
+onnx.save(helper.make_model(helper.make_graph(nodes, "modules", vi[:1], vi[1:])), "modules.onnx")
+"""

@@ -2,7 +2,8 @@
 
 One notebook exports the default model, compares it with ONNX Runtime at a tight tolerance and
 shows a GraphView coloured by the accumulated error and the comparison's table and figures
-(wb.ui.compare_view); a last cell draws a 2,000-node graph.
+(wb.ui.compare_view); then a 2,000-node graph; then the zoo's MobileNetV2 raw TorchScript
+export (1,054 nodes) compared and grouped by module; then a graph drawn in a hidden tab.
 Screenshots go to test-artifacts/.
 """
 
@@ -23,8 +24,9 @@ model, inputs = wb.default_model()
 onx = wb.export(model, inputs, workspace=wb.Workspace("runs/graphview"))
 rep = wb.compare(model, [onx], inputs, tolerance=(1e-6, 0.0), progress=False)
 gv = GraphView(onx, color_by="accumulated", report=rep)
-print("COLORS=" + json.dumps({n["id"]: n["color"] for n in gv.nodes}))
-print("FAILING=" + json.dumps([n["id"] for n, s in zip(gv.nodes, gv.canvas.strokes) if s]))
+drawn = [(n, s) for n, s in zip(gv.nodes, gv.canvas.strokes) if n["fold"] < 0]
+print("COLORS=" + json.dumps({n["id"]: n["color"] for n, _ in drawn}))
+print("FAILING=" + json.dumps([n["id"] for n, s in drawn if s]))
 """,
     "gv",
     "wb.ui.compare_view(rep)",
@@ -33,13 +35,28 @@ big = GraphView("chain.onnx", values={f"t{i}": 10.0 ** -(i % 7) for i in range(2
                 color_by="isolated")
 big
 """,
+    """\
+from workbench import zoo
+mnv2, mx = zoo.mobilenet_v2()
+monx = wb.export(mnv2, mx, workspace=wb.Workspace("runs/mnv2"))
+mrep = wb.compare(mnv2, [monx], mx, progress=False)
+mgv = GraphView(monx, color_by="accumulated", report=mrep)
+print("MNV2=" + json.dumps({"nodes": len(mgv.payload["nodes"]), "items": len(mgv.drawn_items())}))
+mgv
+""",
+    """\
+import ipywidgets as W
+tab = W.Tab([W.Label("nothing here"), GraphView(onx)])
+tab.titles = ("first", "graph")
+tab
+""",
 ]
 
 
 @pytest.fixture(scope="module")
 def ran(lab):  # noqa: F811
     """The notebook, run once for this module's tests."""
-    lab.run_notebook(NOTEBOOK, CELLS, timeout=150)
+    lab.run_notebook(NOTEBOOK, CELLS, timeout=300)
     lab.page.locator(".wb-graphview.wb-drawn").nth(1).wait_for(timeout=30_000)
     return lab
 
@@ -96,26 +113,25 @@ def test_graph_view_draws_error_colours_and_a_click_shows_the_plot(ran):
     for op, fill in small.locator(".wb-node").evaluate_all(
             "els => els.map(e => [e.dataset.op, e.querySelector('rect').getAttribute('fill')])"):
         by_op.setdefault(op, set()).add(fill)
-    assert all(len(f) == 1 for f in by_op.values()) and len(by_op) >= 4
+    assert all(len(f) == 1 for f in by_op.values()) and len(by_op) >= 3  # Constant: folded
     assert small.locator(".wb-node.wb-selected").count() == 1  # same drawing, not a new one
 
 
-def test_a_grey_node_says_why_on_hover_and_in_the_side_panel(ran):
+def test_constants_are_folded_and_listed_on_their_readers_click(ran):
     nb = ran
     small = nb.page.locator(".wb-graphview.wb-drawn").nth(0)
     small.locator(".wb-zoom-fit").click()  # whatever an earlier test panned to
     small.scroll_into_view_if_needed()
-    const = small.locator('.wb-node[data-op="Constant"]').first
-    const.hover()
-    tip = const.locator("title").text_content()  # the browser's hover text for the node
-    assert "a constant" in tip, tip
-    node = const.get_attribute("data-id")
-    const.click()
-    why = nb.page.locator(f'.wb-graphview-output .wb-graphview-node[data-node="{node}"] '
-                          ".wb-graphview-why").first
-    why.wait_for(timeout=60_000)
-    assert "a constant" in why.inner_text() and why.get_attribute("data-kind") == "constant"
-    nb.screenshot("graphview-grey-node-why")
+    assert small.locator('.wb-node[data-op="Constant"]').count() == 0  # folded into readers
+    resize = small.locator('.wb-node[data-op="Resize"]').first
+    node = resize.get_attribute("data-id")
+    resize.click()
+    panel = nb.page.locator(f'.wb-graphview-output .wb-graphview-node[data-node="{node}"]').first
+    panel.wait_for(timeout=60_000)
+    consts = panel.locator(".wb-graphview-consts")
+    assert "Constant" in consts.inner_text() and "float32[4]" in consts.inner_text()
+    assert "mode" in panel.locator(".wb-graphview-attrs").inner_text()  # Resize's attributes
+    nb.screenshot("graphview-folded-constants")
 
 
 def test_compare_view_table_filters_and_marks_the_first_divergence(ran):
@@ -170,6 +186,81 @@ def test_a_2000_node_graph_renders_within_budget(ran):
     nb.page.wait_for_function(
         "n => document.querySelectorAll('.wb-graphview')[1]"
         ".querySelectorAll('.wb-node text').length > n", arg=labelled, timeout=10_000)
+
+
+def _drawn_again(nb, view, draws: int) -> None:
+    nb.page.wait_for_function("([v, n]) => Number(v.dataset.draws) > n",
+                              arg=[view.element_handle(), draws], timeout=30_000)
+
+
+def test_a_1000_node_export_reads_as_modules_and_opens_level_by_level(ran):
+    nb = ran
+    info = _printed(nb, "MNV2")
+    view = nb.page.locator(".wb-graphview.wb-drawn").nth(2)
+    assert view.get_attribute("data-nodes") == str(info["nodes"]) and info["nodes"] > 1000
+    assert int(view.get_attribute("data-items")) == info["items"] <= 60
+    view.scroll_into_view_if_needed()
+    view.locator(".wb-zoom-fit").click()
+    # at fit, a module's name is on screen and readable: 9 px or taller, inside the view
+    svg_box = view.locator("svg.wb-graph").bounding_box()
+    label = view.locator('.wb-group[data-module="model.mobilenet_v2.layer.0"] text').first
+    assert label.text_content() == "layer.0"
+    box = label.bounding_box()
+    assert box["height"] >= 9, box
+    assert svg_box["y"] <= box["y"] and box["y"] + box["height"] <= svg_box["y"] + svg_box[
+        "height"]
+    assert svg_box["x"] <= box["x"] and box["x"] + box["width"] <= svg_box["x"] + svg_box["width"]
+    nb.screenshot("graphview-mnv2-modules-at-fit", selector=".wb-graphview-box >> nth=2")
+
+    # a click opens layer.0 one level: its sub-modules, in a box titled by its name
+    draws = int(view.get_attribute("data-draws"))
+    view.locator('.wb-group[data-module="model.mobilenet_v2.layer.0"]').click()
+    _drawn_again(nb, view, draws)
+    assert view.locator('.wb-group[data-module="model.mobilenet_v2.layer.0"]').count() == 0
+    box = view.locator('.wb-groupbox[data-module="model.mobilenet_v2.layer.0"]')
+    assert "layer.0" in box.locator(".wb-groupbox-title").text_content()
+    inner = view.locator('.wb-group[data-module^="model.mobilenet_v2.layer.0."]')
+    assert inner.count() >= 2
+    assert float(view.get_attribute("data-expand-ms")) > 0
+    # and one more level: the ops of its 3x3 conv, with shapes on the edges
+    draws = int(view.get_attribute("data-draws"))
+    view.locator('.wb-group[data-module="model.mobilenet_v2.layer.0.conv_3x3"]').click()
+    _drawn_again(nb, view, draws)
+    ops = view.locator(".wb-node").evaluate_all("els => els.map(e => e.dataset.op)")
+    assert "Conv" in ops and "Pad" in ops and "Constant" not in ops
+    assert view.locator(".wb-shape").count() > 0
+    nb.screenshot("graphview-mnv2-module-open", selector=".wb-graphview-box >> nth=2")
+
+    # a grey node inside says why on hover
+    grey = view.locator('.wb-node:has(rect[fill="#d9d9d9"])').first
+    grey.scroll_into_view_if_needed()
+    grey.hover()
+    tip = grey.locator("title").text_content()
+    assert "\nno value: " in tip and len(tip.split("no value: ")[1]) > 10, tip
+    nb.screenshot("graphview-mnv2-grey-node", selector=".wb-graphview-box >> nth=2")
+    # its title closes the module again
+    draws = int(view.get_attribute("data-draws"))
+    box.locator(".wb-groupbox-title").click()
+    _drawn_again(nb, view, draws)
+    assert view.locator('.wb-group[data-module="model.mobilenet_v2.layer.0"]').count() == 1
+
+
+def test_a_graph_in_a_hidden_tab_is_laid_out_when_its_tab_opens(ran):
+    nb = ran
+    view = nb.page.locator(".wb-graphview.wb-drawn").nth(3)
+    assert view.get_attribute("data-fitted-width") is None  # drawn while hidden: not fitted
+    tab = nb.page.locator(".jupyter-widget-TabPanel .lm-TabBar-tab, .widget-tab .p-TabBar-tab",
+                          has_text="graph").first
+    tab.click()
+    nb.page.wait_for_function("v => Number(v.dataset.fittedWidth) > 100",
+                              arg=view.element_handle(), timeout=10_000)
+    svg_box = view.locator("svg.wb-graph").bounding_box()
+    boxes = view.locator(".wb-node rect").evaluate_all(
+        "els => els.map(e => { const b = e.getBoundingClientRect(); return [b.x, b.width]; })")
+    assert boxes and all(svg_box["x"] - 1 <= x and x + w <= svg_box["x"] + svg_box["width"] + 1
+                         for x, w in boxes)  # the whole width fits: not drawn at zero width
+    assert float(view.get_attribute("data-zoom")) >= 0.5
+    nb.screenshot("graphview-hidden-tab-shown", selector=".jupyter-widget-Tab, .widget-tab")
 
 
 # -- the harness itself ----------------------------------------------------------------------
