@@ -19,17 +19,20 @@ per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2i
    ncnn fp16 native, ncnn fp16 storage emulated as on ARM (``NcnnRunner(nc,
    precision="fp16", emulate="arm-fp16")``; storage only, not timed) and ncnn bf16. Printed,
    no target.
-2. Sensitivity finds the culprit: in a copy of the model, one mid-network layer (the Conv2d /
-   Linear at the middle of the weighted modules in execution order, attention's q/k/v
-   projections left out; the BatchNorm right after
-   it when there is one, since ONNX and ncnn fold it into the conv) gets an outlier output
-   channel: its weight and bias for that channel scaled so the channel's RMS is 100x the mean
-   RMS of the others on the held-out image. The copy is exported, converted and quantized again
-   (same samples), ``rep = wb.compare(copy, [int8], (x,), mode="both")``; targets, for ORT and
-   ncnn each: ``rep.sensitive(1)`` is that layer (its module is the record's ``reference``, or
-   the record ``covers`` it), and ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the
-   final-output SNR by >= 10 dB over full int8. A miss says which layer ranked first, where the
-   culprit ranked, and the SNRs.
+2. Sensitivity finds the culprit: in a copy of the model, one mid-network tensor gets an
+   outlier channel with the float function unchanged (``plant_outlier``): a norm layer's
+   (BatchNorm2d, a ReLU may follow; or LayerNorm) output channel is scaled so its RMS is 100x
+   the mean RMS of the others on the held-out image, and the Conv2d / Linear layers reading it
+   divide that input channel back. Sites are tried from the middle outward, one-reader sites
+   first; a site is taken when the float output moves by < 1e-4 of its range (so the readers
+   found are all there are: a residual add reading it fails the check). Only int8 sees the
+   outlier, as in the LayerNorm / activation outliers of real models. The copy is exported,
+   converted and quantized again (same samples), ``rep = wb.compare(copy, [int8], (x,),
+   mode="both")``; targets, for ORT and ncnn each: ``rep.sensitive(1)`` is that layer (its
+   module, or a module it covers, is the conv, the norm or the ReLU after it: one fused
+   layer), and ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the final-output SNR by
+   >= 10 dB over full int8. A miss says which layer ranked first, where the culprit ranked,
+   and the SNRs.
 3. Calibration + quantization time of ResNet-50 (``Artifact.seconds`` of wb.quantize: reading
    the samples, calibrating, writing, the check run) for ORT and ncnn: target < 60 s on 2 cores.
 
@@ -46,7 +49,6 @@ import argparse
 import copy
 import math
 import os
-import re
 import sys
 import tempfile
 import time
@@ -120,11 +122,16 @@ def final_snr(model: Any, art: Any, x: tuple) -> float:
 # -- the planted outlier --------------------------------------------------------------------------
 @dataclass
 class Plant:
-    module: str  # the module whose output channel was scaled
-    producer: str  # the Conv2d / Linear picked at mid-depth
+    module: str  # the norm layer whose output channel was scaled up
+    producer: str  # the Conv2d / Linear before it (the norm itself when there is none)
     channel: int
     factor: float
     ratio: float  # the channel's RMS over the others' mean, measured after
+    readers: list[str] = field(default_factory=list)  # the layers that divide it back
+    drift: float = 0.0  # max |output change| / max |output| of the float model
+    # the modules whose output holds the outlier: the producer, the norm, a ReLU after it
+    # (ONNX and ncnn fuse them into one layer)
+    carriers: list[str] = field(default_factory=list)
 
 
 def _execution_order(model: Any, x: tuple) -> list[str]:
@@ -168,36 +175,86 @@ def _channel_rms(model: Any, module: str, x: tuple) -> Any:
     return out.pow(2).mean(dim=dims).sqrt()
 
 
+def _sites(model: Any, order: list[str]) -> list[tuple[str, list[str]]]:
+    """(norm, readers) candidates: an affine BatchNorm2d (a ReLU may follow) or LayerNorm,
+    and the run of Conv2d (groups 1) / Linear modules right after it that take its channels;
+    whether they are its only readers the float check decides (``plant_outlier``)."""
+    from torch import nn
+
+    mods = dict(model.named_modules())
+    seq = list(dict.fromkeys(order))
+    out = []
+    for i, name in enumerate(seq):
+        m = mods[name]
+        if isinstance(m, nn.BatchNorm2d) and m.affine:
+            c = m.num_features
+        elif isinstance(m, nn.LayerNorm) and m.elementwise_affine and m.weight.dim() == 1:
+            c = m.normalized_shape[-1]
+        else:
+            continue
+        j = i + 1
+        if j < len(seq) and isinstance(mods[seq[j]], nn.ReLU) and isinstance(m, nn.BatchNorm2d):
+            j += 1
+        readers = []
+        while j < len(seq):
+            r = mods[seq[j]]
+            if isinstance(r, nn.Conv2d) and r.groups == 1 and r.in_channels == c or \
+                    isinstance(r, nn.Linear) and r.in_features == c:
+                readers.append(seq[j])
+                j += 1
+            else:
+                break
+        if readers:
+            out.append((name, readers))
+    return out
+
+
 def plant_outlier(model: Any, x: tuple) -> tuple[Any, Plant]:
-    """A copy of ``model`` with one mid-network output channel 100x the others (see top)."""
+    """A copy of ``model`` whose float function is unchanged but one mid-network tensor
+    carries an outlier channel: a norm layer's output channel (its affine weight and bias)
+    scaled so its RMS is 100x the mean of the others, and the layers reading it divide that
+    input channel back (a ReLU between commutes with a positive scale). Only int8 sees it:
+    the tensor's one scale now spends its levels on that channel. Sites are tried from the
+    middle of the model outward, those with one reader first; a site is taken when the
+    float output moves by < 1e-4 of its range (the readers found are all there are)."""
     import torch
     from torch import nn
 
-    m = copy.deepcopy(model)
-    mods = dict(m.named_modules())
-    order = _execution_order(m, x)
-    # attention's query/key/value projections skipped: softmax saturates on an outlier
-    # query or key, so its quantization error barely reaches the output (a ViT's q_proj
-    # planted so: int8 SNR 28.2 dB, the clean model's 27.0; nothing to find)
-    weighted = [n for n in dict.fromkeys(order) if isinstance(mods[n], (nn.Conv2d, nn.Linear))
-                and mods[n].weight.shape[0] >= 8
-                and not re.search(r"(^|\.)(q_proj|k_proj|v_proj|query|key|value)$", n)]
-    producer = weighted[len(weighted) // 2]
-    after = order[order.index(producer) + 1] if order.index(producer) + 1 < len(order) else None
-    target = (after if after is not None and isinstance(mods[after], nn.BatchNorm2d)
-              and mods[after].num_features == mods[producer].weight.shape[0] else producer)
-    rms = _channel_rms(m, target, x)
-    c = int(torch.argmax(rms))
-    others = float(torch.cat([rms[:c], rms[c + 1:]]).mean())
-    factor = OUTLIER * others / float(rms[c])
-    mod = mods[target]
-    with torch.no_grad():
-        mod.weight[c] *= factor
-        if mod.bias is not None:
-            mod.bias[c] *= factor
-    rms = _channel_rms(m, target, x)
-    ratio = float(rms[c]) / float(torch.cat([rms[:c], rms[c + 1:]]).mean())
-    return m, Plant(target, producer, c, factor, ratio)
+    order = _execution_order(model, x)
+    sites = _sites(model, order)
+    if not sites:
+        raise RuntimeError("no norm layer whose readers can divide an outlier back")
+    ref = model(*[t.clone() for t in x]).detach()
+    mid = (len(sites) - 1) / 2
+    ranked = sorted(range(len(sites)), key=lambda i: (len(sites[i][1]) > 1, abs(i - mid)))
+    for i in ranked:
+        target, readers = sites[i]
+        m = copy.deepcopy(model)
+        mods = dict(m.named_modules())
+        rms = _channel_rms(m, target, x)
+        c = int(torch.argmax(rms))
+        others = float(torch.cat([rms[:c], rms[c + 1:]]).mean())
+        factor = OUTLIER * others / float(rms[c])
+        with torch.no_grad():
+            mods[target].weight[c] *= factor
+            mods[target].bias[c] *= factor
+            for r in readers:
+                mods[r].weight[:, c] /= factor
+            got = m(*[t.clone() for t in x])
+        drift = float((got - ref).abs().max() / ref.abs().max())
+        if drift > 1e-4:
+            continue
+        rms = _channel_rms(m, target, x)
+        ratio = float(rms[c]) / float(torch.cat([rms[:c], rms[c + 1:]]).mean())
+        k = order.index(target)
+        before = order[k - 1] if k else target
+        producer = before if isinstance(mods[before], (nn.Conv2d, nn.Linear)) else target
+        after = order[k + 1] if k + 1 < len(order) else target
+        relu = [after] if isinstance(mods[after], nn.ReLU) else []
+        carriers = list(dict.fromkeys([producer, target, *relu]))
+        return m, Plant(target, producer, c, factor, ratio, readers, drift, carriers)
+    raise RuntimeError(f"none of {len(sites)} norm layers can carry an outlier with the float "
+                       "output unchanged")
 
 
 @dataclass
@@ -217,19 +274,12 @@ class Culprit:
     workaround: list[str] = field(default_factory=list)
 
 
-def _covers(rec: Any, module: str) -> bool:
+def _carries(rec: Any, plant: Plant) -> bool:
+    """The record of the planted layer: its module (or a module it covers) is one whose
+    output holds the outlier (the conv, the norm, a ReLU after it: one fused layer)."""
     from workbench.comparison.align import call_module
 
-    return any(call_module(n) == module for n in (rec.reference, *rec.covers))
-
-
-def _folded_into(rec: Any, plant: Plant) -> bool:
-    """The record of the conv a planted BatchNorm was folded into: the exporter folds the BN
-    into the Conv node, whose record names the conv (relation: equal up to the folding) and
-    lists no covers."""
-    from workbench.comparison.align import call_module
-
-    return plant.producer != plant.module and call_module(rec.reference) == plant.producer
+    return any(call_module(n) in plant.carriers for n in (rec.reference, *rec.covers))
 
 
 QDQ_SUFFIXES = ("_DequantizeLinear", "_QuantizeLinear")
@@ -274,15 +324,13 @@ def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], b
     t0 = time.perf_counter()
     rep = wb.compare(model, [q], x, mode="both", progress=False)
     sens = rep.sensitivity(progress=False)
-    rank = next((i + 1 for i, s in enumerate(sens) if _covers(s.record, plant.module)
-                 or _folded_into(s.record, plant)), None)
+    rank = next((i + 1 for i, s in enumerate(sens) if _carries(s.record, plant)), None)
     top = [(s.record.reference, s.record.node, s.final_snr_db, s.isolated_snr_db)
            for s in sens[:TOP_K]]
     how = ""
     if rank:
-        hit = sens[rank - 1].record
-        how = hit.reference + ("" if _covers(hit, plant.module) else
-                               " (the conv the planted BatchNorm was folded into)")
+        hit = sens[rank - 1]
+        how = hit.record.reference + (f" (via {', '.join(hit.via)})" if hit.via else "")
     c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how)
     try:
         qx = wb.quantize(parent, samples, exclude=rep.sensitive(TOP_K), progress=False)
@@ -398,8 +446,7 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
         for c in r.culprits:
             tag = f"{r.name} {c.backend}"
             add(f"{tag}: culprit ranked first", "rank 1",
-                (f"rank {c.rank}" + (" (folded conv)" if "folded" in c.covered_by else ""))
-                if c.rank else "not ranked", c.rank == 1)
+                f"rank {c.rank}" if c.rank else "not ranked", c.rank == 1)
             gain = None if c.excluded_db is None else c.excluded_db - c.full_db
             add(f"{tag}: SNR gain, exclude=rep.sensitive({TOP_K})", f">= +{GAIN_DB:.0f} dB",
                 "quantize raised" if gain is None else

@@ -162,7 +162,7 @@ def test_sensitivity_ranks_layers_by_what_their_own_error_costs_the_output(outli
     ranked = rep.sensitivity(progress=False)
     assert ranked[0].record.candidate.startswith("ncnn int8")  # the furthest candidate
     measured = [s for s in ranked if s.final_snr_db is not None]
-    assert len(measured) >= 4
+    assert len(measured) >= 3  # four layers; a reader explained by its input joins its producer
     finals = [s.final_snr_db for s in measured]
     assert finals == sorted(finals)
     # the conv reading the outlier channel (conv3, fused with its ReLU: act#2) costs most
@@ -281,7 +281,7 @@ def test_records_from_a_qdq_model_map_back_to_the_float_nodes(base, onnx_fp32):
         _exclude_names([rec.node], onnx_fp32, "onnxruntime")
 
 
-def test_a_ranked_ncnn_layer_that_never_runs_int8_is_skipped(base, ncnn_fp32):
+def test_a_ranked_ncnn_layer_keeps_its_int8_readers_float(base, ncnn_fp32):
     from types import SimpleNamespace
 
     from workbench.stages.quantize import _exclude_names
@@ -291,7 +291,14 @@ def test_a_ranked_ncnn_layer_that_never_runs_int8_is_skipped(base, ncnn_fp32):
     conv = next(ly for ly in layers if ly.type == "Convolution")
     recs = [SimpleNamespace(node=interp.name, name=interp.tops[0]),
             SimpleNamespace(node=conv.name, name=conv.tops[0])]
-    assert _exclude_names(recs, ncnn_fp32, "ncnn") == [conv.name]
+    # a ranked record's output reaches its readers in float: ncnn rounds a blob inside the
+    # int8 layers reading it, so they stay float; the Interp (float anyway) brings only them
+    readers = [ly.name for ly in layers if ly.type == "Convolution"
+               and conv.tops[0] in ly.bottoms]
+    assert readers and conv.bottoms[0] == interp.tops[0]
+    assert _exclude_names(recs, ncnn_fp32, "ncnn") == [conv.name, *readers]
+    assert _exclude_names(recs[:1], ncnn_fp32, "ncnn") == [conv.name]
+    assert _exclude_names([conv.name], ncnn_fp32, "ncnn") == [conv.name]  # a name: itself
 
 
 def test_sensitivity_pairs_a_folded_batchnorm_as_the_float_parent_does(tmp_path):
@@ -324,3 +331,44 @@ def test_sensitivity_pairs_a_folded_batchnorm_as_the_float_parent_does(tmp_path)
     second = next(s for s in ranked if s.record.node.startswith("/2/Conv"))
     assert second.reference == "3", [(s.reference, s.record.node) for s in ranked]
     assert second.isolated_snr_db > 10  # conv 2's own int8 error, not BN 3 applied twice
+
+
+def test_ncnn_ranking_blames_an_outlier_on_the_layer_that_writes_it(tmp_path):
+    """conv2's output channel 3 is 100x the others and conv3 divides it back (the float
+    function is unchanged). ncnn rounds that tensor inside conv3, so conv3's isolated error
+    is its input's rounding: the ranking names conv2 (via conv3), and keeping that record
+    float keeps conv3 float too and recovers the output."""
+    nn = torch.nn
+
+    class Compensated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(3, 16, 1), nn.Conv2d(16, 16, 1)
+            self.conv3, self.conv4 = nn.Conv2d(16, 16, 1), nn.Conv2d(16, 8, 1)
+            self.act1, self.act3 = nn.ReLU(), nn.ReLU()
+            with torch.no_grad():
+                self.conv2.weight[3] *= 100
+                self.conv2.bias[3] *= 100
+                self.conv3.weight[:, 3] /= 100
+
+        def forward(self, x):
+            return self.conv4(self.act3(self.conv3(self.conv2(self.act1(self.conv1(x))))))
+
+    torch.manual_seed(0)
+    model = Compensated().eval()
+    g = torch.Generator().manual_seed(1)
+    samples = [torch.rand(1, 3, 16, 16, generator=g) for _ in range(8)]
+    x = (samples[0],)
+    nc = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    q = wb.quantize(nc, samples, method="minmax", requantize=False, progress=False)
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    ranked = rep.sensitivity(progress=False)
+    print([(s.reference, s.record.node, s.final_snr_db, s.via) for s in ranked])
+    top = ranked[0]
+    assert top.reference == "conv2" and top.via, [(s.reference, s.via) for s in ranked]
+    kept = wb.quantize(nc, samples, method="minmax", requantize=False, progress=False,
+                       exclude=rep.sensitive(1))
+    assert len(kept.params["exclude"]) == 2  # conv2 and its reader
+    full, got = (a.metrics["min_snr_db_vs_parent"] for a in (q, kept))
+    print(f"\nncnn int8 SNR vs fp32: full {full:.1f} dB, outlier layer float {got:.1f} dB")
+    assert got > full + 10

@@ -35,6 +35,9 @@ class Sensitivity:
     record: Any  # the isolated Record (``.reference`` is the module call)
     final_snr_db: float | None
     isolated_snr_db: float
+    # ncnn int8: the layers whose rounding of this record's tensor (ncnn rounds a blob
+    # inside each int8 layer that reads it) is counted here rather than against them
+    via: tuple[str, ...] = ()
 
     @property
     def reference(self) -> str:
@@ -60,11 +63,12 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
     al = report.alignments[cand.name]
     records = [r for r in report.records if r.candidate == cand.name
                and r.mode == "isolated" and r.exact]
-    fixed = _parent_pairs(report, cand, al)
+    fixed, covers = _parent_pairs(report, cand, al)
     if fixed:
         al = dataclasses.replace(al, pairs={**al.pairs, **fixed})
-        records = [dataclasses.replace(r, reference=fixed[r.name]) if r.name in fixed else r
-                   for r in records]
+    records = [dataclasses.replace(r, reference=fixed.get(r.name, r.reference),
+                                   covers=covers[r.name]) if r.name in covers else r
+               for r in records]
     if not records:
         raise InputError(f"{cand.name} has no isolated records to rank",
                          "compare with mode='both' or 'isolated' (the default 'accumulated' "
@@ -99,15 +103,21 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
                 if got is not None:
                     final = min(snr_db(clean[n], got[n]) for n in clean)
         out.append(Sensitivity(rec, final, iso_snr))
+    if cand.kind == "ncnn":
+        out = _blame_inputs(out, cand, al, ref_values, clean,
+                            lambda m, k, v: _run_with(ref_runner, modules[m], k, v, args)
+                            if m in modules and m else None)
     # measured first, lowest final SNR first; then the rest by isolated SNR
     out.sort(key=lambda s: (s.final_snr_db is None,
                             s.final_snr_db if s.final_snr_db is not None else s.isolated_snr_db))
     return out
 
 
-def _parent_pairs(report: Any, cand: Any, al: Any) -> dict[str, str]:
+def _parent_pairs(report: Any, cand: Any, al: Any
+                  ) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
     """For a quantized candidate (the quantize stage's artifact), the pairs its float
-    parent aligns where they differ from the candidate's own: {candidate tensor: reference}.
+    parent aligns where they differ from the candidate's own ({candidate tensor:
+    reference}), and the parent's ``covers`` of every tensor it pairs.
 
     The quantized graph is its parent's modulo QuantizeLinear/DequantizeLinear (ONNX Runtime;
     ``x`` becomes ``x_DequantizeLinear_Output``) or with the same blob names (ncnn), but its
@@ -118,7 +128,7 @@ def _parent_pairs(report: Any, cand: Any, al: Any) -> dict[str, str]:
     are exact); nothing changes for a candidate that is not a quantize artifact."""
     parent = _float_parent(cand.path)
     if parent is None:
-        return {}
+        return {}, {}
     from ..precision.qdq import float_name
     from .compare import compare
 
@@ -126,14 +136,87 @@ def _parent_pairs(report: Any, cand: Any, al: Any) -> dict[str, str]:
         prep = compare(report.reference.model, [parent], report.inputs, mode="accumulated",
                        progress=False)
     except InputError:
-        return {}
-    pairs = next(iter(prep.alignments.values())).pairs
-    out = {}
+        return {}, {}
+    pal = next(iter(prep.alignments.values()))
+    out, covers = {}, {}
     for name, ref in al.pairs.items():
-        want = pairs.get(name, pairs.get(float_name(name)))
-        if want is not None and want != ref:
+        pname = name if name in pal.pairs else float_name(name)
+        want = pal.pairs.get(pname)
+        if want is None:
+            continue
+        covers[name] = pal.covers.get(pname, ())
+        if want != ref:
             out[name] = want
-    return out
+    return out, covers
+
+
+def _blame_inputs(out: list[Sensitivity], cand: Any, al: Any, ref_values: dict[str, Any],
+                  clean: dict[str, Any], run: Any) -> list[Sensitivity]:
+    """ncnn int8 rounds a blob inside each int8 layer that reads it (at the scale the
+    calibration table gives that layer), so a layer's isolated error holds the rounding
+    of its input: an outlier channel in the tensor it reads makes it look costly, while the
+    tensor's producer looks clean. Each int8 layer's input rounding is measured on its own
+    (the reference tensor rounded at the table's scale, put back into the float run); when
+    it explains the layer's cost (within 3 dB) the cost is the producer's: its entry takes
+    the worst of its own, the layer's and the rounding's, lists the layer in ``via``, and
+    the layer's entry goes (or keeps only what it is blamed for as a producer itself).
+    Keeping the producer in float (``wb.quantize(exclude=...)``) keeps its readers float."""
+    import numpy as np
+
+    from ..params import parse_ncnn_param
+    from ..precision.ncnn_table import read_table
+    from ..precision.snr import snr_db
+
+    table_path = cand.path.parent / "model.table"
+    if not table_path.is_file():
+        return out
+    table = read_table(table_path)
+    int8 = set(table.blob_scales) - set(table.float_layers)
+    layers = parse_ncnn_param(cand.path).layers
+    alias = {t: ly.bottoms[0] for ly in layers if ly.type == "Split" for t in ly.tops}
+
+    def root(blob: str) -> str:
+        while blob in alias:
+            blob = alias[blob]
+        return blob
+
+    by_name = {e.record.name: e for e in out}
+    by_node = {e.record.node: e for e in out if e.record.node}
+    tried: dict[tuple[str, float], tuple[float | None, float]] = {}
+    blamed: list[tuple[Sensitivity, Sensitivity, float, float, str]] = []
+    for ly in layers:
+        if ly.name not in int8 or not ly.bottoms or ly.name not in by_node:
+            continue
+        reader = by_node[ly.name]
+        blob = root(ly.bottoms[0])
+        producer = by_name.get(blob)
+        ref = al.pairs.get(blob)
+        if producer is None or producer is reader or ref is None or ref not in ref_values:
+            continue
+        scale = float(table.blob_scales[ly.name][0])
+        if (blob, scale) not in tried:
+            v = np.asarray(ref_values[ref], dtype=np.float32)
+            q = (np.clip(np.round(v * scale), -127, 127) / scale).astype(np.float32)
+            k = int(ref.split("#", 1)[1]) if "#" in ref else 0
+            got = run(call_module(ref), k, q)
+            final = None if got is None else min(snr_db(clean[n], got[n]) for n in clean)
+            tried[(blob, scale)] = (final, snr_db(v, q))
+        final, iso = tried[(blob, scale)]
+        if final is None or reader.final_snr_db is None or final > reader.final_snr_db + 3:
+            continue
+        blamed.append((reader, producer, min(final, reader.final_snr_db), iso, ly.name))
+    # decided on the layers' own figures first: a layer explained by its input loses its
+    # own cost (it is its producer's); one also blamed for its output keeps that blame
+    readers = {id(r) for r, *_ in blamed}
+    for e in out:
+        if id(e) in readers:
+            e.final_snr_db = None
+    for _reader, producer, cost, iso, name in blamed:
+        producer.via = (*producer.via, name)
+        producer.final_snr_db = cost if producer.final_snr_db is None else min(
+            producer.final_snr_db, cost)
+        producer.isolated_snr_db = min(producer.isolated_snr_db, iso)
+    return [e for e in out if id(e) not in readers or e.via]
 
 
 def _float_parent(path: Any) -> Any:

@@ -55,7 +55,10 @@ def quantize(
             (default), "aciq", "minmax".
         per_channel: per-output-channel weight scales (onnxruntime; ncnn always is).
         exclude: what stays in float: node / layer names, tensor names (their producer is
-            kept), or records of a comparison (``rep.sensitive(k)``).
+            kept), or records of a comparison (``rep.sensitive(k)``). A layer kept in float
+            keeps its output float too: onnxruntime's Q/DQ pair on it is dropped (a ranked
+            ReLU brings the conv it follows); for a record, ncnn, which rounds a blob inside
+            the int8 layers that read it, keeps those readers float as well.
         dynamic: onnxruntime dynamic quantization of MatMul/Gemm weights (transformers),
             no calibration.
         limit, seed, transform: how calibration samples are picked and read.
@@ -179,6 +182,7 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
         graph = load_onnx(source.path, external_data=False).graph
         nodes = [n.name for n in graph.node]
         producer = {o: n.name for n in graph.node for o in n.output}
+        wanted += _weighted_before(graph, [producer.get(w, w) for w in wanted if w in records])
     else:
         from ..params import parse_ncnn_param
         from ..precision.ncnn_table import quantizable
@@ -187,12 +191,19 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
         nodes = [ly.name for ly in layers]
         producer = {t: ly.name for ly in layers for t in ly.tops}
         runs_int8 = {ly.name for ly in quantizable(layers)}
+        readers = _int8_readers(layers, runs_int8)
     out = []
     for name in wanted:
         layer = name if name in nodes else producer.get(name)
-        if layer is not None and name in records and backend == "ncnn" \
-                and layer not in runs_int8:
-            continue  # ranked, but ncnn runs it in float anyway (a LayerNorm, an attention)
+        if layer is not None and backend == "ncnn" and name in records:
+            # a ranked record: its output reaches its readers in float too (the ranking
+            # blames a tensor's rounding on its producer, and ncnn rounds a blob inside
+            # each int8 layer that reads it: those stay float), as onnxruntime's exclude
+            # drops the Q/DQ pair on the output; a layer ncnn runs in float anyway (a
+            # LayerNorm, an attention) adds only its readers
+            out.extend([layer] if layer in runs_int8 else [])
+            out.extend(readers.get(layer, []))
+            continue
         if name in nodes:
             out.append(name)
         elif name in producer:
@@ -209,6 +220,49 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
                              f"names are listed by wb.summarize({source.id!r}) or "
                              "`workbench inspect`")
     return list(dict.fromkeys(out))
+
+
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
+               "Gelu", "Elu", "Selu", "Mish", "PRelu")
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def _weighted_before(graph: Any, names: list[str]) -> list[str]:
+    """The Conv/Gemm/MatMul feeding each activation node in ``names`` when the activation is
+    its only reader: a ranked record of a fused conv+BN+ReLU names the ReLU, whose input
+    is rounded to int8 too (onnxruntime quantizes the conv's output for it once the ReLU
+    is float): keeping the record's layer float keeps the conv float as well."""
+    by_name = {n.name: n for n in graph.node}
+    writer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    out = []
+    for name in names:
+        node = by_name.get(name)
+        if node is None or node.op_type not in ACTIVATIONS or not node.input:
+            continue
+        src = writer.get(node.input[0])
+        if src is not None and src.op_type in WEIGHTED and readers.get(node.input[0]) == 1:
+            out.append(src.name)
+    return out
+
+
+def _int8_readers(layers: list[Any], runs_int8: set[str]) -> dict[str, list[str]]:
+    """{ncnn layer: the int8 layers that read one of its tops, through Split copies}."""
+    alias = {t: ly.bottoms[0] for ly in layers if ly.type == "Split" for t in ly.tops}
+    writer = {t: ly.name for ly in layers if ly.type != "Split" for t in ly.tops}
+    out: dict[str, list[str]] = {}
+    for ly in layers:
+        if ly.name not in runs_int8:
+            continue
+        for b in ly.bottoms:
+            while b in alias:
+                b = alias[b]
+            if b in writer:
+                out.setdefault(writer[b], []).append(ly.name)
+    return out
 
 
 def _float_name(name: str) -> str:
