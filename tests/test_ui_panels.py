@@ -430,6 +430,7 @@ def test_compare_view_figures_at_screen_density_table_resizable(pipeline) -> Non
         w_in, h_in = fig.get_size_inches()
         # shown at the figure's own size (text at its point size), drawn at 2x for the screen
         assert (int(width), int(height)) == (round(w_in * CSS_DPI), round(h_in * CSS_DPI))
+        assert int(width) <= 960  # within a notebook's output, not wider
         assert _png_size(base64.b64decode(data)) == (round(w_in * CSS_DPI * DENSITY),
                                                      round(h_in * CSS_DPI * DENSITY))
     assert "max-width:none" in view.figures_w.value and "overflow-x:auto" in view.figures_w.value

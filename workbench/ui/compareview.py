@@ -248,11 +248,16 @@ class CompareView(widgets.VBox):
         self.figures = [plots.error_along_graph(rows, metric=self.metric,
                                                 highlight=first.name if first else None),
                         plots.error_by_op_type(self.all_rows, metric=self.metric, mode=mode)]
+        for fig in self.figures:  # as wide as a notebook's output (labels stay their size)
+            w_in, h_in = fig.get_size_inches()
+            if w_in > MAX_WIDTH_IN:
+                fig.set_size_inches(MAX_WIDTH_IN, h_in)
         self.figures_w.value = "".join(figure_html(fig) for fig in self.figures)
 
 
 CSS_DPI = 96  # CSS pixels per inch: a figure's inches shown at this size, text at its points
 DENSITY = 2  # device pixels per CSS pixel drawn: sharp on high-density screens
+MAX_WIDTH_IN = 10.0  # 960 CSS px: a JupyterLab output's width beside the file browser
 
 
 def figure_html(fig: Any, density: int = DENSITY) -> str:
