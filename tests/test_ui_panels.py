@@ -318,9 +318,17 @@ def test_a_stage_made_from_an_older_input_is_stale_left_out_of_compare_and_run_a
     assert p["ncnn"].artifact.parent.parent.id == new_raise.id  # pnnx from the raised ONNX
     assert [c.id for c in pipe.panels["compare"].compared] == [new_raise.id,
                                                               p["ncnn"].artifact.id]
-    # a new ncnn model: the comparison that checked the old one is stale
+    # int8 from that ncnn model, then a new ncnn model: the int8 one and the comparison
+    # are stale; Run all quantizes again (from the new ncnn model) and compares it too
+    p["quantize"].backend.value = "ncnn"
+    p["quantize"].samples.value = 2
+    assert p["quantize"].run() is not None, p["quantize"].result_html.value
     p["ncnn"].run()
-    assert set(pipe.stale()) == {"compare"}
+    assert set(pipe.stale()) == {"quantize", "compare"}
+    pipe.run()
+    q8 = p["quantize"].artifact
+    assert pipe.stale() == {} and not pipe.errors
+    assert q8.parent.id == p["ncnn"].artifact.id and q8.id in [c.id for c in p["compare"].compared]
 
 
 def test_progress_within_pnnx_and_quantization_names_phases_and_counts(model_inputs, ws) -> None:
