@@ -30,7 +30,8 @@ per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2i
    converted and quantized again (same samples), ``rep = wb.compare(copy, [int8], (x,),
    mode="both")``; targets, for ORT and ncnn each: ``rep.sensitive(1)`` is that layer (its
    module, or a module it covers, is the conv, the norm or the ReLU after it: one fused
-   layer), and ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the final-output SNR by
+   layer; or a reader the plant divided the channel back in, whose weights for it are now
+   1/100: planted too, and marked "(reader)"), and ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the final-output SNR by
    >= 10 dB over full int8. A miss says which layer ranked first, where the culprit ranked,
    and the SNRs.
 3. Calibration + quantization time of ResNet-50 (``Artifact.seconds`` of wb.quantize: reading
@@ -282,6 +283,14 @@ def _carries(rec: Any, plant: Plant) -> bool:
     return any(call_module(n) in plant.carriers for n in (rec.reference, *rec.covers))
 
 
+def _reads(rec: Any, plant: Plant) -> bool:
+    """The record of a layer the plant divided the outlier back in (its weights for that
+    input channel are 1/100 of what they were: planted too, and int8 rounds them)."""
+    from workbench.comparison.align import call_module
+
+    return any(call_module(n) in plant.readers for n in (rec.reference, *rec.covers))
+
+
 QDQ_SUFFIXES = ("_DequantizeLinear", "_QuantizeLinear")
 NCNN_INT8_LAYERS = ("Convolution", "ConvolutionDepthWise", "InnerProduct")
 
@@ -324,13 +333,15 @@ def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], b
     t0 = time.perf_counter()
     rep = wb.compare(model, [q], x, mode="both", progress=False)
     sens = rep.sensitivity(progress=False)
-    rank = next((i + 1 for i, s in enumerate(sens) if _carries(s.record, plant)), None)
+    rank = next((i + 1 for i, s in enumerate(sens) if _carries(s.record, plant)
+                 or _reads(s.record, plant)), None)
     top = [(s.record.reference, s.record.node, s.final_snr_db, s.isolated_snr_db)
            for s in sens[:TOP_K]]
     how = ""
     if rank:
         hit = sens[rank - 1]
-        how = hit.record.reference + (f" (via {', '.join(hit.via)})" if hit.via else "")
+        how = hit.record.reference + (f" (via {', '.join(hit.via)})" if hit.via else "") + (
+            "" if _carries(hit.record, plant) else " (a reader: its weights divided back)")
     c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how)
     try:
         qx = wb.quantize(parent, samples, exclude=rep.sensitive(TOP_K), progress=False)
@@ -446,7 +457,8 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
         for c in r.culprits:
             tag = f"{r.name} {c.backend}"
             add(f"{tag}: culprit ranked first", "rank 1",
-                f"rank {c.rank}" if c.rank else "not ranked", c.rank == 1)
+                (f"rank {c.rank}" + (" (reader)" if "a reader" in c.covered_by else ""))
+                if c.rank else "not ranked", c.rank == 1)
             gain = None if c.excluded_db is None else c.excluded_db - c.full_db
             add(f"{tag}: SNR gain, exclude=rep.sensitive({TOP_K})", f">= +{GAIN_DB:.0f} dB",
                 "quantize raised" if gain is None else

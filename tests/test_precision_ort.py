@@ -358,3 +358,49 @@ def test_an_excluded_nodes_output_reaches_its_consumers_in_float(ws, tmp_path):
     a, b = _snr(_run(full.path, probe), ref), _snr(_run(kept.path, probe), ref)
     print(f"\nint8 SNR: full {a:.1f} dB, the outlier conv kept float {b:.1f} dB")
     assert b > a + 6  # measured: 13.6 -> 22.2 dB
+
+
+class NormOutlier(nn.Module):
+    """LayerNorm whose channel 2 is 100x the others, divided back in fc1 (float unchanged);
+    fc1 on [1, T, C] becomes Reshape + Gemm in onnxruntime's pre-processing."""
+
+    def __init__(self, c: int = 32) -> None:
+        super().__init__()
+        self.fc0, self.ln, self.fc1 = nn.Linear(c, c), nn.LayerNorm(c), nn.Linear(c, 64)
+        with torch.no_grad():
+            self.ln.weight[2] *= 100
+            self.ln.bias[2] *= 100
+            self.fc1.weight[:, 2] /= 100
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc1(self.ln(self.fc0(x)))
+
+
+def test_an_excluded_output_stays_float_through_the_reshapes_after_it(ws, tmp_path):
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    data = [rng.random((1, 17, 32), dtype=np.float32) for _ in range(8)]
+    art = wb.export(NormOutlier().eval(), (torch.from_numpy(data[0]),), workspace=ws)
+    ln = next(n.name for n in onnx.load(str(art.path)).graph.node
+              if n.op_type == "LayerNormalization")
+    cal = load_calibration(data, inputs=art, progress=False)
+    probe = rng.random((1, 17, 32), dtype=np.float32)
+    ref = _run(art.path, probe)
+    full = quantize_static_qdq(art, tmp_path / "full.onnx", cal, progress=False)
+    kept = quantize_static_qdq(art, tmp_path / "kept.onnx", cal, exclude=[ln], progress=False)
+    m, producer, _ = _graph(kept.path)
+    # from the LayerNorm's output to the first weighted op, no QuantizeLinear on the way
+    t = next(n.output[0] for n in m.graph.node if n.name == ln)
+    readers = [n for n in m.graph.node if t in n.input]
+    seen = []
+    while readers:
+        n = readers.pop()
+        seen.append(n.op_type)
+        assert n.op_type != "QuantizeLinear", seen
+        if n.op_type not in ("Gemm", "MatMul"):
+            readers += [r for r in m.graph.node if n.output[0] in r.input]
+    assert "Gemm" in seen or "MatMul" in seen
+    a, b = _snr(_run(full.path, probe), ref), _snr(_run(kept.path, probe), ref)
+    print(f"\nint8 SNR: full {a:.1f} dB, the outlier LayerNorm's output float {b:.1f} dB "
+          f"(path {seen})")
+    assert b > a + 6

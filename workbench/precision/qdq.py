@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+MOVES = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Slice",
+         "Gather", "Split", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool",
+         "GlobalMaxPool", "Resize")
 
 def float_outputs(model: Any, exclude: list[str]) -> int:
     """Keep the outputs of the ``exclude`` nodes in float: drop the QuantizeLinear /
@@ -17,6 +20,19 @@ def float_outputs(model: Any, exclude: list[str]) -> int:
     outs = {o for n in g.node if n.name in set(exclude) for o in n.output if o}
     if not outs:
         return 0
+    # the same values moved (a Reshape onnxruntime's optimizer put before a Gemm, a
+    # Transpose, a Flatten...) stay float too, or the outlier is rounded one step later
+    qin = {n.output[0]: n.input[0] for n in g.node if n.op_type == "QuantizeLinear"}
+    src = {n.output[0]: qin[n.input[0]] for n in g.node
+           if n.op_type == "DequantizeLinear" and n.input and n.input[0] in qin}
+    grew = True
+    while grew:
+        grew = False
+        for n in g.node:
+            if n.op_type in MOVES and n.input and src.get(n.input[0], n.input[0]) in outs \
+                    and n.output[0] not in outs:
+                outs.add(n.output[0])
+                grew = True
     readers: dict[str, list[Any]] = {}
     for n in g.node:
         for i in n.input:
