@@ -65,6 +65,13 @@ def test_pipeline_widget_runs_and_netron_shows_the_model(lab) -> None:  # noqa: 
     assert "failed" not in rows
     compare = page.locator(f"{PANEL} .wb-panel-compare .wb-summary").first
     assert "aligned" in compare.inner_text()
+    # the compare view: its table box drags taller, its figures drawn at twice their CSS size
+    table_box = page.locator(f"{PANEL} .wb-panel-compare .wb-compare-view-table").first
+    assert table_box.evaluate("e => getComputedStyle(e).resize") == "vertical"
+    img = page.locator(f"{PANEL} .wb-panel-compare .wb-compare-view-figures img").first
+    img.wait_for(timeout=30_000)
+    assert img.evaluate("e => e.complete && e.naturalWidth === 2 * e.clientWidth"), \
+        img.evaluate("e => [e.naturalWidth, e.clientWidth]")
     lab.screenshot("pipeline-run-all", f"{PANEL} .wb-pipeline")
 
     # the export tab: its summary, then Netron inline through the Jupyter server
