@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import shutil
 import statistics
@@ -915,7 +916,8 @@ def main(argv: list[str] | None = None) -> int:
             print(n)
         print(f"whole run {time.perf_counter() - t_start:.0f} s; models: {', '.join(names)}; "
               f"depths per model: {depths}; noise {100 * NOISE:.0f}% on "
-              f"{100 * FRACTION:.0f}% of one weight")
+              f"{100 * FRACTION:.0f}% of one weight; load average "
+              f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
         report(trials, cleans, kinds, args.mode)
     except Exception:
         traceback.print_exc()
