@@ -93,3 +93,19 @@ def test_failed_export_in_a_kernel_leads_with_message_and_hint(
         # the traceback is still there, below the advice, down to the exporter's frames
         tb = next(i for i, ln in enumerate(text) if "full traceback" in ln)
         assert hint < tb and any("export.py" in ln for ln in text[tb:])
+
+
+def test_an_op_no_library_registered_is_named_not_blamed_on_the_inputs(tmp_path) -> None:
+    """A model calling ``torch.ops.mylib.nothere`` fails in torch before any export: the
+    error names the op and says how to declare it, not "give inputs of the shape...";
+    the custom-ops panel reads the op from it."""
+
+    class CallsMissing(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.wbtest_missing.nothere(x) + 1
+
+    with pytest.raises(wb.MissingOpError) as info:
+        wb.export(CallsMissing(), (torch.randn(1, 3),), workspace=tmp_path / "ws")
+    assert "torch.ops.wbtest_missing.nothere" in str(info.value)
+    assert "@wb.custom_op('wbtest_missing::nothere')" in info.value.hint
+    assert "shape" not in info.value.hint

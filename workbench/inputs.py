@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InputError
+from .errors import InputError, MissingOpError
 
 
 def describe(x: Any) -> str:
@@ -72,6 +72,14 @@ def run_torch(model: Any, args: tuple, what: str) -> list:
         with torch.no_grad():
             out = flatten_outputs(_eval(model)(*copies(args)))
     except Exception as e:  # the model's own error says what it wanted
+        missing = missing_torch_op(e)
+        if missing:  # not the inputs: the model calls an op nothing registered
+            raise MissingOpError(
+                f"{type(model).__name__} calls torch.ops.{missing.replace('::', '.')}, which "
+                f"no library registered in this process ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})",
+                f"declare it before exporting: @wb.custom_op({missing!r}) (or "
+                "torch.library.custom_op), or import the module that registers it") from e
         raise rejected(model, args, what, e,
                        "give inputs of the shape and dtype the model's forward() expects, "
                        "e.g. torch.randn(1, 3, 224, 224) for an image model") from e
@@ -79,6 +87,19 @@ def run_torch(model: Any, args: tuple, what: str) -> list:
         raise InputError(f"{type(model).__name__} returned no tensor on the {what}",
                          "an exported model needs at least one tensor output")
     return [t.detach().cpu().numpy() for t in out]
+
+
+def missing_torch_op(error: BaseException) -> str | None:
+    """``"ns::op"`` when ``error`` is torch's way of saying ``torch.ops.ns.op`` does not exist
+    (an AttributeError from the op namespace, or "No such operator"); else None."""
+    import re
+
+    text = str(error)
+    m = re.search(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'", text)
+    if m:
+        return f"{m.group(1)}::{m.group(2)}"
+    m = re.search(r"No such operator (\w+)::(\w+)", text)
+    return f"{m.group(1)}::{m.group(2)}" if m else None
 
 
 def rejected(model: Any, args: tuple, what: str, error: BaseException,
