@@ -470,3 +470,17 @@ def test_many_op_labels_do_not_overlap_and_the_colourbar_keeps_off_the_title() -
     title = ax.title.get_window_extent()
     assert title.x0 >= 0 and title.x1 <= fig.bbox.width  # the whole title on the figure
     assert not title.overlaps(bar.get_tightbbox())  # the colour bar and its ticks keep off it
+
+
+def test_ui_pipeline_spells_raise_ops_as_wb_pipeline_does(tmp_path):
+    """One spelling per option: ``raise_ops=`` as ``wb.Pipeline``; the old ``raise_=`` still
+    works, with a DeprecationWarning, and both at once is a hinted error."""
+    model, x = wb.default_model()
+    pipe = wb.ui.Pipeline(model, x, workspace=tmp_path / "a", raise_ops={"target": "functions"})
+    assert pipe.panels["raise"].target.value == "functions"
+    with pytest.warns(DeprecationWarning, match="raise_ops"):
+        old = wb.ui.Pipeline(model, x, workspace=tmp_path / "b", raise_={"target": "functions"})
+    assert old.panels["raise"].target.value == "functions"
+    with pytest.raises(wb.InputError, match="both raise_ops= and raise_="), \
+            pytest.warns(DeprecationWarning):
+        wb.ui.Pipeline(model, x, workspace=tmp_path / "c", raise_ops={}, raise_={})

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from ..artifact import Artifact, Workspace, as_workspace
+from ..errors import InputError
 from .code import program
 from .panels import (
     ComparePanel,
@@ -34,10 +35,32 @@ class Pipeline:
 
     def __init__(self, model: Any, inputs: Any, *, workspace: Workspace | str | None = None,
                  export: dict[str, Any] | None = None, simplify: dict[str, Any] | None = None,
-                 raise_: dict[str, Any] | None = None, ncnn: dict[str, Any] | None = None,
+                 raise_ops: dict[str, Any] | None = None, ncnn: dict[str, Any] | None = None,
                  compare: dict[str, Any] | None = None,
-                 quantize: dict[str, Any] | None = None) -> None:
+                 quantize: dict[str, Any] | None = None,
+                 raise_: dict[str, Any] | None = None) -> None:
+        """The pipeline widget; display it in a cell (or call ``run()``).
+
+        Args:
+            model: the ``torch.nn.Module``.
+            inputs: its example inputs.
+            workspace: a Workspace or folder (default ``workbench-runs/default``).
+            export, simplify, raise_ops, ncnn, compare, quantize: each stage panel's initial
+                settings, keyword arguments as the engine function takes them (as
+                ``wb.Pipeline``'s keywords of the same names).
+            raise_: the old spelling of ``raise_ops`` (deprecated; a DeprecationWarning).
+        """
         import ipywidgets as w
+
+        if raise_ is not None:
+            import warnings
+
+            warnings.warn("wb.ui.Pipeline(raise_=...) is now raise_ops=..., as wb.Pipeline "
+                          "spells it; raise_ will be removed", DeprecationWarning, stacklevel=2)
+            if raise_ops is not None:
+                raise InputError("wb.ui.Pipeline got both raise_ops= and raise_=",
+                                 "give raise_ops= only (raise_ is its old spelling)")
+            raise_ops = raise_
 
         self.model = model
         self.inputs = inputs
@@ -47,7 +70,7 @@ class Pipeline:
         panels["export"] = ExportPanel(model, inputs, workspace=ws, **(export or {}))
         panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
         panels["simplify"] = SimplifyPanel(workspace=ws, **(simplify or {}))
-        panels["raise"] = RaisePanel(workspace=ws, **(raise_ or {}))
+        panels["raise"] = RaisePanel(workspace=ws, **(raise_ops or {}))
         panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **(ncnn or {}))
         panels["compare"] = ComparePanel(model, inputs, workspace=ws, **(compare or {}))
         panels["quantize"] = QuantizePanel(model, inputs, workspace=ws, **(quantize or {}))
