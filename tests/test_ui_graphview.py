@@ -655,3 +655,26 @@ def test_colour_by_snr_of_an_int8_candidate(deep):
     assert "snr_db" in e.value.hint and gv.metric == "cosine"
     with pytest.raises(wb.WorkbenchError, match="metric='db'"):
         GraphView(q8, report=rep, color_by="accumulated", metric="db")
+
+
+def test_ncnn_layers_group_by_the_alignments_module(deep, tmp_path):
+    model, x, _ = deep
+    nc = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    assert GraphView(nc).groups == []  # ncnn's layer names (conv_3) say no module
+    rep = wb.compare(model, [nc], x, tolerance=TOL, progress=False)
+    gv = GraphView(nc, color_by="accumulated", report=rep)
+    ids = [g["id"] for g in gv.groups]
+    assert "blocks" in ids and sum(i.startswith("blocks.") and i.count(".") == 1
+                                   for i in ids) == 40
+    al = rep.alignments[rep.candidates[0].name]
+    for n in gv.payload["nodes"]:  # each layer aligned to a module sits in it
+        mods = {al.pairs[t].split("/")[0] for t in n["outputs"] if t in al.pairs}
+        if mods and n["op"] != "Split":
+            assert n["path"][-1] in mods, n
+    split = [n for n in gv.payload["nodes"] if n["op"] == "Split" and n["path"]]
+    assert split and all(n["path"][0] in ("blocks", "stem") for n in split)
+    assert len(gv.drawn_items()) <= 60 and "module:blocks.7" in gv.drawn_items()
+    # pnnx names an nn.* op as its module: grouped without a report, labelled by its own name
+    pn = GraphView(nc.parent)
+    conv = next(n for n in pn.payload["nodes"] if n["id"] == "blocks.3.conv1")
+    assert conv["label"] == "conv1" and "blocks.3" in [g["id"] for g in pn.groups]

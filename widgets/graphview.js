@@ -6,7 +6,8 @@
 // Plain ES module for anywidget: no build step; dagre (vendored) comes in the `_dagre` trait
 // and is imported from a Blob URL once per page.
 
-const DAGRE_MAX_NODES = 150; // items drawn; above this, the layered layout below (see layeredLayout)
+const DAGRE_MAX_NODES = 20; // items drawn with no module open; else the layered layout below (dagre
+// needs 70-150 ms for 60 items and 4x that with modules as clusters: too slow to open a module)
 const EAGER_LABELS = 300; // above this, labels are added for the items in view only
 const SHAPE_LABELS = 400; // tensor shapes on edges up to this many items
 const NODE_H = 32;
@@ -56,8 +57,8 @@ function visibleItems(nodes, groups, open) {
 
 // dagre with open groups as clusters (compound graph): a module's nodes stay together.
 function dagreLayout(dagre, ids, edges, widths, heights, parents) {
-  const g = new dagre.graphlib.Graph({ compound: true });
-  g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 12, marginy: 12, ranker: "longest-path" });
+  const g = new dagre.graphlib.Graph({ compound: parents.length > 0 });
+  g.setGraph({ rankdir: "TB", nodesep: 14, ranksep: 26, marginx: 12, marginy: 12 });
   g.setDefaultEdgeLabel(() => ({}));
   ids.forEach((id, i) => g.setNode(id, { width: widths[i], height: heights[i] }));
   for (const [c, p] of parents) { if (!g.hasNode(p)) g.setNode(p, { paddingTop: 18 }); }
@@ -81,7 +82,7 @@ function dagreLayout(dagre, ids, edges, widths, heights, parents) {
 // 1.3 s for 500 nodes and overflowed its stack at 2,000 (measured with node, dagre 3.1.3), so
 // past DAGRE_MAX_NODES we rank by longest path, route long edges through virtual points,
 // order each layer by a few barycentre sweeps and centre the layers. Same look, ~100x faster.
-function layeredLayout(nodes, edges, widths) {
+function layeredLayout(nodes, edges, widths, keys = []) {
   const n = nodes.length;
   const succ = Array.from({ length: n }, () => []);
   const pred = Array.from({ length: n }, () => []);
@@ -114,12 +115,13 @@ function layeredLayout(nodes, edges, widths) {
   const itemW = widths.slice();
   const up = Array.from({ length: n }, () => []);
   const down = Array.from({ length: n }, () => []);
+  const chainOf = {}; // virtual point -> the edge's source item
   const chains = edges.map(([a, b]) => {
     const chain = [a];
     let prev = a;
     for (let r = rank[a] + 1; r < rank[b]; r++) {
       const id = itemRank.length;
-      itemRank.push(r); itemW.push(8); up.push([]); down.push([]);
+      itemRank.push(r); itemW.push(8); up.push([]); down.push([]); chainOf[id] = a;
       down[prev].push(id); up[id].push(prev); chain.push(id); prev = id;
     }
     if (rank[b] > rank[a]) { down[prev].push(b); up[b].push(prev); }
@@ -147,20 +149,47 @@ function layeredLayout(nodes, edges, widths) {
   const downRanks = [...Array(nr).keys()].slice(1);
   const upRanks = [...Array(nr).keys()].reverse().slice(1);
   for (let it = 0; it < 3; it++) { sweep(downRanks, up); sweep(upRanks, down); }
-  const gap = 14, ranksep = 24;
-  const xs = new Array(itemRank.length);
+  // modules stay together: in each row, items sorted by their open modules (outermost first,
+  // in the modules' own order), barycentre order within a module; a virtual point of a long
+  // edge goes with the edge's source
+  const key = (v) => keys[v < n ? v : chainOf[v]] || [];
+  const cmp = (a, b) => {
+    const ka = key(a), kb = key(b);
+    for (let i = 0; i < Math.min(ka.length, kb.length); i++) if (ka[i] !== kb[i]) return ka[i] - kb[i];
+    return 0;
+  };
+  layers.forEach((L) => { L.sort(cmp); L.forEach((v, k) => { order[v] = k; }); });
+  const ranksep = keys.some((k) => k && k.length) ? 34 : 24;
+  // x: top-down, each item under the mean of the items above it, pushed right of its left
+  // neighbour (wider apart where module boxes meet), the row then shifted back onto its wishes
+  const xs = new Array(itemRank.length).fill(0);
   const ys = new Array(itemRank.length);
-  let width = 0;
+  const sep = (a, b) => {
+    const ka = key(a), kb = key(b);
+    let c = 0;
+    while (c < ka.length && c < kb.length && ka[c] === kb[c]) c++;
+    return 14 + 8 * (ka.length - c + kb.length - c);
+  };
   layers.forEach((L, r) => {
-    const total = L.reduce((s, v) => s + itemW[v], 0) + gap * Math.max(0, L.length - 1);
-    width = Math.max(width, total);
-    let cx = -total / 2;
-    for (const v of L) { xs[v] = cx + itemW[v] / 2; cx += itemW[v] + gap; ys[v] = r * (ROW_H + ranksep) + ROW_H / 2; }
+    const want = L.map((v, k) => up[v].length ? up[v].reduce((s, u) => s + xs[u], 0) / up[v].length : (k ? NaN : 0));
+    let right = -Infinity, drift = 0, counted = 0;
+    L.forEach((v, k) => {
+      const w = Number.isNaN(want[k]) ? right + sep(L[k - 1], v) + itemW[v] / 2 : want[k];
+      const lo = k ? right + sep(L[k - 1], v) + itemW[v] / 2 : -Infinity;
+      xs[v] = Math.max(w, lo);
+      right = xs[v] + itemW[v] / 2;
+      if (!Number.isNaN(want[k])) { drift += want[k] - xs[v]; counted++; }
+      ys[v] = r * (ROW_H + ranksep) + ROW_H / 2;
+    });
+    const d = counted ? drift / counted : 0;
+    for (const v of L) xs[v] += d;
   });
-  const shift = width / 2 + 10;
-  for (let i = 0; i < xs.length; i++) { xs[i] += shift; ys[i] += 10; }
+  let x0 = Infinity, x1 = -Infinity;
+  for (let i = 0; i < xs.length; i++) { x0 = Math.min(x0, xs[i] - itemW[i] / 2); x1 = Math.max(x1, xs[i] + itemW[i] / 2); }
+  const margin = 12 + 8 * Math.max(0, ...keys.map((k) => (k ? k.length : 0)));
+  for (let i = 0; i < xs.length; i++) { xs[i] += margin - x0; ys[i] += 10 + margin; }
   const paths = chains.map((c) => c.map((v) => [xs[v], ys[v]]));
-  return { x: xs.slice(0, n), y: ys.slice(0, n), paths, width: width + 20, height: nr * (ROW_H + ranksep) + 20 };
+  return { x: xs.slice(0, n), y: ys.slice(0, n), paths, width: x1 - x0 + 2 * margin, height: nr * (ROW_H + ranksep) + 20 + 2 * margin };
 }
 
 function legendHTML(legend) {
@@ -425,23 +454,26 @@ async function render({ model, el }) {
       }
     }
     let layout, engine;
-    if (items.length <= DAGRE_MAX_NODES) {
+    // each item's open modules, outermost first (group indices: parents first, file order)
+    const keys = items.map((r) => {
+      const chain = [];
+      for (let g = r >= 0 ? innerOpen(nodes[r].g) : innerOpen(groups[-1 - r].parent); g >= 0; g = innerOpen(groups[g].parent)) chain.push(g);
+      return chain.reverse();
+    });
+    if (items.length <= DAGRE_MAX_NODES && !parents.length) {
       const dagre = await loadDagre(model.get("_dagre"));
-      layout = dagreLayout(dagre, ids, edges, widths, heights, parents); engine = "dagre";
+      layout = dagreLayout(dagre, ids, edges, widths, heights, []); engine = "dagre";
     } else {
-      layout = layeredLayout(ids, edges, widths); engine = "layered";
+      layout = layeredLayout(ids, edges, widths, keys); engine = "layered";
       // open groups as boxes around their items (innermost first, so outer ones hold inner)
       const boxes = new Map();
-      const grow = (p, x0, y0, x1, y1) => {
-        const b = boxes.get(p) || { x0: Infinity, y0: Infinity, x1: -Infinity, y1: -Infinity };
-        boxes.set(p, { x0: Math.min(b.x0, x0), y0: Math.min(b.y0, y0), x1: Math.max(b.x1, x1), y1: Math.max(b.y1, y1) });
-      };
       items.forEach((r, k) => {
-        const g = r >= 0 ? innerOpen(nodes[r].g) : innerOpen(groups[-1 - r].parent);
-        let p = g, pad = 6;
-        while (p >= 0) {
-          grow("g" + p, layout.x[k] - widths[k] / 2 - pad, layout.y[k] - heights[k] / 2 - pad - 14, layout.x[k] + widths[k] / 2 + pad, layout.y[k] + heights[k] / 2 + pad);
-          p = innerOpen(groups[p].parent); pad += 6;
+        let pad = 6;
+        for (let j = keys[k].length - 1; j >= 0; j--, pad += 8) {
+          const p = "g" + keys[k][j];
+          const b = boxes.get(p) || { x0: Infinity, y0: Infinity, x1: -Infinity, y1: -Infinity };
+          boxes.set(p, { x0: Math.min(b.x0, layout.x[k] - widths[k] / 2 - pad), y0: Math.min(b.y0, layout.y[k] - heights[k] / 2 - pad - 14),
+            x1: Math.max(b.x1, layout.x[k] + widths[k] / 2 + pad), y1: Math.max(b.y1, layout.y[k] + heights[k] / 2 + pad) });
         }
       });
       layout.boxes = boxes;

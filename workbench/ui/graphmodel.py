@@ -183,14 +183,18 @@ def _label(name: str, path: list[str], op: str) -> str:
         short = segs[-1] if segs else name
         if op_like(short):
             short = segs[-2] if len(segs) > 1 else ""
+    elif path and name == path[-1]:  # pnnx: an nn.* op is named as its module
+        short = name.rsplit(".", 1)[-1]
     elif path and name.startswith(path[-1] + "."):
         short = name[len(path[-1]) + 1:]
     return "" if op_like(short) else short
 
 
-def attach_modules(nodes: list[dict[str, Any]], module_of: dict[str, str]) -> list[dict]:
+def attach_modules(nodes: list[dict[str, Any]], module_of: dict[str, str],
+                   edges: list[list[int]] = ()) -> list[dict]:
     """Nodes with a module path from the comparison (``module_of``: tensor -> torch module,
-    e.g. 'layer1.0.conv1' or 'layer1.0.conv1/F.pad_0') where the exporter gave none."""
+    e.g. 'layer1.0.conv1' or 'layer1.0.conv1/F.pad_0') where the exporter gave none; an ncnn
+    Split (a blob's fan-out, no op of torch's) joins the module of the layer it copies."""
     out = []
     for n in nodes:
         if not n["path"]:
@@ -199,6 +203,11 @@ def attach_modules(nodes: list[dict[str, Any]], module_of: dict[str, str]) -> li
                 mod = mod.split("/")[0]
                 n = {**n, "path": [*dotted_path(mod), mod]}
         out.append(n)
+    producer = {b: a for a, b in edges}
+    for i, n in enumerate(out):
+        if n["op"] == "Split" and not n["path"] and i in producer:
+            p = out[producer[i]]["path"]
+            out[i] = {**n, "path": p[:-1] if p and p[-1] == out[producer[i]]["id"] else p}
     return out
 
 

@@ -118,7 +118,7 @@ class GraphView(widgets.HBox):
         if alignment is not None:  # the comparison's modules for nodes the exporter left bare
             module_of = {**{t: m for t, m in alignment.attributed.items() if m},
                          **alignment.pairs}
-            nodes = attach_modules(nodes, module_of)
+            nodes = attach_modules(nodes, module_of, self.payload["edges"])
             self.payload = {**self.payload, "nodes": nodes}
         self.groups, self._node_group = build_groups(nodes)
         self._group_index = {g["id"]: k for k, g in enumerate(self.groups)}
