@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, WorkbenchError
 from ..progress import Progress, Steps
 from .align import Alignment, CandidateTensor, align, samples
 from .candidates import (
@@ -137,7 +137,12 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         # mode the values go before the run (peak memory)
                         layout = _layout(values)
                         values = None
-                        iso = isolated(cand, al, ref_values, layout, own_args[k])
+                        try:
+                            iso = isolated(cand, al, ref_values, layout, own_args[k])
+                        except WorkbenchError as e:  # listed; the accumulated records stand
+                            iso = None
+                            why = f"isolated: the isolated run failed: {e.message}"
+                            unmeasured[cand.name].update(dict.fromkeys(al.pairs, why))
                         isolated_available[cand.name] = iso is not None
                         if iso is not None:
                             runs.append(("isolated", iso))

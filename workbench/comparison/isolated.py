@@ -132,11 +132,13 @@ def _isolated_ncnn(cand: Candidate, al: Alignment, ref_values: dict[str, Any],
             blob = alias[blob]
         return blob
 
-    fed_of = {}  # layer name -> blobs to feed (Split tops fed as the blob they copy)
+    fed_of = {}  # layer name -> blobs to feed
     for ly in layers:
         if ly.type == "Split":
             continue
-        fed_of[ly.name] = {b: root(b) for b in ly.bottoms if root(b) in al.pairs}
+        # fed as the blob a Split copies, which the Split then hands on: that blob is the one
+        # a capture saw (and knows the batch of); a Split top fed alone lost its batch
+        fed_of[ly.name] = {root(b): root(b) for b in ly.bottoms if root(b) in al.pairs}
     passes: list[tuple[set, dict, list]] = []  # (measured tops, feeds blob->source, layers)
     for ly in layers:
         if ly.type == "Split" or not any(t in al.pairs for t in ly.tops):

@@ -407,6 +407,13 @@ def _recording_mode() -> type:
                     isinstance(result, (tuple, list)) and result
                     and all(isinstance(r, torch.Tensor) for r in result))):
                 rec.functional(func, result)
+            elif (func is setitem and not rec.off and args
+                  and isinstance(args[0], torch.Tensor)):
+                # x[i] = v returns nothing, but the state it leaves x in is a tensor torch
+                # computed (ncnn's CopyTo writes it as a blob): recorded as this call's
+                # output, held like any record (copied before a later write changes it)
+                rec.functional(func, args[0])
             return result
 
+    setitem = torch.Tensor.__setitem__
     return RecordingMode
