@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import workbench as wb
 from workbench.comparison.weights import ncnn_weight_modules
@@ -368,3 +369,30 @@ def test_states_of_a_tensor_written_in_place_are_not_a_false_divergence(tmp_path
     why = [w for w in al.unaligned.values() if "on a sample only" in w]
     shared = [c for c, r in al.pairs.items() if list(al.pairs.values()).count(r) > 1]
     assert why or not shared, (al.unaligned, al.pairs)  # checked where samples could miss
+
+
+class SliceAssign(nn.Module):
+    """A batch-2 tensor written by slice assignments (the PNNX corpus's
+    test_Tensor_slice_copy, its q): each state ncnn's CopyTo writes is a torch state too."""
+
+    def forward(self, q):
+        q = F.max_pool2d(q, 1).clone()
+        q[:, 1:2, :, :] = q[:, 0:1, :, :] + 1
+        q[:, :, 1:5, 2:6] = q[:, :, 1:5, 7:11] * 2
+        return q
+
+
+def test_slice_assignment_states_are_aligned_and_a_batched_blob_is_fed_whole(tmp_path):
+    torch.manual_seed(0)
+    model, x = SliceAssign().eval(), torch.rand(2, 3, 6, 12)
+    # the reference records each state an assignment leaves q in, not the later one
+    got = wb.compare(model, [wb.export(model, (x,), workspace=tmp_path / "onnx")], (x,),
+                     progress=False).reference.run((x,), capture="all")
+    q = F.max_pool2d(x, 1).clone()
+    q[:, 1:2] = q[:, 0:1] + 1
+    np.testing.assert_array_equal(got["Tensor.__setitem___0"], q.numpy())
+    art, rep, name, al = _converted_and_compared(model, x, tmp_path)
+    states = [c for c, r in al.pairs.items() if r.startswith("Tensor.__setitem__")]
+    assert states and not al.unaligned, (al.unaligned, al.pairs)
+    # isolated: the state feeding a Split is fed as the blob the capture saw (batch 2)
+    assert rep.ok and not rep.unmeasured[name] and rep.isolated_available[name], rep.summary()
