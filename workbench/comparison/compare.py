@@ -23,7 +23,7 @@ from .candidates import (
     input_sets,
     with_weights,
 )
-from .isolated import isolated, isolated_model  # noqa: F401 - isolated_model: bench profile
+from .isolated import isolated
 from .metrics import TensorMetrics, Tolerance, resolve_tolerance
 from .report import CompareReport, Record
 from .schedule import Schedule
