@@ -183,7 +183,7 @@ def test_compare_aligns_and_checks_the_custom_op_output(my_add_case):
     assert set(rep.aligned_fraction.values()) == {1.0}
     mine = [r for r in rep.records if "my_add" in str(r.reference)]
     assert {r.candidate for r in mine} == {c.name for c in rep.candidates}
-    assert all(r.metrics["passed"] and r.metrics["max_abs"] < ATOL for r in mine)
+    assert all(r.metrics.passed and r.metrics.max_abs < ATOL for r in mine)
     assert rep.ok
 
 
