@@ -14,10 +14,14 @@ from ..errors import InputError
 from ..shapes import unbatched
 
 if TYPE_CHECKING:
+    import numpy as np
+    from matplotlib.figure import Figure
+
     from ..runtime import Runner
     from .align import Alignment
     from .candidates import Candidate
     from .metrics import TensorMetrics, Tolerance
+    from .sensitivity import Sensitivity
     from .verdict import Verdict
 
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
@@ -68,7 +72,7 @@ class CompareReport:
     reference: Runner | None = None
     unmeasured: dict[str, dict[str, str]] = field(default_factory=dict)  # cand -> {tensor: why}
     min_explained: float = 0.5
-    _sensitivity: dict[str, list[Any]] = field(default_factory=dict, repr=False)
+    _sensitivity: dict[str, list[Sensitivity]] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
     @property
@@ -225,7 +229,7 @@ class CompareReport:
     def _repr_html_(self) -> str:
         return f"<pre>{html.escape(self.summary())}</pre>" + self.table("html")
 
-    def plot(self, metric: str = "max_abs") -> list[Any]:
+    def plot(self, metric: str = "max_abs") -> list[Figure]:
         """The figures: error along the graph (accumulated vs isolated, tolerance, first
         divergence marked) and error by op type. Returned, not shown.
 
@@ -269,7 +273,8 @@ class CompareReport:
                 plots.ref_vs_cand_scatter(ref, cand)]
 
     # -- which layers cost a low-precision candidate most --------------------------------------
-    def sensitivity(self, candidate: str | None = None, progress: bool = True) -> list[Any]:
+    def sensitivity(self, candidate: str | None = None,
+                    progress: bool = True) -> list[Sensitivity]:
         """Every exactly aligned layer of ``candidate`` (default: the one furthest from the
         reference) with the final-output SNR its own isolated error costs, most costly
         first (comparison/sensitivity.py). Needs mode "both" or "isolated"; computed once.
@@ -308,7 +313,7 @@ class CompareReport:
         return [s.record for s in self.sensitivity(candidate)[:k]]
 
     # -- one tensor, again ------------------------------------------------------------------
-    def tensors(self, name: str, candidate: str | None = None) -> tuple[Any, Any]:
+    def tensors(self, name: str, candidate: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         """One aligned tensor's values, by running both again.
 
         Args:
