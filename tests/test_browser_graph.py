@@ -211,6 +211,14 @@ def test_a_1000_node_export_reads_as_modules_and_opens_level_by_level(ran):
         "height"]
     assert svg_box["x"] <= box["x"] and box["x"] + box["width"] <= svg_box["x"] + svg_box["width"]
     nb.screenshot("graphview-mnv2-modules-at-fit", selector=".wb-graphview-box >> nth=2")
+    # the SVG button saves the drawing as it is: its modules by name, in the same colours
+    with nb.page.expect_download() as dl:
+        view.locator(".wb-save-svg").click()
+    svg = open(dl.value.path(), encoding="utf-8").read()
+    assert svg.startswith("<svg") and "layer.0" in svg and "accumulated error" in svg
+    fill = view.locator('.wb-group[data-module="model.mobilenet_v2.layer.0"] rect').get_attribute(
+        "fill")
+    assert 'data-module="model.mobilenet_v2.layer.0"' in svg and fill in svg
 
     # a click opens layer.0 one level: its sub-modules, in a box titled by its name
     draws = int(view.get_attribute("data-draws"))

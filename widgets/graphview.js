@@ -170,20 +170,28 @@ function layeredLayout(nodes, edges, widths, keys = []) {
     while (c < ka.length && c < kb.length && ka[c] === kb[c]) c++;
     return 14 + 8 * (ka.length - c + kb.length - c);
   };
-  layers.forEach((L, r) => {
-    const want = L.map((v, k) => up[v].length ? up[v].reduce((s, u) => s + xs[u], 0) / up[v].length : (k ? NaN : 0));
+  // a row placed left to right at its items' wishes (null: right of the left neighbour),
+  // pushed apart where needed, then shifted back by the mean miss
+  const place = (L, wish) => {
     let right = -Infinity, drift = 0, counted = 0;
     L.forEach((v, k) => {
-      const w = Number.isNaN(want[k]) ? right + sep(L[k - 1], v) + itemW[v] / 2 : want[k];
+      const w = wish(v);
       const lo = k ? right + sep(L[k - 1], v) + itemW[v] / 2 : -Infinity;
-      xs[v] = Math.max(w, lo);
+      xs[v] = Math.max(w === null ? (k ? lo : 0) : w, lo);
       right = xs[v] + itemW[v] / 2;
-      if (!Number.isNaN(want[k])) { drift += want[k] - xs[v]; counted++; }
-      ys[v] = r * (ROW_H + ranksep) + ROW_H / 2;
+      if (w !== null) { drift += w - xs[v]; counted++; }
     });
     const d = counted ? drift / counted : 0;
     for (const v of L) xs[v] += d;
+  };
+  const mean = (ns) => ns.reduce((t, u) => t + xs[u], 0) / ns.length;
+  layers.forEach((L, r) => {
+    for (const v of L) ys[v] = r * (ROW_H + ranksep) + ROW_H / 2;
+    place(L, (v) => (up[v].length ? mean(up[v]) : null));
   });
+  // then bottom-up (a chain's start moves over its reader) and top-down again
+  for (let r = nr - 2; r >= 0; r--) place(layers[r], (v) => (down[v].length ? mean(down[v]) : xs[v]));
+  for (let r = 1; r < nr; r++) place(layers[r], (v) => (up[v].length ? mean(up[v]) : xs[v]));
   let x0 = Infinity, x1 = -Infinity;
   for (let i = 0; i < xs.length; i++) { x0 = Math.min(x0, xs[i] - itemW[i] / 2); x1 = Math.max(x1, xs[i] + itemW[i] / 2); }
   const margin = 12 + 8 * Math.max(0, ...keys.map((k) => (k ? k.length : 0)));

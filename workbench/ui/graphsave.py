@@ -9,6 +9,7 @@ dashed boxes around their items, the legend sits at the right.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,11 +25,14 @@ FORMATS = ("svg", "png", "pdf")
 MAX_PX = 30000  # the longest side a PNG gets (Agg's limit is 2**16); larger drawings shrink
 
 
-def layered_layout(n: int, edges: list[tuple[int, int]], widths: list[float]
+def layered_layout(n: int, edges: list[tuple[int, int]], widths: list[float],
+                   keys: list[list[int]] | None = None
                    ) -> tuple[list[float], list[float], list[list[tuple[float, float]]], float,
                               float]:
     """Centres (x, y) of n items in rows by longest path, the polyline of each edge, and the
-    drawing's width and height (pixels)."""
+    drawing's width and height (pixels). ``keys``: each item's open modules, outermost first;
+    a module's items stay together in each row (graphview.js does the same)."""
+    keys = keys or [[] for _ in range(n)]
     succ: list[list[int]] = [[] for _ in range(n)]
     indeg = [0] * n
     for a, b in edges:
@@ -56,12 +60,14 @@ def layered_layout(n: int, edges: list[tuple[int, int]], widths: list[float]
     up: list[list[int]] = [[] for _ in range(n)]
     down: list[list[int]] = [[] for _ in range(n)]
     chains = []
+    source_of: dict[int, int] = {}  # virtual point -> the edge's source item
     for a, b in edges:
         chain, prev = [a], a
         for r in range(rank[a] + 1, rank[b]):
             vid = len(item_rank)
             item_rank.append(r)
             item_w.append(8)
+            source_of[vid] = a
             up.append([prev])
             down.append([])
             down[prev].append(vid)
@@ -89,21 +95,56 @@ def layered_layout(n: int, edges: list[tuple[int, int]], widths: list[float]
     for _ in range(3):
         sweep(range(1, nr), up)
         sweep(range(nr - 2, -1, -1), down)
+
+    def key(v: int) -> list[int]:
+        return keys[v if v < n else source_of[v]]
+
+    for layer in layers:
+        layer.sort(key=key)  # stable: barycentre order within a module
+    ranksep = 34 if any(keys) else RANKSEP
+
+    def sep(a: int, b: int) -> float:
+        ka, kb = key(a), key(b)
+        c = 0
+        while c < min(len(ka), len(kb)) and ka[c] == kb[c]:
+            c += 1
+        return GAP + 8 * (len(ka) - c + len(kb) - c)
+
     xs, ys = [0.0] * len(item_rank), [0.0] * len(item_rank)
-    width = 0.0
-    for r, layer in enumerate(layers):
-        total = sum(item_w[v] for v in layer) + GAP * max(0, len(layer) - 1)
-        width = max(width, total)
-        cx = -total / 2
+
+    def place(layer: list[int], wish: Any) -> None:
+        """A row left to right at its items' wishes (None: right of the left neighbour),
+        pushed apart where needed, then shifted back by the mean miss."""
+        right, drift, counted = -math.inf, 0.0, 0
+        for k, v in enumerate(layer):
+            want = wish(v)
+            lo = right + sep(layer[k - 1], v) + item_w[v] / 2 if k else -math.inf
+            xs[v] = max((lo if k else 0.0) if want is None else want, lo)
+            right = xs[v] + item_w[v] / 2
+            if want is not None:
+                drift += want - xs[v]
+                counted += 1
         for v in layer:
-            xs[v] = cx + item_w[v] / 2
-            cx += item_w[v] + GAP
-            ys[v] = r * (ROW + RANKSEP) + ROW / 2
-    shift = width / 2 + 20
-    xs = [x + shift for x in xs]
-    ys = [y + 60 for y in ys]
+            xs[v] += drift / counted if counted else 0.0
+
+    def mean(ns: list[int]) -> float:
+        return sum(xs[u] for u in ns) / len(ns)
+
+    for r, layer in enumerate(layers):
+        for v in layer:
+            ys[v] = r * (ROW + ranksep) + ROW / 2
+        place(layer, lambda v: mean(up[v]) if up[v] else None)
+    for r in range(nr - 2, -1, -1):  # a chain's start moves over its reader
+        place(layers[r], lambda v: mean(down[v]) if down[v] else xs[v])
+    for r in range(1, nr):
+        place(layers[r], lambda v: mean(up[v]) if up[v] else xs[v])
+    x0 = min((x - w / 2 for x, w in zip(xs, item_w, strict=True)), default=0.0)
+    x1 = max((x + w / 2 for x, w in zip(xs, item_w, strict=True)), default=0.0)
+    margin = 20 + 8 * max((len(k) for k in keys), default=0)
+    xs = [x - x0 + margin for x in xs]
+    ys = [y + 40 + margin for y in ys]
     paths = [[(xs[v], ys[v]) for v in c] for c in chains]
-    return xs[:n], ys[:n], paths, width + 40, nr * (ROW + RANKSEP) + 70
+    return xs[:n], ys[:n], paths, x1 - x0 + 2 * margin, nr * (ROW + ranksep) + 60 + 2 * margin
 
 
 def save_graph(view: GraphView, path: str | Path, expanded: bool | None = None) -> Path:
@@ -130,7 +171,19 @@ def save_graph(view: GraphView, path: str | Path, expanded: bool | None = None) 
               (groups[-1 - r]["label"], f"{groups[-1 - r]['size']} nodes") for r in items]
     widths = [max(48.0, min(220.0, max(len(a) * (8 if r < 0 else CHAR_W), len(b) * CHAR_W) + 20))
               for (a, b), r in zip(labels, items, strict=True)]
-    xs, ys, paths, width, height = layered_layout(len(items), edges, widths)
+    def innermost_open(g: int) -> int:
+        while g >= 0 and g not in opened:
+            g = groups[g]["parent"]
+        return g
+
+    keys = []
+    for r in items:
+        chain, g = [], innermost_open(view._node_group[r] if r >= 0 else groups[-1 - r]["parent"])
+        while g >= 0:
+            chain.append(g)
+            g = innermost_open(groups[g]["parent"])
+        keys.append(chain[::-1])
+    xs, ys, paths, width, height = layered_layout(len(items), edges, widths, keys)
     legend = view.canvas.legend
     lw = 220
     scale = min(1.0, MAX_PX / max(width + lw, height)) if fmt == "png" else 1.0
@@ -140,11 +193,6 @@ def save_graph(view: GraphView, path: str | Path, expanded: bool | None = None) 
     ax.set_ylim(height, 0)
     ax.axis("off")
     fs = scale  # font sizes follow the drawing's scale (points == pixels at 72 dpi)
-
-    def innermost_open(g: int) -> int:
-        while g >= 0 and g not in opened:
-            g = groups[g]["parent"]
-        return g
 
     boxes: dict[int, list[float]] = {}
     for k, r in enumerate(items):  # open modules: boxes around their items
@@ -157,7 +205,7 @@ def save_graph(view: GraphView, path: str | Path, expanded: bool | None = None) 
             b[1] = min(b[1], ys[k] - h / 2 - pad - 14)
             b[2] = max(b[2], xs[k] + widths[k] / 2 + pad)
             b[3] = max(b[3], ys[k] + h / 2 + pad)
-            g, pad = innermost_open(groups[g]["parent"]), pad + 6
+            g, pad = innermost_open(groups[g]["parent"]), pad + 8
     for g, (x0, y0, x1, y1) in sorted(boxes.items()):
         ax.add_patch(FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0,rounding_size=6",
                                     fc=(0.31, 0.38, 0.48, 0.06), ec="#50607a", ls="--", lw=1))
