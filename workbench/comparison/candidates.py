@@ -229,3 +229,25 @@ def input_sets(inputs: Any) -> list[tuple]:
 def copies(args: tuple) -> tuple:
     """A copy of each input tensor, for one backend's run."""
     return tuple(a.clone() for a in args)
+
+
+def alignment_of(reference: Any, thing: Any, inputs: tuple) -> Any:
+    """How ``thing`` (an ONNX/ncnn artifact, path or runner) aligns with ``reference`` (an
+    ``nn.Module``) on ``inputs``: compare's capture and align steps alone, nothing measured
+    (sensitivity aligns a quantized candidate's float parent with it).
+
+    Returns:
+        The Alignment compare would make on these inputs.
+
+    Raises:
+        InputError: a candidate compare does not take, or inputs it does not.
+    """
+    from ..runtime import runner_for
+    from .align import align
+
+    cand = as_candidate(thing, 0)
+    modules = {n for n, _ in reference.named_modules()}
+    ref_values = runner_for(reference).run(copies(inputs), capture="all")
+    values = cand.runner.run(copies(inputs), "all")
+    tensors = with_weights(candidate_tensors(cand, modules), cand, reference)
+    return align(ref_values, values, tensors, modules)

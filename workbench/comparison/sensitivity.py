@@ -130,14 +130,12 @@ def _parent_pairs(report: Any, cand: Any, al: Any
     if parent is None:
         return {}, {}
     from ..precision.qdq import float_name
-    from .compare import compare
+    from .candidates import alignment_of
 
-    try:
-        prep = compare(report.reference.model, [parent], report.inputs, mode="accumulated",
-                       progress=False)
+    try:  # the parent's alignment alone (compare() here would be an import cycle)
+        pal = alignment_of(report.reference.model, parent, report.inputs)
     except InputError:
         return {}, {}
-    pal = next(iter(prep.alignments.values()))
     out, covers = {}, {}
     for name, ref in al.pairs.items():
         pname = name if name in pal.pairs else float_name(name)
