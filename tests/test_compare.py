@@ -266,3 +266,15 @@ def test_a_failing_capture_is_raised_and_nothing_is_left_waiting(sr, tmp_path):
         if t.name.startswith("wb-compare"):
             t.join(timeout=30)
     assert threading.active_count() <= before
+
+
+def test_the_comparison_package_has_no_import_cycle():
+    """Imports inside functions count too (type-checking ones do not): compare builds the
+    report, the report calls sensitivity and repro, and none of them calls back up."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("workbench", include_external_packages=False,
+                              exclude_type_checking_imports=True)
+    mods = sorted(m for m in graph.modules if m.startswith("workbench.comparison"))
+    cycles = [(a, b) for a in mods for b in mods
+              if a < b and graph.chain_exists(a, b) and graph.chain_exists(b, a)]
+    assert not cycles, cycles
