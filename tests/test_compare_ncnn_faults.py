@@ -352,13 +352,10 @@ class InPlace(nn.Module):
         return x
 
 
-@pytest.mark.xfail(strict=True, reason="known false divergence (issue 16), now in the runner: "
-                   "NcnnRunner.run_blobs feeds ncnn.Mat views of numpy arrays without clone(); "
-                   "a Mat whose channel is not 16-byte aligned (cstep 285 for [18,15,19,1]) "
-                   "makes ncnn's Squeeze read garbage (isolated max abs 2.83 at "
-                   "Tensor.__getitem___1); with ex.input(name, self._mat(name, arr).clone()) in "
-                   "run_blobs this test passes: make it a plain test then")
 def test_states_of_a_tensor_written_in_place_are_not_a_false_divergence(tmp_path):
+    """Was a false isolated divergence (max abs 2.83 at Tensor.__getitem___1): run_blobs fed
+    ncnn Mats over numpy's buffers, whose channel step (285 floats for [18,15,19,1]) is not
+    the aligned one ncnn's Squeeze assumes; fed Mats are now cloned."""
     torch.manual_seed(0)
     model, x = InPlace().eval(), torch.rand(18, 15, 19, 20)
     art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))

@@ -422,9 +422,11 @@ class NcnnRunner(Runner):
             ex = self.net.create_extractor()
             ex.set_light_mode(False)
             for name, arr in feed.items():
-                # no clone: out of light mode ncnn runs no layer in place, so a fed Mat
-                # (a view of `arr`, alive until we return) is only read
-                ex.input(name, self._mat(name, arr))
+                # cloned: a Mat made over numpy's buffer keeps numpy's layout, without the
+                # aligned channel step ncnn's layers assume; Squeeze read garbage from one
+                # fed as [18, 15, 19, 1] (a false isolated max abs 2.83). The clone is
+                # ncnn's own Mat, laid out as its layers expect.
+                ex.input(name, self._mat(name, arr).clone())
             out = {}
             for name in capture.names:
                 ret, mat = ex.extract(name)
