@@ -128,7 +128,8 @@ class Plant:
     channel: int
     factor: float
     ratio: float  # the channel's RMS over the others' mean, measured after
-    readers: list[str] = field(default_factory=list)  # the layers that divide it back
+    # the layers that divide it back (with the norm / activation fused into each)
+    readers: list[str] = field(default_factory=list)
     drift: float = 0.0  # max |output change| / max |output| of the float model
     # the modules whose output holds the outlier: the producer, the norm, a ReLU after it
     # (ONNX and ncnn fuse them into one layer)
@@ -253,7 +254,17 @@ def plant_outlier(model: Any, x: tuple) -> tuple[Any, Plant]:
         after = order[k + 1] if k + 1 < len(order) else target
         relu = [after] if isinstance(mods[after], nn.ReLU) else []
         carriers = list(dict.fromkeys([producer, target, *relu]))
-        return m, Plant(target, producer, c, factor, ratio, readers, drift, carriers)
+        # each reader's layer: the conv and the norm / activation modules right after it
+        # (fused into it by ONNX and ncnn; its record may name the last of them)
+        fused = []
+        for r in readers:
+            j = order.index(r) + 1
+            while j < len(order) and isinstance(mods[order[j]], (
+                    nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardtanh)):
+                fused.append(order[j])
+                j += 1
+        return m, Plant(target, producer, c, factor, ratio, [*readers, *fused], drift,
+                        carriers)
     raise RuntimeError(f"none of {len(sites)} norm layers can carry an outlier with the float "
                        "output unchanged")
 

@@ -110,7 +110,10 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
     # measured first, lowest final SNR first; then the rest by isolated SNR
     out.sort(key=lambda s: (s.final_snr_db is None,
                             s.final_snr_db if s.final_snr_db is not None else s.isolated_snr_db))
-    return out
+    # one entry a module call: several candidate tensors of one layer (onnxruntime's Q/DQ
+    # output and the Reshape its optimizer put after it) would take several of the top k
+    seen: set[str] = set()
+    return [s for s in out if not (s.reference in seen or seen.add(s.reference))]
 
 
 def _parent_pairs(report: Any, cand: Any, al: Any

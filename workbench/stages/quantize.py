@@ -228,12 +228,14 @@ WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 def _weighted_before(graph: Any, names: list[str]) -> list[str]:
-    """The Conv/Gemm/MatMul feeding each activation node in ``names`` when the activation is
-    its only reader: a ranked record of a fused conv+BN+ReLU names the ReLU, whose input
-    is rounded to int8 too (onnxruntime quantizes the conv's output for it once the ReLU
-    is float): keeping the record's layer float keeps the conv float as well."""
+    """The Conv/Gemm/MatMul feeding each activation node (or bias Add) in ``names`` when that
+    node is its only reader: a ranked record of a fused conv+BN+ReLU names the ReLU, of a
+    Linear on 3-D input the Add after its MatMul; the weighted op's own rounding (its
+    weights, its output once the next node is float) is part of that layer: keeping the
+    record's layer float keeps the weighted op float as well."""
     by_name = {n.name: n for n in graph.node}
     writer = {o: n for n in graph.node for o in n.output}
+    consts = {t.name for t in graph.initializer}
     readers: dict[str, int] = {}
     for n in graph.node:
         for i in n.input:
@@ -241,10 +243,21 @@ def _weighted_before(graph: Any, names: list[str]) -> list[str]:
     out = []
     for name in names:
         node = by_name.get(name)
-        if node is None or node.op_type not in ACTIVATIONS or not node.input:
+        if node is None or not node.input:
             continue
-        src = writer.get(node.input[0])
-        if src is not None and src.op_type in WEIGHTED and readers.get(node.input[0]) == 1:
+        if node.op_type in ACTIVATIONS:
+            data = node.input[0]
+        elif node.op_type == "Add" and len(node.input) == 2 and (
+                set(node.input) & consts or any(writer.get(i) is not None and
+                                                writer[i].op_type == "Constant"
+                                                for i in node.input)):
+            # a Linear on 3-D input exports as MatMul + a bias Add: the record names the Add
+            data = next(i for i in node.input if i not in consts and not (
+                writer.get(i) is not None and writer[i].op_type == "Constant"))
+        else:
+            continue
+        src = writer.get(data)
+        if src is not None and src.op_type in WEIGHTED and readers.get(data) == 1:
             out.append(src.name)
     return out
 
