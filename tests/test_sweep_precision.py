@@ -14,7 +14,7 @@ import pytest
 
 import workbench as wb
 from workbench.sweeps.cell import CellResult, StageResult, calibration_samples
-from workbench.sweeps.db import SweepDB
+from workbench.sweeps.db import CellRecord, SweepDB
 from workbench.sweeps.matrix import Matrix
 from workbench.sweeps.report import render
 from workbench.tolerances import INT8_MIN_SNR_DB, for_precision
@@ -125,7 +125,10 @@ def test_the_report_shows_each_rows_tolerance_and_the_int8_columns_only_when_use
     assert "(&ge; 10)" in page
     with SweepDB(res.workspace, readonly=True) as db:
         plain = db.cells()
+    pending = [CellRecord(c.cell_id, c.model, c.name, c.choices, "pending") for c in plain]
+    assert "<th>ort-int8</th>" in render(pending, {})  # crossed: shown before any cell ran
     for c in plain:  # as a sweep without int8 stores them: no int8 columns
+        c.choices = {k: v for k, v in c.choices.items() if k != "precision"}
         c.stages = [s if s.stage not in ("ort-int8", "ncnn-int8") else
                     StageResult(s.stage, "off") for s in c.stages]
     assert "<th>ort-int8</th>" not in render(plain, {})

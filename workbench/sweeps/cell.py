@@ -356,8 +356,8 @@ def main(argv: list[str]) -> int:
     to write the result (atomically: a reader sees the whole result or none)."""
     from ..fileio import atomic_write_text
 
-    _stop_with_parent()
     spec = json.loads(Path(argv[0]).read_text())
+    _stop_with_parent(spec.get("parent"))
     cell = Cell(spec["model"], spec["name"], tuple((k, v) for k, v in spec["choices"]))
     folder = Path(spec["folder"])
     folder.mkdir(parents=True, exist_ok=True)
@@ -366,23 +366,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _stop_with_parent(interval: float = 1.0) -> None:
+def _stop_with_parent(parent: int | None, interval: float = 1.0) -> None:
     """A cell whose sweep is gone (SIGKILLed, or its Dask worker lost) stops too, with what it
     started: nobody would store its result, and a rerun of the sweep writes the same folder.
+    ``parent`` is the pid the sweep wrote in the spec (it may have died before this line).
     Only in a process group of its own (as the sweep starts cells): never a shell's group."""
     import os
     import signal
     import threading
 
-    parent = os.getppid()
     if os.getpgrp() != os.getpid():
         return
+    parent = parent or os.getppid()
 
     def watch() -> None:
         while True:
-            time.sleep(interval)
             if os.getppid() != parent:  # re-parented: the sweep died
                 os.killpg(0, signal.SIGKILL)
+            time.sleep(interval)
 
     threading.Thread(target=watch, name="wb-cell-parent", daemon=True).start()
 

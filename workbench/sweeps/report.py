@@ -238,8 +238,11 @@ def _tools(cells: list[CellRecord]) -> str:
 
 
 def shown_stages(cells: list[CellRecord]) -> list[str]:
-    """The matrix's stage columns: the int8 ones only when some cell ran them."""
+    """The matrix's stage columns: the int8 ones only when the sweep crosses precision (from
+    the start, while its cells are pending) or some stored cell ran them."""
     used = {s.stage for c in cells for s in c.stages if s.status != "off"}
+    if any(c.choices.get("precision", "fp32") != "fp32" for c in cells):
+        used |= set(INT8_STAGES)
     return [s for s in STAGES if s not in INT8_STAGES or s in used]
 
 

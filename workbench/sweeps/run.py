@@ -255,7 +255,8 @@ def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
     result_path = cell_dir / "result.json"
     spec.write_text(json.dumps({"model": cell.model, "name": cell.name,
                                 "choices": [list(c) for c in cell.choices],
-                                "folder": str(cell_dir), "result": str(result_path)}))
+                                "folder": str(cell_dir), "result": str(result_path),
+                                "parent": os.getpid()}))
     env = dict(os.environ) | (extra_env or {})
     # the parent's import path: a factory importable here is importable in the child
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
