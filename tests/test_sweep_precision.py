@@ -195,3 +195,21 @@ def test_token_id_samples_are_given_in_the_width_ncnn_declares(tmp_path):
     assert all(np.array_equal(f[0], s[0]) for f, s in zip(fitted, samples, strict=True))
     q = wb.quantize(nc, fitted, backend="ncnn", progress=False)
     assert q.params["precision"] == "int8"
+
+
+def test_the_diff_names_an_int8_snr_that_moved_while_still_passing():
+    """After an upgrade an int8 cell can lose half its signal-to-noise and stay above the
+    bar: the diff says so (3 dB or more), and not for a wobble below that."""
+    from workbench.sweeps.diff import diff
+
+    def cell(snr: float, status: str = "ok") -> CellRecord:
+        return CellRecord("m-1", "a:m", "m", {"precision": "int8"}, status,
+                          stages=[StageResult("ort-int8", status, snr_db=snr,
+                                              min_snr_db=INT8_MIN_SNR_DB)])
+
+    (fell,) = diff([cell(24.0)], [cell(18.5)]).changes
+    assert (fell.stage, fell.kind, fell.before, fell.after) == ("ort-int8", "snr fell",
+                                                                "24.0 dB", "18.5 dB")
+    assert diff([cell(24.0)], [cell(22.0)]).changes == []
+    (broke,) = diff([cell(24.0)], [cell(8.0, "mismatch")]).changes
+    assert broke.kind == "broke"

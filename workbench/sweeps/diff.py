@@ -9,6 +9,7 @@ from .cell import BAD
 from .db import CellRecord
 
 GREW = 10.0  # an error this many times its earlier value counts as a change
+SNR_MOVED = 3.0  # an int8 SNR this many dB from its earlier value (half or double the noise)
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,8 @@ class Change:
     model: str
     label: str
     stage: str
-    kind: str  # "broke", "improved", "error grew", "error shrank", "new", "gone"
+    kind: str  # "broke", "improved", "error grew", "error shrank", "snr fell", "snr rose",
+    # "new", "gone"
     before: str
     after: str
 
@@ -60,6 +62,11 @@ def diff(before: list[CellRecord], after: list[CellRecord]) -> SweepDiff:
                 kind = "error grew" if s.max_abs > p.max_abs else "error shrank"
                 changes.append(Change(*key, s.stage, kind, f"{p.max_abs:.3g}",
                                       f"{s.max_abs:.3g}"))
+            elif (getattr(p, "snr_db", None) is not None and s.snr_db is not None
+                  and abs(s.snr_db - p.snr_db) >= SNR_MOVED):
+                kind = "snr fell" if s.snr_db < p.snr_db else "snr rose"
+                changes.append(Change(*key, s.stage, kind, f"{p.snr_db:.1f} dB",
+                                      f"{s.snr_db:.1f} dB"))
     changes += [Change(*key, "", "gone", c.status, "") for key, c in old.items()
                 if key not in new]
     return SweepDiff(changes, _tool_moves(before, after))
