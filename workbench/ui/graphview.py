@@ -241,7 +241,8 @@ class GraphView(widgets.HBox):
     def _metrics(self) -> list[str]:
         """The numeric metrics the report's records of this candidate hold."""
         found = {k for rs in self.records.values() for recs in rs.values() for r in recs
-                 for k, v in _metric_items(r.metrics) if isinstance(v, float)}
+                 for k, v in r.metrics.as_dict().items()
+                 if k != "tolerance" and isinstance(v, float)}
         return [m for m in METRIC_ORDER if m in found] + sorted(found - set(METRIC_ORDER))
 
     def _check_metric(self, metric: Any) -> None:
@@ -415,8 +416,8 @@ class GraphView(widgets.HBox):
         ratios: list[float | None] = [None] * n
         for i, modes in self.records.items():
             recs = modes.get(self.color_by, [])
-            vals = [float(_mget(r.metrics, self.metric)) for r in recs
-                    if _mget(r.metrics, self.metric) is not None]
+            vals = [float(getattr(r.metrics, self.metric, None)) for r in recs
+                    if getattr(r.metrics, self.metric, None) is not None]
             worst = min if self.metric in HIGHER_BETTER else max
             out[i] = worst(vals) if vals else None
             rs = [_ratio(r.metrics) for r in recs]
@@ -427,7 +428,7 @@ class GraphView(widgets.HBox):
 
     def _failing(self) -> list[bool]:
         mode = self.color_by if self.color_by != "op_type" else "accumulated"
-        return [any(not _mget(r.metrics, "passed", True)
+        return [any(not r.metrics.passed
                     for r in self.records.get(i, {}).get(mode, []))
                 for i in range(len(self.payload["nodes"]))]
 
@@ -525,9 +526,9 @@ class GraphView(widgets.HBox):
         recs = self.records.get(i, {})
         rows = "".join(
             f"<tr><td>{html.escape(r.mode)}</td><td>{html.escape(r.name)}</td>"
-            f"<td>{html.escape(str(r.reference))}</td><td>{_num(_mget(r.metrics, 'max_abs'))}</td>"
-            f"<td>{_num(_mget(r.metrics, 'cosine'))}</td>"
-            f"<td>{'yes' if _mget(r.metrics, 'passed') else 'no'}</td></tr>"
+            f"<td>{html.escape(str(r.reference))}</td><td>{_num(r.metrics.max_abs)}</td>"
+            f"<td>{_num(r.metrics.cosine)}</td>"
+            f"<td>{'yes' if r.metrics.passed else 'no'}</td></tr>"
             for mode in ("accumulated", "isolated") for r in recs.get(mode, []))
         value = self.values[i]
         self.last_html = (
@@ -547,7 +548,7 @@ class GraphView(widgets.HBox):
                                                    if self.report is not None else "."))
             return
         tensor = max((r for rs in recs.values() for r in rs),
-                     key=lambda r: _mget(r.metrics, "max_abs") or 0.0).name
+                     key=lambda r: r.metrics.max_abs or 0.0).name
         import io
 
         from IPython.display import Image
@@ -561,19 +562,6 @@ class GraphView(widgets.HBox):
             display(Image(data=buf.getvalue(), format="png"))
 
 
-def _mget(metrics: Any, key: str, default: Any = None) -> Any:
-    """One metric of a record (TensorMetrics, or a plain dict as older reports hold)."""
-    if isinstance(metrics, dict):
-        return metrics.get(key, default)
-    return getattr(metrics, key, default)
-
-
-def _metric_items(metrics: Any) -> list[tuple[str, Any]]:
-    """A record's metrics as (name, value) pairs (TensorMetrics or a plain dict)."""
-    d = metrics.as_dict() if hasattr(metrics, "as_dict") else metrics
-    return [(k, v) for k, v in d.items() if k != "tolerance"]
-
-
 def _attr_rows(attrs: dict[str, str]) -> str:
     return "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
                    for k, v in attrs.items())
@@ -581,7 +569,7 @@ def _attr_rows(attrs: dict[str, str]) -> str:
 
 def _ratio(metrics: Any) -> float | None:
     """max |a - b| over the tolerance bound of the same tensor (> 1: over tolerance)."""
-    err, tol = _mget(metrics, "max_abs"), _mget(metrics, "tolerance")
+    err, tol = metrics.max_abs, metrics.tolerance
     if err is None or tol is None:
         return None
     err, tol = float(err), float(tol)
