@@ -8,6 +8,7 @@ from typing import Any
 
 from ...artifact import Artifact, Workspace
 from ...errors import InputError
+from ...inputs import missing_torch_op
 from ..code import Code, call
 from .base import StagePanel, _esc, _names, _widgets, artifact_html
 
@@ -227,11 +228,10 @@ class CustomOpsPanel(StagePanel):
         text = f"{e}\n{getattr(e, 'hint', '') or ''}"
         m = re.search(r"\baten::\w+", text)
         if m is None:  # an op of another namespace, or one torch.ops does not have yet
-            other = (re.search(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'", text)
-                     or re.search(r"\b(?!aten::|prim::|onnx::)([a-z_]\w*)::(\w+)", text))
-            if other is None:
+            other = re.search(r"\b(?!aten::|prim::|onnx::)([a-z_]\w*)::(\w+)", text)
+            name = missing_torch_op(e) or (other and f"{other.group(1)}::{other.group(2)}")
+            if not name:
                 return
-            name = f"{other.group(1)}::{other.group(2)}"
             self.kind.value = CUSTOM_OP
             self.op.value = name
             self.declaration.value = custom_op_template(name)
