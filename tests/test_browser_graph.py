@@ -160,7 +160,10 @@ def test_compare_view_table_filters_and_marks_the_first_divergence(ran):
         arg=total, timeout=10_000)
     ops = view.locator(".wb-compare-table tbody tr td:nth-child(6)").all_inner_texts()
     assert ops and set(ops) == {"Conv"}
-    assert f"{len(ops)} of {total} rows" in view.inner_text()
+    # the row count is another widget than the table: its update may land a moment later
+    nb.page.wait_for_function(
+        "t => document.querySelector('.wb-compare-view').innerText.includes(t)",
+        arg=f"{len(ops)} of {total} rows", timeout=10_000)
     nb.screenshot("compare-view-conv", selector=".wb-compare-view")
 
 

@@ -16,8 +16,9 @@ from workbench.cli import main
 
 def test_demo_prints_the_stage_table(tmp_path, capsys):
     rc = main(["demo", "--workspace", str(tmp_path / "ws")])
-    out = capsys.readouterr().out
-    assert rc == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert rc == 0, f"demo exited {rc}:\n{out}\n{captured.err[-3000:]}"
     header = next(line for line in out.splitlines() if line.startswith("stage"))
     assert header.split()[:4] == ["stage", "artifact", "format", "nodes"]
     assert "max abs vs torch" in header and "seconds" in header
