@@ -372,3 +372,23 @@ def test_ncnn_ranking_blames_an_outlier_on_the_layer_that_writes_it(tmp_path):
     full, got = (a.metrics["min_snr_db_vs_parent"] for a in (q, kept))
     print(f"\nncnn int8 SNR vs fp32: full {full:.1f} dB, outlier layer float {got:.1f} dB")
     assert got > full + 10
+
+
+def test_ncnn_takes_the_int64_token_ids_its_graph_declares(tmp_path):
+    """torch's token ids are int64 and the ncnn artifact's graph says int64; its runner
+    narrows them to the int32 ncnn reads. quantize checks samples against the graph, so the
+    ids torch takes calibrate as given, and the record says int64; floats are still refused."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 8, 4)).eval()
+    ids = (torch.randint(0, 32, (1, 8)),)
+    nc = wb.to_ncnn(model, ids, workspace=tmp_path / "ws")
+    assert nc.graph.inputs[0].dtype == "int64"
+    g = torch.Generator().manual_seed(1)
+    samples = [torch.randint(0, 32, (1, 8), generator=g) for _ in range(4)]
+    assert samples[0].dtype == torch.int64
+    q = wb.quantize(nc, samples, backend="ncnn", progress=False)
+    assert q.params["precision"] == "int8" and q.metrics["quantized"] >= 1
+    assert q.params["calibration"]["inputs"][0]["dtype"] == "int64"
+    with pytest.raises(wb.InputError, match="expected dtype int64, got float32"):
+        wb.quantize(nc, [s.float() for s in samples], backend="ncnn", progress=False)

@@ -176,8 +176,8 @@ def test_a_store_of_the_earlier_schema_opens_read_only_and_is_upgraded_to_write(
 
 
 def test_token_id_samples_are_given_in_the_width_ncnn_declares(tmp_path):
-    """torch hands token ids as int64; ncnn's runner declares int32, and quantize checks the
-    samples against it: the cell's samples are cast (same kind only) and calibrate."""
+    """torch hands token ids as int64, the ncnn artifact's graph declares int64 (its runner
+    narrows them to ncnn's int32): the cell's samples stay int64 and calibrate."""
     import numpy as np
     import torch
 
@@ -191,7 +191,7 @@ def test_token_id_samples_are_given_in_the_width_ncnn_declares(tmp_path):
     samples = calibration_samples(ids)
     assert samples[0][0].dtype == np.int64
     fitted = as_declared(samples, nc)
-    assert [s[0].dtype for s in fitted] == [np.dtype(np.int32)] * 4
+    assert [s[0].dtype for s in fitted] == [np.dtype(np.int64)] * 4
     assert all(np.array_equal(f[0], s[0]) for f, s in zip(fitted, samples, strict=True))
     q = wb.quantize(nc, fitted, backend="ncnn", progress=False)
     assert q.params["precision"] == "int8"

@@ -146,15 +146,32 @@ def _calibration(calibration: Any, source: Artifact, backend: str, limit: int, s
 
 def _input_specs(source: Artifact, backend: str) -> list[Any]:
     """The model's declared inputs; for ncnn, the torch-layout shapes pnnx's _ncnn.py and
-    .pnnx.param declare (the layout NcnnRunner.run takes)."""
+    .pnnx.param declare (the layout NcnnRunner.run takes), in the dtype the artifact's graph
+    declares: torch's int64 token ids, which NcnnRunner.run narrows to the int32 ncnn reads
+    (checking them against the runner's int32 refused the ids torch takes)."""
+    import numpy as np
+
     if backend == "onnxruntime":
         return list(source.graph.inputs)
     from ..graph import TensorInfo
     from ..runtime.ncnn_runner import NcnnRunner
 
     runner = NcnnRunner(source, isolated=False)
+    declared = list(source.graph.inputs)
+    by_name = {t.name: t for t in declared}
+
+    def dtype(i: int, name: str, narrowed: str) -> str:
+        t = by_name.get(name) or (declared[i] if len(declared) == len(runner.in_specs)
+                                  else None)
+        try:
+            kinds = {np.dtype(narrowed).kind, np.dtype(t.dtype).kind} if t else set()
+        except TypeError:
+            return narrowed
+        return t.dtype if kinds and kinds <= set("iu") else narrowed
+
     return [TensorInfo(name, spec.shape if spec.shape is not None else spec.example_shape,
-                       spec.dtype) for name, spec in runner.in_specs.items()]
+                       dtype(i, name, spec.dtype))
+            for i, (name, spec) in enumerate(runner.in_specs.items())]
 
 
 def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> list[str]:

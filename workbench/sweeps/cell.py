@@ -292,16 +292,12 @@ def _judge_int8(row: StageResult, art: Any) -> None:
 
 
 def as_declared(samples: list[tuple[Any, ...]], art: Any) -> list[tuple[Any, ...]]:
-    """``samples`` in the integer or float width ``art`` declares for each input (ncnn takes
-    token ids as int32 where torch gave int64: quantize checks ncnn samples against the
-    runner's input specs); other kinds are left for quantize to refuse."""
+    """``samples`` in the integer or float width ``art``'s graph declares for each input
+    (quantize checks samples against it, ncnn too); other kinds are left for quantize to
+    refuse."""
     import numpy as np
 
     specs = list(art.graph.inputs)
-    if art.format == "ncnn":
-        from ..runtime.ncnn_runner import NcnnRunner
-
-        specs = list(NcnnRunner(art, isolated=False).in_specs.values())
     if not samples or len(specs) != len(samples[0]):
         return samples
 
