@@ -384,7 +384,10 @@ async function render({ model, el }) {
     const box = e.target.closest(".wb-groupbox-title");
     if (box) { const next = new Set(open); next.delete(box.parentNode.dataset.module); setOpen(next, null); return; }
     const grp = e.target.closest(".wb-group");
-    if (grp) { const next = new Set(open); next.add(grp.dataset.module); setOpen(next, grp.dataset.module); return; }
+    if (grp) {
+      model.set("clicked_group", `${grp.dataset.module}|${Date.now()}`); // a LinkedView selects it
+      const next = new Set(open); next.add(grp.dataset.module); setOpen(next, grp.dataset.module); return;
+    }
     const g = e.target.closest(".wb-node");
     if (!g) return;
     model.set("selected", g.dataset.id);
@@ -416,7 +419,57 @@ async function render({ model, el }) {
     }
   };
 
-  const draw = async (why = "draw", focus = null) => {
+  // lit nodes (`highlighted`, a module selected in a LinkedView): outlined, a closed module
+  // holding one lit too, an open module's box lit when all of it is. Returns the lit items.
+  const paintLit = () => {
+    viewport.querySelectorAll(".wb-lit").forEach((e) => e.classList.remove("wb-lit"));
+    const lit = new Set(model.get("highlighted") || []);
+    root.dataset.lit = "0";
+    if (!lit.size || !positions) return [];
+    const graph = model.get("graph") || { nodes: [] };
+    const nodes = graph.nodes, groups = graph.groups || [];
+    const total = new Array(groups.length).fill(0), hit = new Array(groups.length).fill(0);
+    const slots = new Set();
+    nodes.forEach((n, i) => {
+      if (n.fold >= 0) return;
+      const on = lit.has(n.id);
+      for (let g = n.g; g >= 0; g = groups[g].parent) { total[g]++; if (on) hit[g]++; }
+      if (on) slots.add(positions.slot.get(positions.rep[i]));
+    });
+    let count = 0;
+    viewport.querySelectorAll(".wb-node, .wb-group, .wb-groupbox").forEach((e) => {
+      const k = Number(e.dataset.group);
+      const on = e.classList.contains("wb-node") ? lit.has(e.dataset.id)
+        : e.classList.contains("wb-group") ? hit[k] > 0 : hit[k] > 0 && hit[k] === total[k];
+      if (on) { e.classList.add("wb-lit"); count++; }
+    });
+    root.dataset.lit = String(count);
+    return [...slots];
+  };
+  // pan (and zoom out if they do not fit) so the lit items are in view
+  const focusLit = (slots) => {
+    const b = svg.getBoundingClientRect();
+    if (!slots.length || !b.width || !b.height) return;
+    let x0 = Infinity, y0 = Infinity, x1 = -Infinity, y1 = -Infinity;
+    for (const s of slots) {
+      const { x, y, widths: w, heights: h } = positions;
+      x0 = Math.min(x0, x[s] - w[s] / 2); x1 = Math.max(x1, x[s] + w[s] / 2);
+      y0 = Math.min(y0, y[s] - h[s] / 2); y1 = Math.max(y1, y[s] + h[s] / 2);
+    }
+    const fits = Math.min((b.width - 40) / (x1 - x0), (b.height - 40) / (y1 - y0));
+    if (fits < view.k) view.k = Math.max(0.1, fits);
+    view.x = b.width / 2 - ((x0 + x1) / 2) * view.k;
+    view.y = b.height / 2 - ((y0 + y1) / 2) * view.k;
+    userMoved = true; fitPending = false;
+    apply();
+  };
+
+  let drawing = Promise.resolve();
+  const draw = (why = "draw", focus = null) => {
+    drawing = drawing.then(() => drawNow(why, focus)).catch((e) => console.error("graph view:", e));
+    return drawing;
+  };
+  const drawNow = async (why = "draw", focus = null) => {
     const t0 = performance.now();
     const graph = model.get("graph") || { nodes: [], edges: [] };
     const colors = model.get("colors") || [];
@@ -490,7 +543,7 @@ async function render({ model, el }) {
     const parts = ['<g class="wb-boxes">'];
     const boxList = [...layout.boxes.entries()].map(([p, b]) => [Number(p.slice(1)), b]).sort((a, b) => a[0] - b[0]);
     for (const [g, b] of boxList) {
-      parts.push(`<g class="wb-groupbox" data-module="${esc(groups[g].id)}"><rect x="${b.x0.toFixed(1)}" y="${b.y0.toFixed(1)}" width="${(b.x1 - b.x0).toFixed(1)}" height="${(b.y1 - b.y0).toFixed(1)}" rx="6"/>` +
+      parts.push(`<g class="wb-groupbox" data-module="${esc(groups[g].id)}" data-group="${g}"><rect x="${b.x0.toFixed(1)}" y="${b.y0.toFixed(1)}" width="${(b.x1 - b.x0).toFixed(1)}" height="${(b.y1 - b.y0).toFixed(1)}" rx="6"/>` +
         `<text class="wb-groupbox-title" x="${(b.x0 + 6).toFixed(1)}" y="${(b.y0 + 12).toFixed(1)}"><title>close module ${esc(groups[g].id)}</title>\u25be ${esc(clip(groups[g].label, 40))}</text></g>`);
     }
     parts.push('</g><g class="wb-edges">');
@@ -528,7 +581,7 @@ async function render({ model, el }) {
     parts.push("</g>");
     viewport.innerHTML = parts.join("");
     const els = viewport.querySelectorAll(".wb-nodes > g");
-    positions = { x: layout.x, y: layout.y, slot, rep };
+    positions = { x: layout.x, y: layout.y, slot, rep, widths, heights };
     lazy = eager ? null : { xs: layout.x, ys: layout.y, widths, heights, labels, done: new Uint8Array(items.length), els };
     size = { width: layout.width, height: layout.height };
     const fb = focus !== null ? layout.boxes.get("g" + groups.findIndex((g) => g.id === focus)) : null;
@@ -541,6 +594,7 @@ async function render({ model, el }) {
     } else if (why !== "expand" || fitPending) { userMoved = false; fit(); } else apply();
     labelVisible(false);
     highlight();
+    paintLit();
     void svg.getBoundingClientRect(); // force style and layout now, so the time includes them
     const t2 = performance.now();
     await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -632,6 +686,8 @@ async function render({ model, el }) {
   model.on("change:colors", recolor);
   model.on("change:group_colors", recolor);
   model.on("change:selected", highlight);
+  // after any redraw the same change queued (the modules opened to reveal them)
+  model.on("change:highlighted", () => setTimeout(async () => { await drawing; focusLit(paintLit()); }, 0));
   await draw("first");
 }
 

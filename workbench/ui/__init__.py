@@ -24,6 +24,9 @@ _LAZY = {
     "GraphView": ("workbench.ui.graphview", "GraphView"),
     "CompareView": ("workbench.ui.compareview", "CompareView"),
     "compare_view": ("workbench.ui.compareview", "compare_view"),
+    # the module tree and every candidate's graph, linked by module
+    "LinkedView": ("workbench.ui.linkedview", "LinkedView"),
+    "linked": ("workbench.ui.linkedview", "linked"),
     # a sweep's matrix, filling in while it runs
     "SweepView": ("workbench.ui.sweepview", "SweepView"),
     "sweep_view": ("workbench.ui.sweepview", "sweep_view"),

@@ -4,6 +4,7 @@ tolerance, larger-is-better metrics (SNR, cosine) and a palette per op type."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 MISSING = "#d9d9d9"  # a node with no value (not aligned, constant, glue)
 # error ramp, low to high: green, yellow, red (ColorBrewer RdYlGn ends)
@@ -93,15 +94,28 @@ def tolerance_colors(ratios: list[float | None]) -> list[str]:
     return out
 
 
-def op_colors(ops: list[str]) -> tuple[list[str], list[list]]:
-    """A colour per op type (most frequent first), and the legend items [op, colour, count]."""
+def op_colors(ops: list[str], drawn: list[bool] | None = None) -> tuple[list[str], list[list]]:
+    """A colour per op type (most frequent first), and the legend items [op, colour, count]
+    counting the nodes drawn (``drawn``: per op, False for a constant folded into its reader)."""
     counts: dict[str, int] = {}
-    for op in ops:
-        counts[op] = counts.get(op, 0) + 1
+    for op, d in zip(ops, drawn if drawn is not None else [True] * len(ops), strict=True):
+        if d:
+            counts[op] = counts.get(op, 0) + 1
     ranked = sorted(counts, key=lambda o: (-counts[o], o))
     color = {op: PALETTE[i] if i < len(PALETTE) else OTHER for i, op in enumerate(ranked)}
     items = [[op, color[op], counts[op]] for op in ranked[:len(PALETTE)]]
     if len(ranked) > len(PALETTE):
         items.append([f"{len(ranked) - len(PALETTE)} other types", OTHER,
                       sum(counts[o] for o in ranked[len(PALETTE):])])
-    return [color[op] for op in ops], items
+    return [color.get(op, OTHER) for op in ops], items
+
+
+def tolerance_ratio(metrics: Any) -> float | None:
+    """max |a - b| over the tolerance bound of the same tensor (> 1: over tolerance)."""
+    err, tol = metrics.max_abs, metrics.tolerance
+    if err is None or tol is None:
+        return None
+    err, tol = float(err), float(tol)
+    if tol <= 0:
+        return 0.0 if err == 0 else math.inf
+    return err / tol

@@ -401,3 +401,39 @@ def node_accounts(nodes: list[dict[str, Any]], alignment: Any) -> list[NodeAccou
         texts = list(dict.fromkeys(a.text for a in found if a.kind == best.kind))
         out.append(NodeAccount(best.kind, "; ".join(texts)))
     return out
+
+
+# -- which torch modules a node stands for (linked views) ------------------------------------
+
+
+def node_modules(nodes: list[dict[str, Any]], records: dict[int, dict[str, list]],
+                 alignment: Any) -> list[tuple[str, ...]]:
+    """Per node, the torch modules (and functional calls, ``mod/F.pad_0``) it stands for: the
+    references of its records and the modules a fused record ``covers``, the module its steps
+    are attributed to, and the innermost module of its exporter scope. Constants and glue
+    with no scope stand for none."""
+    out = []
+    for i, n in enumerate(nodes):
+        mods: dict[str, None] = {}
+        for recs in records.get(i, {}).values():
+            for r in recs:
+                for m in (r.reference, *r.covers):
+                    if m:
+                        mods[str(m)] = None
+        if alignment is not None:
+            for t in n["outputs"]:
+                if alignment.attributed.get(t):
+                    mods[alignment.attributed[t]] = None
+                if t in alignment.pairs:
+                    mods[alignment.pairs[t]] = None
+                    mods.update(dict.fromkeys(alignment.covers.get(t, ())))
+        if n["path"]:
+            mods[n["path"][-1]] = None
+        out.append(tuple(mods))
+    return out
+
+
+def in_module(name: str, module: str) -> bool:
+    """Whether a module or call name (``layer1.0.conv1``, ``layer1.0/F.pad_0``) is ``module``
+    or inside it."""
+    return name == module or name.startswith((module + ".", module + "/"))

@@ -30,6 +30,7 @@ from .graphcolors import (
     higher_better_colors,
     op_colors,
     tolerance_colors,
+    tolerance_ratio,
     value_colors,
 )
 from .graphmodel import (
@@ -75,6 +76,8 @@ class GraphCanvas(anywidget.AnyWidget):
     group_colors = traitlets.List(traitlets.Unicode()).tag(sync=True)
     group_strokes = traitlets.List(traitlets.Bool()).tag(sync=True)
     group_tooltips = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    highlighted = traitlets.List(traitlets.Unicode()).tag(sync=True)  # node ids lit (linked)
+    clicked_group = traitlets.Unicode("").tag(sync=True)  # "module|time" of a module's click
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(_esm=widget_source("graphview.js"), _css=widget_source("graphview.css"),
@@ -87,6 +90,7 @@ class GraphView(widgets.HBox):
 
     ``values`` maps node names or the tensors they produce to a number; ``report`` (a
     CompareReport) gives the ``accumulated`` or ``isolated`` error per node and the plots.
+    ``panel=False`` leaves the side panel out (a LinkedView shows one for all its graphs).
     """
 
     selected = traitlets.Unicode("")
@@ -95,7 +99,7 @@ class GraphView(widgets.HBox):
 
     def __init__(self, artifact_or_summary: Any, values: dict[str, float] | None = None,
                  color_by: str = "op_type", report: Any = None, metric: str = "max_abs",
-                 candidate: str | None = None) -> None:
+                 candidate: str | None = None, panel: bool = True) -> None:
         if color_by not in COLOR_BY:
             raise InputError(f"color_by={color_by!r} is not one of {', '.join(COLOR_BY)}",
                              "GraphView(artifact, color_by='op_type'), or 'accumulated' / "
@@ -124,6 +128,7 @@ class GraphView(widgets.HBox):
         self._group_index = {g["id"]: k for k, g in enumerate(self.groups)}
         self._check_metric(metric)
         self._given_values = values
+        self._modules: list[tuple[str, ...]] | None = None
         self.values = self._node_values(values)
         colors, strokes, legend = self._colors()
         gcolors, gstrokes, gtips = self._group_paint(colors, strokes)
@@ -160,12 +165,17 @@ class GraphView(widgets.HBox):
         left = widgets.VBox([widgets.HBox(bar), self.canvas] if len(modes) > 1
                             else [self.canvas],
                             layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
-        super().__init__([left, self.output], layout=widgets.Layout(width="100%"))
+        self.panel = panel
+        if not panel:
+            left.layout = widgets.Layout(flex="1 1 0", min_width="300px")
+        super().__init__([left, self.output] if panel else [left],
+                         layout=widgets.Layout(width="100%"))
         self.add_class("wb-graphview-box")
         self.last_figures, self.last_error = [], None
         self.last_html = ""  # the side panel's text for the last selected node
         traitlets.link((self.canvas, "selected"), (self, "selected"))
-        self.observe(self._on_select, names="selected")
+        if panel:
+            self.observe(self._on_select, names="selected")
         with self.output:
             print("Click a node to see its numbers" + (" and diff plots." if self.records
                                                         else "."))
@@ -200,6 +210,56 @@ class GraphView(widgets.HBox):
     def select(self, node: str) -> None:
         """Select a node as a click would (by node name or produced tensor)."""
         self.selected = self.payload["nodes"][self._node_index(node, "node")]["id"]
+
+    # -- lit nodes (linked views) ---------------------------------------------------------
+    def modules_of(self) -> dict[str, tuple[str, ...]]:
+        """{node id: the torch modules it stands for}: its records' references and what a
+        fused one ``covers``, its attributed module, its exporter scope (see node_modules)."""
+        from .graphmodel import node_modules
+
+        if self._modules is None:
+            alignment = (self.report.alignments.get(self.candidate.name)
+                         if self.candidate is not None else None)
+            self._modules = node_modules(self.payload["nodes"], self.records, alignment)
+        return {n["id"]: m for n, m in zip(self.payload["nodes"], self._modules, strict=True)}
+
+    def nodes_in(self, module: str) -> list[str]:
+        """The drawn nodes that stand for ``module`` or a module inside it (folded constants
+        are drawn in their readers, so they are left out)."""
+        from .graphmodel import in_module
+
+        return [nid for (nid, mods), n in zip(self.modules_of().items(), self.payload["nodes"],
+                                              strict=True)
+                if n["fold"] < 0 and any(in_module(m, module) for m in mods)]
+
+    @property
+    def highlighted(self) -> list[str]:
+        """The node ids drawn lit (outlined), e.g. a module selected in a LinkedView."""
+        return list(self.canvas.highlighted)
+
+    def highlight(self, nodes: list[str], reveal: bool = True) -> list[str]:
+        """Light these nodes (by name or produced tensor); a closed module holding one is lit
+        too. ``reveal`` opens the modules around them, down to the outermost module they
+        fill, and the browser pans to them. Returns the node ids lit."""
+        idx = sorted({self._node_index(n, "node") for n in nodes})
+        ids = [self.payload["nodes"][i]["id"] for i in idx]
+        with self.canvas.hold_sync():
+            if reveal and idx:
+                self.canvas.expanded = self._revealing(idx)
+            self.canvas.highlighted = ids
+        return ids
+
+    def _revealing(self, idx: list[int]) -> list[str]:
+        lit, members = set(idx), self._group_members()
+        opened = set(self.canvas.expanded)
+        for i in idx:
+            chain, k = [], self._node_group[i]  # innermost first
+            while k >= 0:
+                chain.append(k)
+                k = self.groups[k]["parent"]
+            full = [j for j, g in enumerate(chain) if lit.issuperset(members[g])]
+            opened.update(self.groups[g]["id"] for g in chain[(full[-1] + 1 if full else 0):])
+        return [g["id"] for g in self.groups if g["id"] in opened]
 
     def recolor(self, color_by: str) -> None:
         """Colour by another value (op type, accumulated or isolated error); the layout and
@@ -420,7 +480,7 @@ class GraphView(widgets.HBox):
                     if getattr(r.metrics, self.metric, None) is not None]
             worst = min if self.metric in HIGHER_BETTER else max
             out[i] = worst(vals) if vals else None
-            rs = [_ratio(r.metrics) for r in recs]
+            rs = [tolerance_ratio(r.metrics) for r in recs]
             rs = [x for x in rs if x is not None]
             ratios[i] = max(rs) if rs else None
         self.ratios = ratios if self.metric == "max_abs" else None  # the tolerance is on max_abs
@@ -433,19 +493,24 @@ class GraphView(widgets.HBox):
                 for i in range(len(self.payload["nodes"]))]
 
     def _colors(self) -> tuple[list[str], list[bool], dict[str, Any]]:
-        ops = [n["op"] for n in self.payload["nodes"]]
+        nodes = self.payload["nodes"]
+        drawn = [n["fold"] < 0 for n in nodes]  # folded constants are no nodes drawn
+        folded = [["constants folded into their readers (not drawn)", "#ffffff",
+                   len(nodes) - sum(drawn)]] if not all(drawn) else []
         strokes = self._failing()
         if self.color_by == "op_type":
-            colors, items = op_colors(ops)
-            return colors, strokes, {"kind": "categories", "title": "op type", "items": items}
-        items = [["no value", MISSING, sum(v is None for v in self.values)]]
+            colors, items = op_colors([n["op"] for n in nodes], drawn)
+            return colors, strokes, {"kind": "categories", "title": "op type",
+                                     "items": items + folded}
+        items = [["no value", MISSING, sum(v is None for v, d in zip(self.values, drawn,
+                                                                     strict=True) if d)]]
         if any(strokes):
             items.append(["over tolerance (outlined)", "#7f0000", sum(strokes)])
         if self.ratios is not None:
             return tolerance_colors(self.ratios), strokes, {
                 "kind": "scale", "title": f"{self.color_by} error / tolerance",
                 "stops": list(ERROR_STOPS), "min_label": "\u22640.001", "mid_label": "1",
-                "max_label": "\u2265100", "items": items, "log": True}
+                "max_label": "\u2265100", "items": items + folded, "log": True}
         title = self.color_by if self.metric == "max_abs" else f"{self.color_by} {self.metric}"
         if self.metric in HIGHER_BETTER:
             colors, lo, hi = higher_better_colors(self.values)
@@ -455,7 +520,7 @@ class GraphView(widgets.HBox):
         return colors, strokes, {
             "kind": "scale", "title": title, "stops": list(ERROR_STOPS),
             "min_label": "-" if lo is None else f"{lo:.3g}",
-            "max_label": "-" if hi is None else f"{hi:.3g}", "items": items,
+            "max_label": "-" if hi is None else f"{hi:.3g}", "items": items + folded,
             "log": self.metric not in HIGHER_BETTER}
 
     def _tooltips(self) -> list[str]:
@@ -498,50 +563,14 @@ class GraphView(widgets.HBox):
                              + (f"<br><i>hint: {html.escape(hint)}</i>" if hint else "")
                              + "</div>"))
 
-    def _with_shapes(self, tensors: list[str]) -> str:
-        shapes = self.payload.get("tensor_shapes", {})
-        return ", ".join(f"{t} [{shapes[t]}]" if shapes.get(t) else t for t in tensors) or "-"
-
-    def _details_html(self, i: int) -> str:
-        """A node's attributes and the constants folded into it (as Netron lists them)."""
-        nodes = self.payload["nodes"]
-        out = ""
-        if nodes[i]["attrs"]:
-            out += ('<table class="wb-graphview-attrs"><tr><th>attribute</th><th>value</th>'
-                    f"</tr>{_attr_rows(nodes[i]['attrs'])}</table>")
-        folded = [n for n in nodes if n["fold"] == i]
-        if folded:
-            rows = "".join(f"<tr><td>{html.escape(n['id'])}</td><td>"
-                           f"{html.escape(n['attrs'].get('value', n['op']))}</td></tr>"
-                           for n in folded)
-            out += ('<table class="wb-graphview-consts"><tr><th>folded constant</th>'
-                    f"<th>value</th></tr>{rows}</table>")
-        return out
-
     def _show(self, node_id: str) -> None:
         from IPython.display import HTML, display
 
+        from .graphpanel import node_html
+
         i = self._node_index(node_id, "node")
-        node = self.payload["nodes"][i]
         recs = self.records.get(i, {})
-        rows = "".join(
-            f"<tr><td>{html.escape(r.mode)}</td><td>{html.escape(r.name)}</td>"
-            f"<td>{html.escape(str(r.reference))}</td><td>{_num(r.metrics.max_abs)}</td>"
-            f"<td>{_num(r.metrics.cosine)}</td>"
-            f"<td>{'yes' if r.metrics.passed else 'no'}</td></tr>"
-            for mode in ("accumulated", "isolated") for r in recs.get(mode, []))
-        value = self.values[i]
-        self.last_html = (
-            f'<div class="wb-graphview-node" data-node="{html.escape(node["id"])}">'
-            f"<b>{html.escape(node['id'])}</b> &middot; {html.escape(node['op'])}"
-            + (f" &middot; {html.escape(self.color_by)} {value:.3g}" if value is not None else "")
-            + f"<br>outputs: {html.escape(self._with_shapes(node['outputs']))}"
-            + self._details_html(i)
-            + (f'<div class="wb-graphview-why" data-kind="{html.escape(self.accounts[i].kind)}">'
-               f"{html.escape(self._why(i))}</div>" if self._why(i) else "")
-            + (f"<table><tr><th>mode</th><th>tensor</th><th>torch module</th><th>max abs</th>"
-               f"<th>cosine</th><th>passed</th></tr>{rows}</table>" if rows else "")
-            + "</div>")
+        self.last_html = node_html(self, i)
         display(HTML(self.last_html))
         if not recs:
             print("No comparison for this node" + (" (see why above)."
@@ -561,22 +590,3 @@ class GraphView(widgets.HBox):
             fig.savefig(buf, format="png", dpi=80)
             display(Image(data=buf.getvalue(), format="png"))
 
-
-def _attr_rows(attrs: dict[str, str]) -> str:
-    return "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
-                   for k, v in attrs.items())
-
-
-def _ratio(metrics: Any) -> float | None:
-    """max |a - b| over the tolerance bound of the same tensor (> 1: over tolerance)."""
-    err, tol = metrics.max_abs, metrics.tolerance
-    if err is None or tol is None:
-        return None
-    err, tol = float(err), float(tol)
-    if tol <= 0:
-        return 0.0 if err == 0 else math.inf
-    return err / tol
-
-
-def _num(v: Any) -> str:
-    return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else html.escape(str(v))
