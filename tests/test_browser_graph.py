@@ -3,7 +3,8 @@
 One notebook exports the default model, compares it with ONNX Runtime at a tight tolerance and
 shows a GraphView coloured by the accumulated error and the comparison's table and figures
 (wb.ui.compare_view); then a 2,000-node graph; then the zoo's MobileNetV2 raw TorchScript
-export (1,054 nodes) compared and grouped by module; then a graph drawn in a hidden tab.
+export (1,054 nodes) compared and grouped by module; then a graph drawn in a hidden tab; then
+the ONNX and ncnn graphs linked by module (wb.ui.linked).
 Screenshots go to test-artifacts/.
 """
 
@@ -49,6 +50,16 @@ import ipywidgets as W
 tab = W.Tab([W.Label("nothing here"), GraphView(onx)])
 tab.titles = ("first", "graph")
 tab
+""",
+    """\
+nc = wb.to_ncnn(model, inputs, workspace=wb.Workspace("runs/graphview"))
+lrep = wb.compare(model, [onx, nc], inputs, tolerance=(1e-6, 0.0), progress=False)
+lv = wb.ui.linked(lrep)
+print("LINKED=" + json.dumps({"relu1": {c: g.nodes_in("relu1") for c, g in lv.graphs.items()},
+                              "conv3": {c: g.nodes_in("conv3") for c, g in lv.graphs.items()},
+                              "tree": [it.name for it in lv.items],
+                              "first": lrep.first_divergence.reference}))
+lv
 """,
 ]
 
@@ -272,6 +283,56 @@ def test_a_graph_in_a_hidden_tab_is_laid_out_when_its_tab_opens(ran):
                          for x, w in boxes)  # the whole width fits: not drawn at zero width
     assert float(view.get_attribute("data-zoom")) >= 0.5
     nb.screenshot("graphview-hidden-tab-shown", selector=".jupyter-widget-Tab, .widget-tab")
+
+
+def test_linked_views_light_a_modules_onnx_nodes_and_ncnn_layers(ran):
+    nb = ran
+    info = _printed(nb, "LINKED")
+    view = nb.page.locator(".wb-linked-view").first
+    graphs = view.locator(".wb-graphview.wb-drawn")
+    graphs.nth(1).wait_for(timeout=30_000)
+    view.scroll_into_view_if_needed()
+    tree = view.locator(".wb-linked-tree select")
+    tree.select_option(index=info["tree"].index("relu1"))  # the module tree: a real <select>
+
+    def lit(k):
+        return graphs.nth(k).locator(".wb-node.wb-lit").evaluate_all(
+            "els => els.map(e => e.dataset.id)")
+
+    want = list(info["relu1"].values())
+    nb.page.wait_for_function(
+        "n => document.querySelectorAll('.wb-linked-view .wb-node.wb-lit').length === n",
+        arg=sum(map(len, want)), timeout=30_000)
+    assert [lit(0), lit(1)] == want and all(want)  # ONNX's Relu, ncnn's fused conv+relu layer
+    outline = graphs.nth(1).locator(".wb-node.wb-lit rect").first.evaluate(
+        "e => getComputedStyle(e).stroke")
+    assert outline == "rgb(255, 109, 0)", outline  # drawn lit, not only classed
+    assert "relu1" in view.locator(".wb-linked-status").inner_text()
+    view.locator(".wb-linked-details table.wb-linked-rows").wait_for(timeout=30_000)
+    view.locator(".wb-linked-figures img").first.wait_for(timeout=90_000)
+    nb.screenshot("linked-views-relu1", selector=".wb-linked-view")
+
+    # a click on an ncnn layer selects its module: the tree follows, ONNX lights its node
+    ncnn_conv3 = list(info["conv3"].values())[1][0]
+    graphs.nth(1).locator(f'.wb-node[data-id="{ncnn_conv3}"]').click()
+    nb.page.wait_for_function(
+        "([s, i]) => s.selectedIndex === i", arg=[tree.element_handle(),
+                                                  info["tree"].index("conv3")], timeout=30_000)
+    nb.page.wait_for_function(
+        "([g, id]) => [...g.querySelectorAll('.wb-node.wb-lit')].some(e => e.dataset.id === id)",
+        arg=[graphs.nth(0).element_handle(), list(info["conv3"].values())[0][0]],
+        timeout=30_000)
+    # the first divergence: one click
+    view.locator(".wb-linked-first button, button.wb-linked-first").first.click()
+    nb.page.wait_for_function(
+        "([s, i]) => s.selectedIndex === i", arg=[tree.element_handle(),
+                                                  info["tree"].index(info["first"])],
+        timeout=30_000)
+    # the status is another widget than the tree: its update may land a moment later
+    nb.page.wait_for_function(
+        "t => document.querySelector('.wb-linked-view .wb-linked-status').innerText.includes(t)",
+        arg=info["first"], timeout=30_000)
+    nb.screenshot("linked-views-first-divergence", selector=".wb-linked-view")
 
 
 # -- the harness itself ----------------------------------------------------------------------
