@@ -397,6 +397,11 @@ def print_table(rows: list[Row]) -> None:
                       f"{'<=' if r.at_most else '>='} {r.target:.2f}",
                       "PASS" if r.ok else "FAIL"))
     print_figures(table, passed, failed, missing)
+    print(f"load average (1, 5, 15 min) now: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    for r in rows:  # one line a figure, as the README quotes them
+        target = f"target {'<=' if r.at_most else '>='} {r.target:.2f}"
+        print(f"{r.label}: " + ("not measured" if r.value is None else
+                                f"{r.value:.2f}, {target}: {'MET' if r.ok else 'NOT MET'}"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -144,9 +144,14 @@ def setup(workdir: Path) -> dict[str, Callable[[], Any]]:
     return variants
 
 
-def report(times: dict[str, list[float]]) -> None:
+def load_average() -> str:
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def report(times: dict[str, list[float]], load_start: str) -> None:
     rows = [("figure", "numerator ms", "denominator ms", "ratio", "target", "result")]
     passed, failed, missing = [], [], []
+    verdicts = []
     for f in FIGURES:
         if f.numerator not in times:
             missing.append(f"{f.numerator}: not available")
@@ -158,7 +163,16 @@ def report(times: dict[str, list[float]]) -> None:
         (passed if ok else failed).append(f.label)
         rows.append((f.label, f"{num:.1f}", f"{den:.1f}", f"{ratio:.2f}", f"<= {f.target:.2f}",
                      "PASS" if ok else "FAIL"))
+        verdicts.append(f"{f.label}: {ratio:.2f}, target <= {f.target:.2f}: "
+                        + ("MET" if ok else "NOT MET"))
     print_figures(rows, passed, failed, missing, notes=missing)
+    end = load_average()
+    loaded = max(float(v) for v in (load_start + " " + end).split()[::3]) > 3
+    print(f"load average (1, 5, 15 min): {load_start} at the start, {end} at the end"
+          + (" [loaded: 1-min load above 3; ratios of 2-thread runs are not valid here, "
+             "measure on a quiet machine]" if loaded else ""))
+    for line in verdicts:
+        print(line + (" [loaded]" if loaded else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,13 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs, warmup = (3, 1) if args.quick else (max(1, args.runs), 2)
 
+    load_start = load_average()
     print(thread_settings())
+    print(f"load average (1, 5, 15 min) at the start: {load_start}")
     print(f"model: transformers ResNetModel(ResNetConfig()) seeded, input 1x3x224x224; "
           f"medians of {runs} round-robin runs after {warmup} warm-up, {args.settle:g} s apart")
     try:
         with tempfile.TemporaryDirectory(prefix="wb-bench-runners-") as tmp:
             variants = setup(Path(tmp))
-            report(time_round_robin(variants, runs, warmup, args.settle))
+            report(time_round_robin(variants, runs, warmup, args.settle), load_start)
     except Exception:  # a report, not a test: say what broke and exit 0
         traceback.print_exc()
         print("summary: the benchmark could not run (traceback above)")
