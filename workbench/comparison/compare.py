@@ -127,8 +127,11 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                 # align scores samples: the reference's are taken now, while the captures
                 # run, and each candidate's in its capture thread
                 ref_samples = samples(ref_values)
-                for k, cand in enumerate(cands):
-                    bar.phase(f"{cand.name}: capturing")
+
+                def prepare(k: int, ref_values: Any = ref_values,
+                            ref_samples: Any = ref_samples, captures: Any = captures) -> Any:
+                    """Candidate k's captured values, its tensors and their alignment."""
+                    cand = cands[k]
                     values, cand_samples = captures.get(k)
                     # align (on the first input set)
                     if cand.name not in tensors_of:
@@ -138,8 +141,18 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     if cand.name not in alignments:
                         alignments[cand.name] = align(ref_values, values, tensors, modules,
                                                       ref_samples, cand_samples)
-                    cand_samples = None
-                    al = alignments[cand.name]
+                    return values, tensors, alignments[cand.name]
+
+                ready: dict[int, Any] = {}  # prepared ahead, while the previous one measured
+                for k, cand in enumerate(cands):
+                    if k not in ready:
+                        bar.phase(f"{cand.name}: capturing")
+                    values, tensors, al = ready.pop(k) if k in ready else prepare(k)
+                    # accumulated mode captures one ahead: the next candidate is aligned in
+                    # this thread while the measuring thread starts on this one's tensors
+                    side = (lambda k=k, ready=ready, prepare=prepare: ready.__setitem__(
+                        k + 1, prepare(k + 1))) if (
+                        mode == "accumulated" and k + 1 < len(cands)) else None
                     bar.phase(f"{cand.name}: measuring {len(al.pairs)} aligned tensors of "
                               f"{len(tensors)}")
                     # measure: accumulated (the captured values), isolated (a run of its own)
@@ -161,7 +174,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         iso = None  # what is measured is in runs
                     for run_mode, vals in runs:
                         recs, skipped = _measure(schedule, cand, run_mode, vals, ref_values,
-                                                 al, tensors, tol_of)
+                                                 al, tensors, tol_of, side)
+                        side = None
                         unmeasured[cand.name].update(skipped)
                         for rec in recs:  # the worst over the input sets
                             key = (cand.name, run_mode, rec.name)
@@ -222,9 +236,10 @@ def _layout(values: dict[str, Any]) -> dict[str, tuple]:
 
 def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str, Any],
              ref_values: dict[str, Any], al: Alignment, tensors: list[CandidateTensor],
-             tol_of: Any) -> tuple[list[Record], dict[str, str]]:
+             tol_of: Any, side: Any = None) -> tuple[list[Record], dict[str, str]]:
     """The records of one candidate's run (its aligned tensors present in ``vals``), and
-    {tensor: why} for the pairs that could not be measured."""
+    {tensor: why} for the pairs that could not be measured. ``side`` runs meanwhile (see
+    Schedule.measure)."""
     import numpy as np
 
     order = {t.name: t for t in tensors}
@@ -245,7 +260,7 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
         return measure_pair(ref, vals[t.name], tol)
 
     records, skipped = [], {}
-    for (t, rname, _), m in zip(jobs, schedule.measure(measure, jobs), strict=True):
+    for (t, rname, _), m in zip(jobs, schedule.measure(measure, jobs, side), strict=True):
         if isinstance(m, str):  # listed with its reason; the rest goes on
             skipped[t.name] = f"{run_mode}: {m}"
             continue

@@ -63,14 +63,36 @@ class Schedule:
         with _torch_threads(1):
             return runner.run(args, capture="all")
 
-    def measure(self, fn: Callable[[J], R], jobs: list[J]) -> list[R]:
-        """fn(job) for every job, every other one in the measuring thread (alternate jobs,
-        so both halves get large and small tensors alike): every thread here is
-        single-threaded work, so a third one would only time-slice."""
-        odd = self.pool.submit(lambda: [fn(j) for j in jobs[1::2]])
-        even = [fn(j) for j in jobs[0::2]]
+    def measure(self, fn: Callable[[J], R], jobs: list[J],
+                side: Callable[[], Any] | None = None) -> list[R]:
+        """fn(job) for every job, in order, shared by the calling thread and the measuring
+        thread as each is free (every thread here is single-threaded work, so a third one
+        would only time-slice). ``side`` (Python work: aligning the next candidate) runs
+        first in the calling thread while the measuring thread starts on the jobs; the
+        metrics kernel releases the GIL, so the two overlap."""
         out: list[Any] = [None] * len(jobs)
-        out[0::2], out[1::2] = even, odd.result()
+        lock = threading.Lock()
+        todo = list(range(len(jobs)))[::-1]  # popped from the end: jobs in order
+
+        def drain() -> None:
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    i = todo.pop()
+                out[i] = fn(jobs[i])
+
+        helper = self.pool.submit(drain)
+        try:
+            if side is not None:
+                side()
+            drain()
+        except BaseException:
+            with lock:
+                todo.clear()  # the measuring thread stops after its current job
+            raise
+        finally:
+            helper.result()  # the measuring thread's exception, if any, is raised here
         return out
 
 
