@@ -200,6 +200,22 @@ def test_a_2000_node_graph_renders_within_budget(ran):
     nb.page.wait_for_function(
         "n => document.querySelectorAll('.wb-graphview')[1]"
         ".querySelectorAll('.wb-node text').length > n", arg=labelled, timeout=10_000)
+    # the minimap: the whole graph small, the part in view framed; a click moves the view there
+    mini = big.locator(".wb-minimap")
+    assert big.get_attribute("data-minimap") == "1" and mini.is_visible()
+    frame = big.locator(".wb-minimap-view")
+    before, box = frame.bounding_box(), mini.bounding_box()
+    assert 0 < before["height"] < box["height"]  # the view is a part of the whole
+    labelled = big.locator(".wb-node text").count()
+    mini.click(position={"x": box["width"] / 2, "y": box["height"] - 4})
+    assert frame.bounding_box()["y"] > before["y"] + box["height"] / 2
+    nb.page.wait_for_function(  # the nodes now in view (the chain's end) get their labels
+        "n => document.querySelectorAll('.wb-graphview')[1]"
+        ".querySelectorAll('.wb-node text').length > n", arg=labelled, timeout=10_000)
+    last = max(big.locator(".wb-node:has(text)").evaluate_all(
+        "els => els.map(e => Number(e.dataset.index))"))
+    assert last > 1800, last  # the chain's end, near where the minimap was clicked
+    nb.screenshot("graphview-2000-nodes-minimap", selector=".wb-graphview-box >> nth=1")
 
 
 def _drawn_again(nb, view, draws: int) -> None:

@@ -5,6 +5,8 @@ plots, the first divergence in one click, and clear errors for bad input."""
 
 from __future__ import annotations
 
+import html
+
 import pytest
 import torch
 
@@ -117,6 +119,13 @@ def test_a_click_on_a_node_or_a_module_in_a_graph_selects_its_module(linked):
     assert view.module == "blocks.2.conv2" and view.tree_w.value == "blocks.2.conv2"
     assert view.graphs[onnx_name].highlighted == ["/blocks/blocks.2/conv2/Conv"]
     assert rec.node in view.details_w.value  # the clicked layer is named with its account
+    # a grey node that stands for no module (ncnn's Input layer) says why, and selects nothing
+    grey = next(n for n, mods in ncnn_gv.modules_of().items() if not mods)
+    ncnn_gv.selected = grey
+    why = ncnn_gv.why(grey)
+    assert why and html.escape(why) in view.status_w.value and "no torch module" in (
+        view.status_w.value)
+    assert view.module == "blocks.2.conv2"
     # a click on a closed module (the browser opens it and says which)
     view.graphs[onnx_name].canvas.clicked_group = "blocks.7|1234"
     assert view.module == "blocks.7" and len(view.graphs[onnx_name].highlighted) == 5
@@ -158,6 +167,9 @@ def test_graph_view_highlight_without_a_report(linked, tmp_path):
 
     path = next(c.path for c in rep.candidates if c.name == onnx_name)
     gv = GraphView(path)
+    folded = sum(n["fold"] >= 0 for n in gv.nodes)  # each block's 0.5: drawn in its Mul
+    assert folded and gv.canvas.title.endswith(
+        f"(onnx, {len(gv.nodes) - folded} nodes, {folded} constants folded)")
     assert gv.nodes_in("blocks.1.conv2") == ["/blocks/blocks.1/conv2/Conv"]  # its scope
     lit = gv.highlight(gv.nodes_in("blocks.1"))
     assert len(lit) == 5 and gv.highlighted == lit

@@ -16,6 +16,8 @@ const ROW_H = 40; // the layered layout's row: the taller of the two
 const CHAR_W = 7;
 const SVGNS = "http://www.w3.org/2000/svg";
 const FOLDED = -1000000000; // a folded constant: drawn as part of its consumer
+const MINIMAP_ITEMS = 40; // a minimap from this many items drawn (or a drawing taller than the view)
+const MINI_W = 160, MINI_H = 120;
 
 let dagrePromise = null;
 
@@ -284,6 +286,7 @@ async function render({ model, el }) {
     `<input class="wb-find" type="search" data-lm-suppress-shortcuts="true" placeholder="find node" title="a node name or op type; Enter selects the next match">` +
     `</div>` +
     `<div class="wb-graphview-body"><span class="wb-graphview-status"></span><svg class="wb-graph" xmlns="${SVGNS}"><g class="wb-viewport"></g></svg>` +
+    `<div class="wb-minimap" title="overview: click or drag to move the view"><canvas></canvas><div class="wb-minimap-view"></div></div>` +
     `<div class="wb-legend"></div></div>`;
   el.appendChild(root);
   const svg = root.querySelector("svg.wb-graph");
@@ -313,9 +316,76 @@ async function render({ model, el }) {
       els[i].insertAdjacentHTML("beforeend", labelSVG(labels[i], widths[i], heights[i]));
     }
   };
+  // the minimap: every item drawn as a small box, the part in view as a rectangle; a click or
+  // a drag there moves the view. x and y are scaled apart (up to 6x): a long chain of ops
+  // still fills the overview instead of being a one-pixel line
+  const mini = root.querySelector(".wb-minimap");
+  const miniView = mini.querySelector(".wb-minimap-view");
+  let miniData = null; // {items, x, y, widths, heights, s, ox, oy} of the last drawing
+  const paintMini = () => {
+    if (!miniData) return;
+    const c = mini.querySelector("canvas");
+    const dpr = window.devicePixelRatio || 1;
+    c.width = MINI_W * dpr; c.height = MINI_H * dpr;
+    const ctx = c.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, MINI_W, MINI_H);
+    const colors = model.get("colors") || [], gcolors = model.get("group_colors") || [];
+    const { items, x, y, widths: w, heights: h, sx, sy, ox, oy } = miniData;
+    items.forEach((r, k) => {
+      ctx.fillStyle = r >= 0 ? colors[r] || "#dddddd" : gcolors[-1 - r] || "#e3e9f2";
+      ctx.fillRect(ox + (x[k] - w[k] / 2) * sx, oy + (y[k] - h[k] / 2) * sy, Math.max(1, w[k] * sx), Math.max(1, h[k] * sy));
+    });
+    moveMini();
+  };
+  const moveMini = () => {
+    if (!miniData) return;
+    const b = svg.getBoundingClientRect();
+    const { sx, sy, ox, oy } = miniData;
+    const left = ox + (-view.x / view.k) * sx, top = oy + (-view.y / view.k) * sy;
+    Object.assign(miniView.style, { left: `${left.toFixed(1)}px`, top: `${top.toFixed(1)}px`,
+      width: `${Math.max(4, (b.width || 600) / view.k * sx).toFixed(1)}px`,
+      height: `${Math.max(4, (b.height || 500) / view.k * sy).toFixed(1)}px` });
+  };
+  const showMini = (items, layout, widths, heights) => {
+    const b = svg.getBoundingClientRect();
+    const show = items.length >= MINIMAP_ITEMS || (b.height > 0 && size.height * view.k > b.height * 1.2);
+    mini.style.display = show ? "block" : "none";
+    root.dataset.minimap = show ? "1" : "0";
+    if (!show) { miniData = null; return; }
+    const s = Math.min(MINI_W / size.width, MINI_H / size.height);
+    const sx = Math.min(MINI_W / size.width, 6 * s), sy = Math.min(MINI_H / size.height, 6 * s);
+    miniData = { items, x: layout.x, y: layout.y, widths, heights, sx, sy,
+      ox: (MINI_W - size.width * sx) / 2, oy: (MINI_H - size.height * sy) / 2 };
+    paintMini();
+  };
+  let miniDrag = false;
+  const miniGo = (e) => {
+    const mb = mini.getBoundingClientRect(), b = svg.getBoundingClientRect();
+    const { sx, sy, ox, oy } = miniData;
+    const clamp = (v, hi) => Math.max(0, Math.min(hi, v)); // a point of the drawing
+    const px = clamp((e.clientX - mb.left - ox) / sx, size.width);
+    const py = clamp((e.clientY - mb.top - oy) / sy, size.height);
+    view.x = (b.width || 600) / 2 - px * view.k;
+    view.y = (b.height || 500) / 2 - py * view.k;
+    userMoved = true;
+    apply();
+  };
+  mini.addEventListener("pointerdown", (e) => {
+    if (!miniData || e.button !== 0) return;
+    e.stopPropagation(); e.preventDefault();
+    miniDrag = true;
+    if (mini.setPointerCapture) mini.setPointerCapture(e.pointerId);
+    miniGo(e);
+  });
+  mini.addEventListener("pointermove", (e) => { if (miniDrag && miniData) miniGo(e); });
+  mini.addEventListener("pointerup", () => { miniDrag = false; });
+  mini.addEventListener("wheel", (e) => e.stopPropagation());
+
   const apply = () => {
     viewport.setAttribute("transform", `translate(${view.x.toFixed(1)},${view.y.toFixed(1)}) scale(${view.k.toFixed(4)})`);
     root.dataset.zoom = view.k.toFixed(4);
+    moveMini();
     // labels below ~6 px are unreadable: hide them (SVG text is most of the paint cost)
     svg.classList.toggle("wb-far", view.k < 0.55);
     if (lazy && !labelPending) { labelPending = true; requestAnimationFrame(() => labelVisible(false)); }
@@ -595,6 +665,7 @@ async function render({ model, el }) {
     labelVisible(false);
     highlight();
     paintLit();
+    showMini(items, layout, widths, heights);
     void svg.getBoundingClientRect(); // force style and layout now, so the time includes them
     const t2 = performance.now();
     await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -613,7 +684,8 @@ async function render({ model, el }) {
     root.dataset.draws = String(Number(root.dataset.draws || 0) + 1);
     root.classList.add("wb-drawn");
     const closed = items.filter((r) => r < 0).length;
-    status.textContent = `${nodes.length} nodes \u00b7 ${items.length} drawn${closed ? ` (${closed} modules closed)` : ""} \u00b7 ${engine} \u00b7 ${ms.total.toFixed(0)} ms`;
+    const folded = nodes.filter((n) => n.fold >= 0).length;
+    status.textContent = `${nodes.length - folded} nodes${folded ? ` (+${folded} folded constants)` : ""} \u00b7 ${items.length} drawn${closed ? ` (${closed} modules closed)` : ""} \u00b7 ${engine} \u00b7 ${ms.total.toFixed(0)} ms`;
     model.set("render_ms", { ...ms, items: items.length, why });
     model.save_changes();
   };
@@ -638,6 +710,7 @@ async function render({ model, el }) {
       g.querySelector("title").textContent = gtitles[k] || g.dataset.module;
     });
     root.querySelector(".wb-legend").innerHTML = legendHTML(model.get("legend"));
+    paintMini();
   };
   // find: the next node whose name or op type contains the text; open its modules, centre on it
   const find = root.querySelector(".wb-find");

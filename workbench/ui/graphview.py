@@ -147,7 +147,7 @@ class GraphView(widgets.HBox):
             expanded=initial_expanded(nodes, self.groups, self._node_group),
             group_colors=gcolors, group_strokes=gstrokes, group_tooltips=gtips,
             colors=colors, strokes=strokes, legend=legend, tooltips=self._tooltips(),
-            title=f"{self.payload['title']} ({self.payload['format']}, {len(nodes)} nodes)")
+            title=_title(self.payload, nodes))
         modes = ["op_type"] + [m for m in ("accumulated", "isolated")
                                if (values is not None and m == color_by) or any(
                                    m in rs for rs in self.records.values())]
@@ -161,9 +161,9 @@ class GraphView(widgets.HBox):
                                          description="metric", layout={"width": "200px"})
         self.metric_w.observe(lambda c: self.set_metric(c["new"]), names="value")
         self.metric_w.add_class("wb-graphview-metric")
-        bar = [self.color_w] + ([self.metric_w] if len(metrics) > 1 else [])
-        left = widgets.VBox([widgets.HBox(bar), self.canvas] if len(modes) > 1
-                            else [self.canvas],
+        bar = widgets.HBox([self.color_w] + ([self.metric_w] if len(metrics) > 1 else []),
+                           layout=widgets.Layout(flex_flow="row wrap"))  # wraps when narrow
+        left = widgets.VBox([bar, self.canvas] if len(modes) > 1 else [self.canvas],
                             layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
         self.panel = panel
         if not panel:
@@ -578,15 +578,17 @@ class GraphView(widgets.HBox):
             return
         tensor = max((r for rs in recs.values() for r in rs),
                      key=lambda r: r.metrics.max_abs or 0.0).name
-        import io
-
-        from IPython.display import Image
+        from .compareview import figure_html
 
         figs = [f for f in self.report.plot_tensor(tensor, candidate=self.candidate.name)
                 if f is not None]
         self.last_figures = figs
-        for fig in figs:  # PNG bytes: shows the same whatever matplotlib backend is active
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=80)
-            display(Image(data=buf.getvalue(), format="png"))
+        # at their own size, drawn at 2x for high-density screens (was 80 dpi, shrunk)
+        display(HTML("".join(figure_html(fig) for fig in figs)))
 
+
+def _title(payload: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
+    """'model.onnx (onnx, 6 nodes, 1 constant folded)': the nodes drawn, the folded apart."""
+    folded = sum(n["fold"] >= 0 for n in nodes)
+    return (f"{payload['title']} ({payload['format']}, {len(nodes) - folded} nodes"
+            + (f", {folded} constant{'s' if folded > 1 else ''} folded" if folded else "") + ")")

@@ -164,7 +164,7 @@ class LinkedView(widgets.VBox):
             self.graphs[c.name] = gv
             head = widgets.HTML(f"<b>{html.escape(c.name)}</b>")
             boxes.append(widgets.VBox([head, gv], layout=widgets.Layout(
-                flex="1 1 420px", min_width="360px")))
+                flex="1 1 300px", min_width="300px")))
         self.tree_w = widgets.Select(options=[(_tree_label(it), it.name) for it in self.items],
                                      value=None, rows=min(28, max(8, len(self.items))),
                                      layout=widgets.Layout(width="100%"))
@@ -172,7 +172,7 @@ class LinkedView(widgets.VBox):
         self.tree_w.observe(lambda ch: ch["new"] and ch["new"] != self.module
                            and self.select(ch["new"]), names="value")
         tree_box = widgets.VBox([widgets.HTML("<b>torch modules</b>"), self.tree_w],
-                                layout=widgets.Layout(flex="0 0 250px", width="250px"))
+                                layout=widgets.Layout(flex="0 0 210px", width="210px"))
         first = report.first_divergence
         self.first_w = widgets.Button(
             description="first divergence" if first else "no divergence",
@@ -190,6 +190,7 @@ class LinkedView(widgets.VBox):
         self.selection: Selection | None = None
         self.last_figures: list[Any] = []
         self._busy = False
+        # side by side: the tree, then each graph (they wrap below only when too narrow)
         row = widgets.HBox([tree_box, *boxes], layout=widgets.Layout(
             width="100%", flex_flow="row wrap", align_items="flex-start"))
         super().__init__([widgets.HBox([self.first_w, self.status_w]), row, self.details_w,
