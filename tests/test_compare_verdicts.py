@@ -12,6 +12,7 @@ import pytest
 import torch
 from onnx import helper, numpy_helper
 from torch import nn
+from torch.nn import functional as F  # noqa: N812
 
 import workbench as wb
 from workbench.comparison.metrics import TensorMetrics, Tolerance
@@ -455,3 +456,28 @@ def test_a_fourier_transform_is_within_tolerance_of_the_whole_spectrum(tmp_path)
                         per_op_tolerance={"Spectrogram": (1e-4, 1e-3)})
     assert not strict.ok
     assert not next(r for r in strict.records if r.op_type == "Spectrogram").metrics.passed
+
+
+class LogSigmoids(nn.Module):
+    """PNNX corpus test_F_logsigmoid: ncnn runs F.logsigmoid as Sigmoid then Log, and the
+    first one's Sigmoid follows another branch's records (max_pool2d), so no rule of order
+    places it."""
+
+    def forward(self, x, q):
+        x, q = x * 2 - 1, F.max_pool2d(q * 2 - 1, 1)
+        return F.logsigmoid(x), F.logsigmoid(q)
+
+
+def test_a_nameless_step_read_only_by_one_call_is_attributed_to_it(tmp_path):
+    """A tensor no torch record equals, with no name or weights to tie it to a module, read
+    only by one call's output (the Sigmoid inside F.logsigmoid) is a step of that call."""
+    torch.manual_seed(0)
+    args = (torch.rand(16), torch.rand(2, 7, 9, 11))
+    model = LogSigmoids().eval()
+    nc = wb.to_ncnn(model, args, workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [nc], args, progress=False)
+    al = rep.alignments[rep.candidates[0].name]
+    assert not rep.unaligned[rep.candidates[0].name], rep.unaligned
+    assert sorted(al.attributed.values()) == ["F.logsigmoid_0", "F.logsigmoid_1"], \
+        al.attributed
+    assert rep.ok, rep.summary()

@@ -1,5 +1,4 @@
-"""Alignment: map each candidate tensor to the PyTorch module (or functional call) that
-produced it.
+"""Alignment: each candidate tensor mapped to the PyTorch module or call that produced it.
 
 Names give a hint where they exist: the TorchScript exporter writes module scopes into value
 names (``/layer1/layer1.0/conv1/Conv_output_0``), the dynamo exporter into node metadata
@@ -346,9 +345,8 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 best, j = own, structural
         if best > TIGHT and t.internal:
             # a step of an op the exporter lowered (attention, GELU...): torch ran it as one
-            # call, so no torch tensor exists to align with. Attributed, not counted. Only
-            # an equal tensor is the step's: a nearby one within ACCEPT is not (the scores
-            # before a softmax are within 5% of the mask added to them).
+            # call, no torch tensor to align with. Attributed, not counted. Only an equal
+            # tensor is the step's (the scores before a softmax are within 5% of the mask).
             _attribute(out, t, t.hint or "")
             continue
         if not choices:
@@ -489,10 +487,10 @@ def _check_shared(out: Alignment, reference: dict[str, Any], candidate: dict[str
 
 def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
                        ref_module: list[str], index: dict[str, int]) -> None:
-    """An unexplained tensor read only by one module's steps or outputs (the per-layer
-    slices of an initial LSTM state, the pieces of a lowered torch.roll) is a step of that
-    module: attributed to it. Repeated until nothing changes, so a chain of such glue
-    (a Concat feeding the Slices) goes with it."""
+    """An unexplained tensor read only by one module's steps or outputs (an initial LSTM
+    state's per-layer slices, a lowered torch.roll's pieces, F.logsigmoid's Sigmoid) is a
+    step of that module: attributed to it. Repeated until nothing changes, so a chain of
+    such glue (a Concat feeding the Slices) goes with it."""
     readers: dict[str, list[str]] = {}
     for t in tensors:
         for name in t.inputs:
@@ -510,9 +508,11 @@ def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
     while changed:
         changed = False
         for t in tensors:
-            # only a tensor torch has no counterpart of; one whose nearest counterpart
-            # differs may be a real error, and stays listed
-            if not out.unaligned.get(t.name, "").startswith("no reference tensor"):
+            # no torch counterpart; or no name or weights tie it to a module: a step of the
+            # call alone reading it (its error shows there). Named or weighted: listed.
+            why = out.unaligned.get(t.name, "")
+            if not why.startswith("no reference tensor") and (t.hint is not None or (
+                    t.weights_of or not why.startswith("nearest reference tensor"))):
                 continue
             owners = {owner(r) for r in readers.get(t.name, ())}
             if len(owners) == 1 and None not in owners:
