@@ -19,6 +19,9 @@ untimed cell before. Figures:
    the click, median of --runs, a different stage each run)          (target <= 0.1 s)
 9. the same: every module open (3,000 nodes drawn; "open all"), once   (report)
 
+Each graph's row says whether its minimap was drawn (from 40 items drawn, or a drawing taller
+than the view): the figures include it.
+
 Each model's row "render in the browser" is the browser's share of its Run -> drawn (all runs);
 the rest is the kernel (reading the graph, colours) and the widget's messages.
 
@@ -172,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             dt, data = run_cell(lab, index)
             results.setdefault((kind, name), []).append(dt)
             renders.setdefault(name, []).append(float(data["renderMs"]) / 1000)
-            info[name] = f"{data.get('nodes')} nodes, {data.get('engine')} layout"
+            info[name] = (f"{data.get('nodes')} nodes, {data.get('engine')} layout, minimap "
+                          + ("on" if data.get("minimap") == "1" else "off"))
             print(f"  {name} {kind}: run->drawn {dt:.2f} s; in the browser {data['renderMs']} ms "
                   f"(layout {data['layoutMs']}, DOM {data['domMs']}, paint {data['paintMs']}; "
                   f"{info[name]}, {data.get('items')} items drawn)", flush=True)
