@@ -5,6 +5,7 @@ plots, the first divergence in one click, and clear errors for bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 
 import pytest
@@ -73,6 +74,13 @@ def test_the_tree_lists_the_modules_in_the_order_the_model_runs_them(linked):
     marked = [it.name for it in items if it.first]
     assert marked and all(in_module(first.reference, m) for m in marked)
     assert by["blocks"].records == sum(r.reference.startswith("blocks.") for r in rep.records)
+    # ncnn alone: conv1 is only named in the fused layer's covers, and still runs before act
+    ncnn = next(c for c in rep.candidates if c.kind == "ncnn")
+    alone = dataclasses.replace(rep, candidates=[ncnn], alignments={
+        ncnn.name: rep.alignments[ncnn.name]}, records=[r for r in rep.records
+                                                         if r.candidate == ncnn.name])
+    b3 = [it.label for it in module_tree(alone) if it.parent == "blocks.3"]
+    assert b3[:3] == ["conv1", "act", "conv2"], b3
 
 
 def test_selecting_a_module_lights_its_onnx_nodes_and_the_ncnn_layer_that_fuses_it(linked):

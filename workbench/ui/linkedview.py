@@ -86,8 +86,14 @@ def module_tree(report: Any) -> list[TreeItem]:
             continue
         parent[n] = _parent_of(n, modules)
         todo.append(parent[n])
+    at_of: dict[str, float] = {}  # a module a fused record covers runs just before its end
+    for r in report.records:
+        base = pos.get(str(r.reference), len(pos))
+        cov = [str(m) for m in r.covers if m]
+        for j, m in enumerate(cov):
+            at_of[m] = min(at_of.get(m, base), base - (len(cov) - 1 - j) * 1e-3)
     for n in names:  # a module runs first where its first call or sub-module does
-        k, at = n, pos.get(n, len(pos))
+        k, at = n, at_of.get(n, pos.get(n, len(pos)))
         while k:
             first_at[k] = min(first_at.get(k, at), at)
             k = parent[k]
