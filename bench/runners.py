@@ -172,7 +172,8 @@ def report(times: dict[str, list[float]], load_start: str) -> None:
           + (" [loaded: 1-min load above 3; ratios of 2-thread runs are not valid here, "
              "measure on a quiet machine]" if loaded else ""))
     for line in verdicts:
-        print(line + (" [loaded]" if loaded else ""))
+        print(line + (" as printed, but not valid: loaded (measure on a quiet machine)"
+                      if loaded else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
