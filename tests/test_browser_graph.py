@@ -61,6 +61,12 @@ print("LINKED=" + json.dumps({"relu1": {c: g.nodes_in("relu1") for c, g in lv.gr
                               "first": lrep.first_divergence.reference}))
 lv
 """,
+    """\
+lit = GraphView(monx, color_by="accumulated", report=mrep)  # MobileNetV2 again, layer.3 lit
+lit.highlight(lit.nodes_in("model.mobilenet_v2.layer.3"))
+lit.add_class("wb-test-lit")
+lit
+""",
 ]
 
 
@@ -275,6 +281,13 @@ def test_a_1000_node_export_reads_as_modules_and_opens_level_by_level(ran):
     grey.hover()
     tip = grey.locator("title").text_content()
     assert "\nno value: " in tip and len(tip.split("no value: ")[1]) > 10, tip
+    # and in the side panel, on its click: the same reason
+    grey_id = grey.get_attribute("data-id")
+    grey.click()
+    why = nb.page.locator(f'.wb-graphview-output .wb-graphview-node[data-node="{grey_id}"] '
+                          ".wb-graphview-why").first
+    why.wait_for(timeout=60_000)
+    assert why.inner_text().startswith("no value: ") and why.inner_text() in tip, why.inner_text()
     nb.screenshot("graphview-mnv2-grey-node", selector=".wb-graphview-box >> nth=2")
     # its title closes the module again
     draws = int(view.get_attribute("data-draws"))
@@ -349,6 +362,19 @@ def test_linked_views_light_a_modules_onnx_nodes_and_ncnn_layers(ran):
         "t => document.querySelector('.wb-linked-view .wb-linked-status').innerText.includes(t)",
         arg=info["first"], timeout=30_000)
     nb.screenshot("linked-views-first-divergence", selector=".wb-linked-view")
+
+    # a module lit in a big graph: the modules around it opened, it is drawn closed and lit
+    big = nb.page.locator(".wb-test-lit .wb-graphview.wb-drawn")
+    big.wait_for(timeout=30_000)
+    group = big.locator('.wb-group.wb-lit[data-module="model.mobilenet_v2.layer.3"]')
+    nb.page.wait_for_function("g => g.querySelectorAll('.wb-group.wb-lit').length === 1",
+                              arg=big.element_handle(), timeout=30_000)
+    assert group.locator("rect").evaluate("e => getComputedStyle(e).stroke") == "rgb(255, 109, 0)"
+    svg_box, box = big.locator("svg.wb-graph").bounding_box(), group.bounding_box()
+    assert svg_box["y"] <= box["y"] and box["y"] + box["height"] <= svg_box["y"] + svg_box[
+        "height"]  # panned into view
+    assert big.get_attribute("data-minimap") == "1"  # 21 items, but taller than the view
+    nb.screenshot("graphview-mnv2-module-lit", selector=".wb-test-lit")
 
 
 # -- the harness itself ----------------------------------------------------------------------

@@ -347,7 +347,9 @@ async function render({ model, el }) {
       width: `${Math.max(4, (b.width || 600) / view.k * sx).toFixed(1)}px`,
       height: `${Math.max(4, (b.height || 500) / view.k * sy).toFixed(1)}px` });
   };
+  let miniArgs = null; // the last drawing's, to decide again once the view has its size
   const showMini = (items, layout, widths, heights) => {
+    miniArgs = [items, layout, widths, heights];
     const b = svg.getBoundingClientRect();
     const show = items.length >= MINIMAP_ITEMS || (b.height > 0 && size.height * view.k > b.height * 1.2);
     mini.style.display = show ? "block" : "none";
@@ -400,6 +402,7 @@ async function render({ model, el }) {
     view.x = (W - size.width * view.k) / 2;
     view.y = 8;
     apply();
+    if (miniArgs) showMini(...miniArgs); // drawn before the view had a size (a hidden tab)
   };
   // a graph drawn in a hidden tab (zero size) is fitted when its tab opens; a resize refits
   // until the user has zoomed or panned
@@ -664,8 +667,9 @@ async function render({ model, el }) {
     } else if (why !== "expand" || fitPending) { userMoved = false; fit(); } else apply();
     labelVisible(false);
     highlight();
-    paintLit();
     showMini(items, layout, widths, heights);
+    const litSlots = paintLit();
+    if (why === "first" && litSlots.length) focusLit(litSlots); // lit before it was shown
     void svg.getBoundingClientRect(); // force style and layout now, so the time includes them
     const t2 = performance.now();
     await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
