@@ -19,21 +19,34 @@ per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2i
    ncnn fp16 native, ncnn fp16 storage emulated as on ARM (``NcnnRunner(nc,
    precision="fp16", emulate="arm-fp16")``; storage only, not timed) and ncnn bf16. Printed,
    no target.
-2. Sensitivity finds the culprit: in a copy of the model, one mid-network tensor gets an
-   outlier channel with the float function unchanged (``plant_outlier``): a norm layer's
-   (BatchNorm2d, a ReLU may follow; or LayerNorm) output channel is scaled so its RMS is 100x
-   the mean RMS of the others on the held-out image, and the Conv2d / Linear layers reading it
-   divide that input channel back. Sites are tried from the middle outward, one-reader sites
-   first; a site is taken when the float output moves by < 1e-4 of its range (so the readers
-   found are all there are: a residual add reading it fails the check). Only int8 sees the
-   outlier, as in the LayerNorm / activation outliers of real models. The copy is exported,
-   converted and quantized again (same samples), ``rep = wb.compare(copy, [int8], (x,),
-   mode="both")``; targets, for ORT and ncnn each: ``rep.sensitive(1)`` is that layer (its
-   module, or a module it covers, is the conv, the norm or the ReLU after it: one fused
-   layer; or a reader the plant divided the channel back in, whose weights for it are now
-   1/100: planted too, and marked "(reader)"), and ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the final-output SNR by
-   >= 10 dB over full int8. A miss says which layer ranked first, where the culprit ranked,
+2. Sensitivity finds the culprit: in a copy of the model, one tensor gets an outlier channel
+   with the float function unchanged (``plant_outlier``): a norm layer's (BatchNorm2d, a ReLU
+   may follow; or LayerNorm) output channel is scaled so its largest |activation| is 100x
+   the largest of every other channel on the held-out image (in the tensor the readers read:
+   after the ReLU), and the Conv2d / Linear layers reading it divide that input channel back.
+   The readers must be layers whose input the backend's int8 rounds: every Conv and Linear
+   for ONNX Runtime; for ncnn a Conv2d or a Linear on 2-D input (an InnerProduct): a Linear on
+   3-D input is an ncnn Gemm and attention a MultiHeadAttention, both float in this
+   workbench's ncnn int8, so the ViT's ncnn plant is its last LayerNorm, read by the
+   classifier (the only such site). Sites are tried from the middle of the model outward,
+   one-reader sites first; a site is taken when the float output moves by < 1e-4 of its range
+   (so the readers found are all there are: a residual add reading it fails the check); the
+   output says which norm of how many it is. Only int8 sees the outlier: one scale for the
+   tensor spends its levels on that channel and the others, which carry the signal the
+   readers use, fall within a level or two of zero (unless the calibration clips the outlier
+   channel instead, as KL may). The copy is exported, converted and quantized again (same
+   samples), ``rep = wb.compare(copy, [int8], (x,), mode="both")``; targets, for ORT and ncnn
+   each: ``rep.sensitive(1)`` is that layer (its module, or a module it covers, is the conv,
+   the norm or the ReLU after it: one fused layer; or a reader the plant divided the channel
+   back in, whose weights for it are now 1/100: planted too, and marked "(reader)"), and
+   ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the final-output SNR by >= 10 dB
+   over full int8 (a model with fewer than 4 int8 layers: the largest k that leaves one in
+   int8, said in the figure). A miss says which layer ranked first, where the culprit ranked,
    and the SNRs.
+   Beside it, each float model's own sensitivity (``noise_gain``): its output SNR when its
+   input gets Gaussian noise at 40 and 60 dB SNR. A model that loses ~35 dB there (the seeded
+   MobileNetV2) loses as much of int8's rounding, so its int8 SNR is a few dB whatever the
+   quantizer does, and no plant can cost it 10 dB more.
 3. Calibration + quantization time of ResNet-50 (``Artifact.seconds`` of wb.quantize: reading
    the samples, calibrating, writing, the check run) for ORT and ncnn: target < 60 s on 2 cores.
 
@@ -120,6 +133,32 @@ def final_snr(model: Any, art: Any, x: tuple) -> float:
     return min(snr_db(r, g) for r, g in zip(ref, got, strict=True))
 
 
+NOISE_DB = (40.0, 60.0)  # input perturbations for noise_gain
+
+
+def noise_gain(model: Any, x: tuple, db: float, seeds: int = 3) -> float:
+    """The float model's own sensitivity: the mean final-output SNR (vs its clean output)
+    when its input gets seeded Gaussian noise at ``db`` SNR. A model that turns a 40 dB
+    perturbation into a few dB at its output turns int8's rounding (each layer's at 30-40 dB)
+    into as little, whatever the quantizer does."""
+    import torch
+
+    from workbench.precision.snr import snr_db
+
+    with torch.no_grad():
+        clean = model(*[t.clone() for t in x]).numpy()
+        out = []
+        for seed in range(seeds):
+            g = torch.Generator().manual_seed(seed)
+            noisy = []
+            for t in x:
+                n = torch.randn(t.shape, generator=g)
+                noisy.append(t + n * t.pow(2).mean().sqrt() / n.pow(2).mean().sqrt()
+                             * 10 ** (-db / 20))
+            out.append(snr_db(clean, model(*noisy).numpy()))
+    return sum(out) / len(out)
+
+
 # -- the planted outlier --------------------------------------------------------------------------
 @dataclass
 class Plant:
@@ -127,23 +166,29 @@ class Plant:
     producer: str  # the Conv2d / Linear before it (the norm itself when there is none)
     channel: int
     factor: float
-    ratio: float  # the channel's RMS over the others' mean, measured after
+    ratio: float  # the channel's max |activation| over the largest other channel's, after
     # the layers that divide it back (with the norm / activation fused into each)
     readers: list[str] = field(default_factory=list)
     drift: float = 0.0  # max |output change| / max |output| of the float model
     # the modules whose output holds the outlier: the producer, the norm, a ReLU after it
     # (ONNX and ncnn fuse them into one layer)
     carriers: list[str] = field(default_factory=list)
+    rms_ratio: float = 0.0  # the channel's RMS over the others' mean RMS
+    where: str = ""  # "norm k of n" in call order
 
 
-def _execution_order(model: Any, x: tuple) -> list[str]:
+def _execution_order(model: Any, x: tuple) -> tuple[list[str], dict[str, int]]:
+    """The leaf modules in call order, and the rank of each one's first input."""
     import torch
 
     names = {m: n for n, m in model.named_modules()}
     order: list[str] = []
+    ranks: dict[str, int] = {}
 
-    def hook(mod: Any, *_: Any) -> None:
+    def hook(mod: Any, args: Any) -> None:
         order.append(names[mod])
+        if args and hasattr(args[0], "dim"):
+            ranks.setdefault(names[mod], args[0].dim())
 
     leaves = [m for m in model.modules() if not list(m.children())]
     handles = [m.register_forward_pre_hook(hook) for m in leaves]
@@ -153,10 +198,12 @@ def _execution_order(model: Any, x: tuple) -> list[str]:
     finally:
         for h in handles:
             h.remove()
-    return order
+    return order, ranks
 
 
-def _channel_rms(model: Any, module: str, x: tuple) -> Any:
+def _channel_peaks(model: Any, module: str, x: tuple) -> tuple[Any, Any]:
+    """Per channel of ``module``'s output (the tensor int8 rounds when it is the one the
+    readers read): max |activation| and RMS on ``x``."""
     import torch
 
     mod = dict(model.named_modules())[module]
@@ -174,13 +221,30 @@ def _channel_rms(model: Any, module: str, x: tuple) -> Any:
     out = got["out"]
     axis = 1 if out.dim() == 4 else out.dim() - 1  # NCHW convs; (..., C) Linears
     dims = [d for d in range(out.dim()) if d != axis]
-    return out.pow(2).mean(dim=dims).sqrt()
+    return out.abs().amax(dim=dims), out.pow(2).mean(dim=dims).sqrt()
 
 
-def _sites(model: Any, order: list[str]) -> list[tuple[str, list[str]]]:
-    """(norm, readers) candidates: an affine BatchNorm2d (a ReLU may follow) or LayerNorm,
-    and the run of Conv2d (groups 1) / Linear modules right after it that take its channels;
-    whether they are its only readers the float check decides (``plant_outlier``)."""
+def _int8_in(backend: str, mod: Any, rank: int | None) -> bool:
+    """Whether ``backend``'s int8 model rounds this reader's input. ONNX Runtime's QDQ
+    quantizes every Conv and MatMul/Gemm input. This workbench's ncnn writer (ncnn2int8's
+    format for Convolution, ConvolutionDepthWise and InnerProduct; its Gemm and
+    MultiHeadAttention quantization is not written) rounds the input of a Conv2d and of a
+    Linear on 2-D input (pnnx makes it an InnerProduct); a Linear on 3-D input becomes an
+    ncnn Gemm, attention one MultiHeadAttention: both run in float."""
+    from torch import nn
+
+    if backend == "onnxruntime" or isinstance(mod, nn.Conv2d):
+        return True
+    return isinstance(mod, nn.Linear) and rank == 2
+
+
+def _sites(model: Any, order: list[str], ranks: dict[str, int], backend: str
+           ) -> list[tuple[str, str, list[str]]]:
+    """(norm, carrier, readers) candidates: an affine BatchNorm2d (``carrier`` the ReLU
+    after it, when one follows: the tensor the readers read) or LayerNorm, and the run of
+    Conv2d (groups 1) / Linear modules right after it that take its channels, each one whose
+    input ``backend``'s int8 rounds; whether they are its only readers the float check
+    decides (``plant_outlier``)."""
     from torch import nn
 
     mods = dict(model.named_modules())
@@ -194,8 +258,9 @@ def _sites(model: Any, order: list[str]) -> list[tuple[str, list[str]]]:
             c = m.normalized_shape[-1]
         else:
             continue
-        j = i + 1
+        j, carrier = i + 1, name
         if j < len(seq) and isinstance(mods[seq[j]], nn.ReLU) and isinstance(m, nn.BatchNorm2d):
+            carrier = seq[j]
             j += 1
         readers = []
         while j < len(seq):
@@ -206,37 +271,44 @@ def _sites(model: Any, order: list[str]) -> list[tuple[str, list[str]]]:
                 j += 1
             else:
                 break
-        if readers:
-            out.append((name, readers))
+        if readers and all(_int8_in(backend, mods[r], ranks.get(r)) for r in readers):
+            out.append((name, carrier, readers))
     return out
 
 
-def plant_outlier(model: Any, x: tuple) -> tuple[Any, Plant]:
+def plant_outlier(model: Any, x: tuple, backend: str) -> tuple[Any, Plant]:
     """A copy of ``model`` whose float function is unchanged but one mid-network tensor
     carries an outlier channel: a norm layer's output channel (its affine weight and bias)
-    scaled so its RMS is 100x the mean of the others, and the layers reading it divide that
-    input channel back (a ReLU between commutes with a positive scale). Only int8 sees it:
-    the tensor's one scale now spends its levels on that channel. Sites are tried from the
-    middle of the model outward, those with one reader first; a site is taken when the
-    float output moves by < 1e-4 of its range (the readers found are all there are)."""
+    scaled so that channel's largest |activation| is 100x the largest of every other
+    channel (the tensor the readers read: after the ReLU when one follows), and the layers
+    reading it divide that input channel back (a ReLU between commutes with a positive
+    scale). Only int8 sees it: one scale for the tensor spends its levels on that channel,
+    the others (which carry the signal the readers use) fall within a level or two of zero,
+    unless a calibration clips the outlier channel instead. The readers must be layers whose
+    input ``backend``'s int8 rounds (``_int8_in``). Sites are tried from the middle of the
+    model outward, those with one reader first; a site is taken when the float output moves
+    by < 1e-4 of its range (the readers found are all there are)."""
     import torch
     from torch import nn
 
-    order = _execution_order(model, x)
-    sites = _sites(model, order)
+    order, ranks = _execution_order(model, x)
+    sites = _sites(model, order, ranks, backend)
     if not sites:
-        raise RuntimeError("no norm layer whose readers can divide an outlier back")
+        raise RuntimeError(f"no norm layer whose readers {backend}'s int8 rounds can divide "
+                           "an outlier back")
     ref = model(*[t.clone() for t in x]).detach()
-    mid = (len(sites) - 1) / 2
-    ranked = sorted(range(len(sites)), key=lambda i: (len(sites[i][1]) > 1, abs(i - mid)))
+    all_norms = [n for n in dict.fromkeys(order) if isinstance(
+        dict(model.named_modules())[n], (nn.BatchNorm2d, nn.LayerNorm))]
+    mid = (len(all_norms) - 1) / 2  # the middle of the model, not of the sites found
+    ranked = sorted(range(len(sites)), key=lambda i: (
+        len(sites[i][2]) > 1, abs(all_norms.index(sites[i][0]) - mid)))
     for i in ranked:
-        target, readers = sites[i]
+        target, carrier, readers = sites[i]
         m = copy.deepcopy(model)
         mods = dict(m.named_modules())
-        rms = _channel_rms(m, target, x)
-        c = int(torch.argmax(rms))
-        others = float(torch.cat([rms[:c], rms[c + 1:]]).mean())
-        factor = OUTLIER * others / float(rms[c])
+        peak, _ = _channel_peaks(m, carrier, x)
+        c = int(torch.argmax(peak))
+        factor = OUTLIER * float(torch.cat([peak[:c], peak[c + 1:]]).max()) / float(peak[c])
         with torch.no_grad():
             mods[target].weight[c] *= factor
             mods[target].bias[c] *= factor
@@ -246,14 +318,13 @@ def plant_outlier(model: Any, x: tuple) -> tuple[Any, Plant]:
         drift = float((got - ref).abs().max() / ref.abs().max())
         if drift > 1e-4:
             continue
-        rms = _channel_rms(m, target, x)
-        ratio = float(rms[c]) / float(torch.cat([rms[:c], rms[c + 1:]]).mean())
+        peak, rms = _channel_peaks(m, carrier, x)
+        ratio = float(peak[c]) / float(torch.cat([peak[:c], peak[c + 1:]]).max())
+        rms_ratio = float(rms[c]) / float(torch.cat([rms[:c], rms[c + 1:]]).mean())
         k = order.index(target)
         before = order[k - 1] if k else target
         producer = before if isinstance(mods[before], (nn.Conv2d, nn.Linear)) else target
-        after = order[k + 1] if k + 1 < len(order) else target
-        relu = [after] if isinstance(mods[after], nn.ReLU) else []
-        carriers = list(dict.fromkeys([producer, target, *relu]))
+        carriers = list(dict.fromkeys([producer, target, carrier]))
         # each reader's layer: the conv and the norm / activation modules right after it
         # (fused into it by ONNX and ncnn; its record may name the last of them)
         fused = []
@@ -263,8 +334,9 @@ def plant_outlier(model: Any, x: tuple) -> tuple[Any, Plant]:
                     nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.Hardtanh)):
                 fused.append(order[j])
                 j += 1
+        where = all_norms.index(target) + 1
         return m, Plant(target, producer, c, factor, ratio, [*readers, *fused], drift,
-                        carriers)
+                        carriers, rms_ratio, f"norm {where} of {len(all_norms)}")
     raise RuntimeError(f"none of {len(sites)} norm layers can carry an outlier with the float "
                        "output unchanged")
 
@@ -280,10 +352,8 @@ class Culprit:
     seconds: float
     covered_by: str = ""
     error: str = ""  # what wb.quantize(exclude=rep.sensitive(3)) raised
-    # the workaround when it raised: the top 3 *quantizable* layers, names mapped to the
-    # float model (see workaround_names)
-    workaround_db: float | None = None
-    workaround: list[str] = field(default_factory=list)
+    k: int = TOP_K  # the k of the excluded figure (< TOP_K when TOP_K left no int8 layer)
+    plant: Plant | None = None
 
 
 def _carries(rec: Any, plant: Plant) -> bool:
@@ -302,41 +372,6 @@ def _reads(rec: Any, plant: Plant) -> bool:
     return any(call_module(n) in plant.readers for n in (rec.reference, *rec.covers))
 
 
-QDQ_SUFFIXES = ("_DequantizeLinear", "_QuantizeLinear")
-NCNN_INT8_LAYERS = ("Convolution", "ConvolutionDepthWise", "InnerProduct")
-
-
-def workaround_names(sens: list[Any], parent: Any, backend: str) -> list[str]:
-    """The first TOP_K ranked records that name a quantizable layer of the float parent:
-    onnxruntime's QDQ node names (``<tensor>_DequantizeLinear``) cut back to their tensor
-    (the quantized model's nodes are not the float model's); ncnn layers that never run in
-    int8 (LayerNorm, ...) skipped. Only used when ``exclude=rep.sensitive(3)`` raised."""
-    if backend == "onnxruntime":
-        from workbench.onnx_io import load_onnx
-
-        g = load_onnx(parent.path, external_data=False).graph
-        known = {n.name for n in g.node} | {o for n in g.node for o in n.output}
-        ok = {}
-    else:
-        from workbench.params import parse_ncnn_param
-
-        layers = parse_ncnn_param(parent.path).layers
-        known = {ly.name for ly in layers if ly.type in NCNN_INT8_LAYERS}
-        ok = {t: ly.name for ly in layers if ly.type in NCNN_INT8_LAYERS for t in ly.tops}
-    out: list[str] = []
-    for s in sens:
-        name = s.record.node or s.record.name
-        for suffix in QDQ_SUFFIXES:
-            if backend == "onnxruntime" and name.endswith(suffix):
-                name = name[: -len(suffix)]
-        name = ok.get(name, name)
-        if name in known and name not in out:
-            out.append(name)
-        if len(out) == TOP_K:
-            break
-    return out
-
-
 def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], backend: str,
                 plant: Plant) -> Culprit:
     import workbench as wb
@@ -353,20 +388,19 @@ def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], b
         hit = sens[rank - 1]
         how = hit.record.reference + (f" (via {', '.join(hit.via)})" if hit.via else "") + (
             "" if _carries(hit.record, plant) else " (a reader: its weights divided back)")
-    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how)
-    try:
-        qx = wb.quantize(parent, samples, exclude=rep.sensitive(TOP_K), progress=False)
-        c.excluded_db, c.excluded = final_snr(model, qx, x), list(qx.params["exclude"])
-    except wb.WorkbenchError as e:
-        c.error = f"{type(e).__name__}: {e.message.splitlines()[0][:240]}"
-        c.workaround = workaround_names(sens, parent, backend)
-        if c.workaround:
-            try:
-                qw = wb.quantize(parent, samples, exclude=c.workaround, progress=False)
-                c.workaround_db = final_snr(model, qw, x)
-            except wb.WorkbenchError as e2:
-                c.error += (f"; the workaround {c.workaround} raised {type(e2).__name__}: "
-                            f"{e2.message.splitlines()[0][:200]}")
+    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how, plant=plant)
+    # top 3; when keeping them float leaves no layer in int8 (a model with fewer int8
+    # layers: quantize refuses a model it would not quantize), the largest k that does not
+    for k in range(TOP_K, 0, -1):
+        try:
+            qx = wb.quantize(parent, samples, exclude=rep.sensitive(k), progress=False)
+        except wb.InputError as e:
+            if "would run in int8" not in e.message or k == 1:
+                raise
+            c.error = c.error or f"{type(e).__name__}: {e.message.splitlines()[0][:240]}"
+            continue
+        c.excluded_db, c.excluded, c.k = final_snr(model, qx, x), list(qx.params["exclude"]), k
+        break
     c.seconds = time.perf_counter() - t0
     return c
 
@@ -377,8 +411,9 @@ class ModelResult:
     name: str
     table: Any = None
     quant_seconds: dict[str, float] = field(default_factory=dict)
-    plant: Plant | None = None
+    plants: list[Plant] = field(default_factory=list)
     culprits: list[Culprit] = field(default_factory=list)
+    noise_gain: dict[float, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -394,6 +429,10 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
     # measured on a held-out image of the calibration's kind: the zoo's example input is
     # uniform noise, whose activations overrun ranges calibrated on smooth images
     x = tuple(smooth_images(tuple(example[0].shape), 1, seed=2))
+    res.noise_gain = {db: noise_gain(model, x, db) for db in NOISE_DB}
+    print(f"[{name}] float model, input perturbed at " + ", ".join(
+        f"{db:.0f} dB SNR -> output {v:.1f} dB" for db, v in res.noise_gain.items()),
+        flush=True)
     ws = wb.Workspace(os.path.join(root, name))
     t0 = time.perf_counter()
     b = build(model, x, samples, ws)
@@ -410,15 +449,21 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
     print(res.table, flush=True)
     if args.skip_culprit:
         return res
-    m2, plant = plant_outlier(model, x)
-    res.plant = plant
-    print(f"[{name}] outlier planted in {plant.module} channel {plant.channel} (producer "
-          f"{plant.producer}; x{plant.factor:.1f} -> RMS {plant.ratio:.1f}x the others)",
-          flush=True)
-    ws2 = wb.Workspace(os.path.join(root, name + "-outlier"))
-    b2 = build(m2, x, samples, ws2)
-    for backend, q, parent in (("onnxruntime", b2.q_ort, b2.onx), ("ncnn", b2.q_nc, b2.nc)):
+    built: dict[tuple[str, int], tuple[Any, Built]] = {}
+    for backend in ("onnxruntime", "ncnn"):
         try:
+            m2, plant = plant_outlier(model, x, backend)
+            res.plants.append(plant)
+            key = (plant.module, plant.channel)
+            print(f"[{name}] {backend}: outlier planted in {plant.module} ({plant.where}) "
+                  f"channel {plant.channel}, read by {plant.readers} (x{plant.factor:.1f}: "
+                  f"max |activation| {plant.ratio:.1f}x the largest other channel's, RMS "
+                  f"{plant.rms_ratio:.1f}x the others' mean)", flush=True)
+            if key not in built:
+                ws2 = wb.Workspace(os.path.join(root, f"{name}-outlier-{len(built)}"))
+                built[key] = (m2, build(m2, x, samples, ws2))
+            m2, b2 = built[key]
+            q, parent = (b2.q_ort, b2.onx) if backend == "onnxruntime" else (b2.q_nc, b2.nc)
             c = culprit_run(m2, x, q, parent, samples, backend, plant)
         except Exception as e:  # noqa: BLE001 - a report: say what failed, go on
             res.errors.append(f"{name} {backend} culprit: {type(e).__name__}: "
@@ -427,8 +472,8 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
             continue
         res.culprits.append(c)
         print(f"[{name}] {backend}: culprit rank {c.rank}, top {c.top}, SNR full "
-              f"{c.full_db:.1f} dB -> excluded {_fmt(c.excluded_db)} dB {c.error}; workaround "
-              f"{c.workaround} -> {_fmt(c.workaround_db)} dB ({c.seconds:.0f} s)", flush=True)
+              f"{c.full_db:.1f} dB -> excluded top {c.k} {_fmt(c.excluded_db)} dB {c.error} "
+              f"({c.seconds:.0f} s)", flush=True)
     return res
 
 
@@ -463,33 +508,26 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
         (missing if ok is None else passed if ok else failed).append(label)
 
     for r in results:
-        if r.plant is None:
-            continue
         for c in r.culprits:
             tag = f"{r.name} {c.backend}"
             add(f"{tag}: culprit ranked first", "rank 1",
                 (f"rank {c.rank}" + (" (reader)" if "a reader" in c.covered_by else ""))
                 if c.rank else "not ranked", c.rank == 1)
             gain = None if c.excluded_db is None else c.excluded_db - c.full_db
-            add(f"{tag}: SNR gain, exclude=rep.sensitive({TOP_K})", f">= +{GAIN_DB:.0f} dB",
-                "quantize raised" if gain is None else
+            add(f"{tag}: SNR gain, exclude=rep.sensitive({c.k})" + (
+                f" (top {TOP_K} leaves no int8 layer)" if c.k != TOP_K else ""),
+                f">= +{GAIN_DB:.0f} dB", "quantize raised" if gain is None else
                 f"{gain:+.1f} dB ({_fmt(c.full_db)} -> {_fmt(c.excluded_db)})",
                 gain is not None and gain >= GAIN_DB)
             if c.error:
                 notes.append(f"  {tag}: wb.quantize(exclude=rep.sensitive({TOP_K})) raised "
                              f"{c.error}")
-            if c.workaround_db is not None:
-                wgain = c.workaround_db - c.full_db
-                add(f"{tag}: SNR gain, top {TOP_K} quantizable kept float (workaround)",
-                    f">= +{GAIN_DB:.0f} dB", f"{wgain:+.1f} dB ({_fmt(c.full_db)} -> "
-                    f"{_fmt(c.workaround_db)})", wgain >= GAIN_DB)
-                notes.append(f"  {tag}: workaround kept float: {c.workaround}")
             if c.rank != 1 or gain is None or gain < GAIN_DB:
                 first = c.top[0] if c.top else None
                 clean = next((row.snr_db for row in (r.table.rows if r.table else ())
                               if row.backend == c.backend and row.precision == "int8"), None)
                 notes.append(
-                    f"  {tag}: planted {r.plant.module} (channel {r.plant.channel}; int8 SNR "
+                    f"  {tag}: planted {c.plant.module} (channel {c.plant.channel}; int8 SNR "
                     f"{_fmt(c.full_db)} dB with it, {_fmt(clean)} dB without); ranked "
                     f"first: {first[0] if first else '-'} (layer {first[1] if first else '-'}, "
                     f"final {_fmt(first[2] if first else None)} dB, isolated "
@@ -498,7 +536,7 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                     f"{[t[0] for t in c.top]} -> excluded {c.excluded or '-'}; full int8 "
                     f"{_fmt(c.full_db)} dB, excluded {_fmt(c.excluded_db)} dB")
         for backend in ("onnxruntime", "ncnn"):
-            if not any(c.backend == backend for c in r.culprits):
+            if r.table is not None and not any(c.backend == backend for c in r.culprits):
                 add(f"{r.name} {backend}: culprit", "rank 1, +10 dB", "failed to run", None)
     for r in results:
         if r.name == "resnet50":
@@ -506,6 +544,25 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                 add(f"resnet50 {backend}: calibration + quantization ({args.samples} samples)",
                     f"< {QUANT_SECONDS:.0f} s", f"{s:.1f} s", s < QUANT_SECONDS)
     for r in results:
+        if r.noise_gain:
+            notes.append(f"  {r.name}: the float model itself, input perturbed with Gaussian "
+                         "noise at " + ", ".join(f"{db:.0f} dB SNR -> output {v:.1f} dB"
+                                                 for db, v in r.noise_gain.items())
+                         + (f" (it amplifies any perturbation by ~{40 - r.noise_gain[40.0]:.0f}"
+                            " dB: int8's rounding too, whatever the quantizer does)"
+                            if r.noise_gain.get(40.0, 99) < 20 else ""))
+        for c in r.culprits:
+            p = c.plant
+            if p is None:
+                continue
+            notes.append(f"  {r.name} {c.backend}: the plant: {p.module} ({p.where}) channel "
+                         f"{p.channel} x{p.factor:.1f} (max |activation| {p.ratio:.0f}x the "
+                         f"largest other channel's, RMS {p.rms_ratio:.0f}x), read by "
+                         f"{p.readers}, layers whose input {c.backend}'s int8 rounds"
+                         + ("" if c.backend == "onnxruntime" else
+                            " (Conv2d; Linear on 2-D input = InnerProduct; a Linear on 3-D "
+                            "input is an ncnn Gemm and attention a MultiHeadAttention, float "
+                            "in this workbench's ncnn int8)"))
         notes.extend(f"  {n}" for n in r.notes)
         notes.extend(f"  ERROR {e}" for e in r.errors)
     print("\nfigures")
