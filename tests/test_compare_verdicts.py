@@ -481,3 +481,35 @@ def test_a_nameless_step_read_only_by_one_call_is_attributed_to_it(tmp_path):
     assert sorted(al.attributed.values()) == ["F.logsigmoid_0", "F.logsigmoid_1"], \
         al.attributed
     assert rep.ok, rep.summary()
+
+
+class StatePassed(nn.Module):
+    """PNNX corpus test_nn_RNN: one multi-layer RNN's final state is the next one's initial
+    state; ncnn slices it per layer, and the last layer's output is a model output."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.RNN(input_size=8, hidden_size=16, num_layers=2, bidirectional=True)
+        self.b = nn.RNN(input_size=8, hidden_size=16, num_layers=2, bidirectional=True)
+        self.c = nn.RNN(input_size=8, hidden_size=16, num_layers=2, bidirectional=True)
+
+    def forward(self, x):
+        x = x.permute(1, 0, 2)
+        ya, h = self.a(x)
+        yb, h = self.b(x, h)
+        yc, _ = self.c(x, h)
+        return ya.permute(1, 0, 2), yb.permute(1, 0, 2), yc.permute(1, 0, 2)
+
+
+def test_an_initial_state_slice_read_by_a_layer_whose_output_is_a_model_output(tmp_path):
+    """The slice of the state the last layer reads: that layer's other top (its state) is
+    a step of the module, so the layer is, though its output pairs with the model's."""
+    torch.manual_seed(0)
+    args = (torch.rand(1, 10, 8),)
+    model = StatePassed().eval()
+    nc = wb.to_ncnn(model, args, workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [nc], args, progress=False)
+    name = rep.candidates[0].name
+    assert not rep.unaligned[name], rep.unaligned
+    assert "b" in rep.alignments[name].attributed.values()
+    assert rep.ok, rep.summary()

@@ -1,18 +1,14 @@
 """Alignment: each candidate tensor mapped to the PyTorch module or call that produced it.
 
-Names give a hint where they exist: the TorchScript exporter writes module scopes into value
-names (``/layer1/layer1.0/conv1/Conv_output_0``), the dynamo exporter into node metadata
-(``pkg.torch.onnx.name_scopes``). ncnn blobs carry no names worth having. So the hint only
-narrows the search; the match itself is by shape, topological order (monotone: a later
-candidate tensor never maps to an earlier module) and value, which is what also maps a fused
-op (Conv + BatchNorm in ONNX, Conv + ReLU in ncnn) to the last module it covers. Values are
-scored on a fixed sample of elements, so alignment stays cheap on large tensors.
-
-Each candidate tensor ends up aligned (with its relation: equal, or equal up to a folding,
-with the records it covers), attributed (a step inside a module or a lowered op: torch
-computed no such tensor, so nothing is measured against it) or unaligned (with the reason).
-A step is only ever aligned to a tensor it equals: within ACCEPT is not enough for a value
-that may be the module's output less its bias.
+Names hint where they exist (TorchScript module scopes in value names,
+``/layer1/layer1.0/conv1/Conv_output_0``; dynamo's ``pkg.torch.onnx.name_scopes`` metadata;
+ncnn has none worth having): the match is by shape, topological order (monotone) and value,
+which also maps a fused op (Conv + BatchNorm in ONNX, Conv + ReLU in ncnn) to the last module
+it covers. Values are scored on a fixed sample of elements: cheap on large tensors.
+Each candidate tensor ends up aligned (with its relation: equal, or up to a folding, with
+the records it covers), attributed (a step inside a module or lowered op: torch computed no
+such tensor to measure it against) or unaligned (with the reason).
+A step is only aligned to a tensor it equals (within ACCEPT may be the output less its bias).
 """
 
 from __future__ import annotations
@@ -489,16 +485,20 @@ def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
                        ref_module: list[str], index: dict[str, int]) -> None:
     """An unexplained tensor read only by one module's steps or outputs (an initial LSTM
     state's per-layer slices, a lowered torch.roll's pieces, F.logsigmoid's Sigmoid) is a
-    step of that module: attributed to it. Repeated until nothing changes, so a chain of
-    such glue (a Concat feeding the Slices) goes with it."""
+    step of it, attributed; repeated, so a chain of glue (Concat, Slices) goes with it."""
     readers: dict[str, list[str]] = {}
     for t in tensors:
         for name in t.inputs:
             readers.setdefault(name, []).append(t.name)
+    node_of = {t.name: t.node for t in tensors}
 
     def owner(name: str) -> str | None:
-        if name in out.attributed:
-            return out.attributed[name] or None
+        # a layer with a top attributed to one module is its step, whatever its other tops
+        # pair with (an RNN's last layer, its output a model output)
+        steps = {m for n, m in out.attributed.items() if m and node_of.get(n) == node_of.get(
+            name, "") != ""}
+        if len(steps) == 1 or name in out.attributed:
+            return steps.pop() if len(steps) == 1 else (out.attributed[name] or None)
         if name in out.pairs and out.pairs[name] in index:
             # a module's record, or a functional call of the model itself (torch.roll_0)
             return ref_module[index[out.pairs[name]]] or out.pairs[name]
