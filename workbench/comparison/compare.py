@@ -60,6 +60,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         mode: "accumulated" (each backend end to end), "isolated" (each op on reference
             inputs) or "both".
         tolerance: the global tolerance: a Tolerance, a float atol or an (atol, rtol) tuple.
+            A Fourier transform's output (``SPREAD_OPS``) takes rtol against its tensor's
+            max |ref|, not each element's own, unless set for it below.
         per_op_tolerance: {op type: tolerance}, over the global one.
         per_tensor_tolerance: {candidate tensor name: tolerance}, over both.
         progress: show a progress bar; or a callback given each phase and count
