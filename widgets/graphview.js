@@ -543,6 +543,7 @@ async function render({ model, el }) {
     return drawing;
   };
   const drawNow = async (why = "draw", focus = null) => {
+    miniArgs = null; // a fit during this draw must not repaint the last drawing's minimap
     const t0 = performance.now();
     const graph = model.get("graph") || { nodes: [], edges: [] };
     const colors = model.get("colors") || [];
