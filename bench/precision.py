@@ -414,6 +414,8 @@ class ModelResult:
     plants: list[Plant] = field(default_factory=list)
     culprits: list[Culprit] = field(default_factory=list)
     noise_gain: dict[float, float] = field(default_factory=dict)
+    # backend: (median isolated SNR of its int8 layers, layers, layers >= 20 dB)
+    layer_snr: dict[str, tuple[float, int, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -447,6 +449,18 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
     res.table = wb.precision_table(model, cands, x, repeat=args.repeat, warmup=2,
                                    threads=args.threads, progress=False)
     print(res.table, flush=True)
+    if res.noise_gain[NOISE_DB[0]] < 20:  # the model amplifies noise: what each layer costs
+        rep = wb.compare(model, [b.q_ort, b.q_nc], x, mode="isolated", progress=False)
+        for backend, cand in zip(("onnxruntime", "ncnn"), rep.alignments, strict=True):
+            # as the sensitivity ranking pairs them (a QDQ tensor as its float parent's)
+            snrs = sorted(t.isolated_snr_db for t in rep.sensitivity(cand, progress=False)
+                          if t.final_snr_db is not None)
+            if snrs:
+                res.layer_snr[backend] = (snrs[len(snrs) // 2], len(snrs),
+                                          sum(v >= 20 for v in snrs))
+        print(f"[{name}] int8 layers' own (isolated) SNR: " + ", ".join(
+            f"{k} median {v[0]:.1f} dB, {v[2]} of {v[1]} >= 20 dB"
+            for k, v in res.layer_snr.items()), flush=True)
     if args.skip_culprit:
         return res
     built: dict[tuple[str, int], tuple[Any, Built]] = {}
@@ -550,7 +564,10 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                                                  for db, v in r.noise_gain.items())
                          + (f" (it amplifies any perturbation by ~{40 - r.noise_gain[40.0]:.0f}"
                             " dB: int8's rounding too, whatever the quantizer does)"
-                            if r.noise_gain.get(40.0, 99) < 20 else ""))
+                            if r.noise_gain.get(40.0, 99) < 20 else "")
+                         + "".join(f"; {k} int8 layers' own (isolated) SNR median {v[0]:.1f}"
+                                   f" dB ({v[2]} of {v[1]} >= 20 dB)"
+                                   for k, v in r.layer_snr.items()))
         for c in r.culprits:
             p = c.plant
             if p is None:
