@@ -353,6 +353,8 @@ class Culprit:
     covered_by: str = ""
     error: str = ""  # what wb.quantize(exclude=rep.sensitive(3)) raised
     k: int = TOP_K  # the k of the excluded figure (< TOP_K when TOP_K left no int8 layer)
+    # the culprit's own entry: (final dB, isolated dB)
+    hit_db: tuple[float | None, float | None] = (None, None)
     plant: Plant | None = None
 
 
@@ -383,12 +385,14 @@ def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], b
                  or _reads(s.record, plant)), None)
     top = [(s.record.reference, s.record.node, s.final_snr_db, s.isolated_snr_db)
            for s in sens[:TOP_K]]
-    how = ""
+    how, hit_db = "", (None, None)
     if rank:
         hit = sens[rank - 1]
+        hit_db = (hit.final_snr_db, hit.isolated_snr_db)
         how = hit.record.reference + (f" (via {', '.join(hit.via)})" if hit.via else "") + (
             "" if _carries(hit.record, plant) else " (a reader: its weights divided back)")
-    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how, plant=plant)
+    c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how, plant=plant,
+                hit_db=hit_db)
     # top 3; when keeping them float leaves no layer in int8 (a model with fewer int8
     # layers: quantize refuses a model it would not quantize), the largest k that does not
     for k in range(TOP_K, 0, -1):
@@ -546,7 +550,8 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                     f"first: {first[0] if first else '-'} (layer {first[1] if first else '-'}, "
                     f"final {_fmt(first[2] if first else None)} dB, isolated "
                     f"{_fmt(first[3] if first else None)} dB); culprit at rank "
-                    f"{c.rank} ({c.covered_by or 'no record covers it'}); top {TOP_K}: "
+                    f"{c.rank} ({c.covered_by or 'no record covers it'}; final "
+                    f"{_fmt(c.hit_db[0])} dB, isolated {_fmt(c.hit_db[1])} dB); top {TOP_K}: "
                     f"{[t[0] for t in c.top]} -> excluded {c.excluded or '-'}; full int8 "
                     f"{_fmt(c.full_db)} dB, excluded {_fmt(c.excluded_db)} dB")
         for backend in ("onnxruntime", "ncnn"):
