@@ -408,3 +408,30 @@ def test_torch_runner_bad_inputs_are_hinted_errors_not_torch_s(bad, message):
     with pytest.raises(wb.InputError) as e:
         TorchRunner(torch.nn.Conv2d(3, 4, 3)).run(bad)
     assert message in e.value.message and e.value.hint
+
+
+class ClampsAView(nn.Module):
+    """PNNX corpus test_Tensor_slice_copy: an in-place op on a slice writes into x."""
+
+    def forward(self, x):
+        x = x.clone()
+        x[:, 1:3].clamp_(0, 0.5)
+        y = x * 2
+        x[:, 0].zero_()
+        return y
+
+
+def test_an_inplace_op_on_a_view_records_the_state_it_leaves_the_viewed_tensor_in():
+    """ncnn writes x[:, 1:3].clamp_() back with a CopyTo: the state of x after it is a
+    record (as x[:, 1:3] = ... is), held apart from the later write into x."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 4)
+    got = TorchRunner(ClampsAView().eval()).run((x,), capture="all")
+    states = [k for k in got if "__setitem__" in k]
+    assert len(states) == 2, list(got)
+    first = x.clone()
+    first[:, 1:3].clamp_(0, 0.5)
+    second = first.clone()
+    second[:, 0] = 0
+    np.testing.assert_array_equal(got[states[0]], first.numpy())
+    np.testing.assert_array_equal(got[states[1]], second.numpy())

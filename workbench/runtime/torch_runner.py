@@ -413,6 +413,12 @@ def _recording_mode() -> type:
                 # computed (ncnn's CopyTo writes it as a blob): recorded as this call's
                 # output, held like any record (copied before a later write changes it)
                 rec.functional(func, args[0])
+            if (not rec.off and args and func is not setitem and isinstance(
+                    args[0], torch.Tensor) and args[0]._base is not None
+                    and _writes_first(func)):
+                # an in-place op on a view (x[:, 1].clamp_()) writes into the tensor it
+                # views: the state it leaves that one in is x[:, 1] = clamp(x[:, 1])'s
+                rec.functional(setitem, args[0]._base)
             return result
 
     setitem = torch.Tensor.__setitem__
