@@ -14,6 +14,15 @@ Convolution, ConvolutionDepthWise and InnerProduct layer with scales in the tabl
   feeds only int8 convolutions (directly, or through a Split) gets 100 added to its
   ``int8_scale_term`` and their input scale appended, so it hands them int8 directly.
 
+Every Gemm (not int8 already) is quantized too, as ncnn2int8's ``quantize_gemm`` does, with
+no table line (ncnn2table writes none): a constant A is stored row-major (``2=transA`` set
+to 0) as int8 with one scale per row, ``127 / absmax`` of the row; a constant B is stored
+transposed (``3=transB`` set to 1, N rows of K) as int8 with one scale for all of it;
+``18=quantize_term`` is 2; after the weights and C (unchanged), the raw fp32 A scales
+(constant A) then the B scale (constant B). ncnn's Gemm quantizes its non-constant inputs
+per row at run time, so a Gemm with no constant operand (an attention product) runs in
+int8 too. pnnx writes a Linear on a 3-D input (every Linear of a transformer) as a Gemm.
+
 Layers left in float (``keep_float``, lines commented out in the table, or layers the table
 has no line for) keep their fp32 bytes: ncnn's mixed precision. ncnn2int8 itself stores
 every float weight as fp16 (its ``storage_type = 1``); ``float_storage="fp16"`` does the
@@ -22,7 +31,7 @@ Embed, MultiHeadAttention and RNN/LSTM/GRU weight lines ncnn2table also writes a
 and not applied: those layers stay float.
 
 The format follows ncnn's ``tools/quantize/ncnn2int8.cpp``, ``tools/modelwriter.h`` and
-``src/layer/{convolution,convolutiondepthwise,innerproduct}.cpp`` (ncnn 1.0.20261020, the
+``src/layer/{convolution,convolutiondepthwise,innerproduct,gemm}.cpp`` (ncnn 1.0.20261020, the
 wheel installed here; source Tencent/ncnn a4d2ea1); the code is this project's own, placing
 bytes with ``workbench.ncnn_bin``'s walk of the ``.bin`` and the project's ``.param``
 parser.
@@ -39,6 +48,7 @@ from typing import Any
 
 from ..errors import InputError, ModelFileError
 from .ncnn_table import (
+    QUANTIZABLE,
     Int8Table,
     calibration_table,
     model_weights,
@@ -101,7 +111,7 @@ def _check_keep_float(keep: list[str], param: Any, layers: list[Any]) -> None:
             kind = param.layer(name).type
             raise InputError(
                 f"keep_float: {name!r} is {_a(kind)} layer, which is never quantized (only "
-                "Convolution, ConvolutionDepthWise and InnerProduct are)",
+                "Convolution, ConvolutionDepthWise, InnerProduct and Gemm are)",
                 f"name one of the quantizable layers: {', '.join(qnames[:12])}")
 
 
@@ -112,10 +122,12 @@ def _check_table(table: Int8Table, param: Any, layers: list[Any], weights: Any) 
     by_name = {la.name: la for la in layers}
     hint = ("a table belongs to the model it was calibrated on: make it again with "
             "calibration_table(model, samples) for this model")
-    static = {la.name for la in param.layers if la.type in _STATIC_WEIGHTS}
+    # ncnn2table's static weight scales (these layers stay float here), and Gemm: ncnn2int8
+    # quantizes it from its weights, reading no line for it
+    static = {la.name for la in param.layers if la.type in _STATIC_WEIGHTS or la.type == "Gemm"}
     for name in table.layers:
         if name in static:
-            continue  # ncnn2table's static weight scales: these layers stay float here
+            continue
         if name not in names:
             raise InputError(f"calibration table names layer {name!r}, which "
                              f"{param.path.name} does not have{_close(name, names)}", hint)
@@ -144,6 +156,9 @@ def _plan(table: Int8Table, layers: list[Any], keep: list[str]
     for la in layers:
         if la.name in keep or la.name in table.float_layers:
             kept.append(la.name)
+            continue
+        if la.type == "Gemm":
+            quant.append(la)  # no table line: quantized from its own weights
             continue
         w, b = la.name in table.weight_scales, la.name in table.blob_scales
         if w != b:
@@ -193,6 +208,12 @@ def _requantize(param: Any, int8: set[str]) -> dict[str, str]:
     return out
 
 
+def _flag(la: Any, key: int) -> int:
+    from .ncnn_table import _int
+
+    return _int(la, key)
+
+
 def _quantize(rows: Any, scales: Any) -> bytes:
     """int8 bytes of ``rows`` scaled per row: ncnn's float2int8 (round half away from zero,
     clamp to +-127), the product taken in float32 as ncnn does."""
@@ -207,13 +228,44 @@ def _pad4(data: bytes) -> bytes:
     return data + b"\0" * (-len(data) % 4)
 
 
-def _param_text(param_path: Path, terms: dict[int, int]) -> str:
-    """The .param's text with ``8=term`` set on the layers at the given lines."""
+def _param_text(param_path: Path, edits: dict[int, dict[int, int]]) -> str:
+    """The .param's text with ``key=value`` set on the layers at the given lines."""
     lines = param_path.read_text(encoding="utf-8").split("\n")
-    for lineno, term in terms.items():
-        tokens = [t for t in lines[lineno - 1].split() if not t.startswith("8=")]
-        lines[lineno - 1] = " ".join(tokens + [f"8={term}"])
+    for lineno, values in edits.items():
+        keys = tuple(f"{k}=" for k in values)
+        tokens = [t for t in lines[lineno - 1].split() if not t.startswith(keys)]
+        lines[lineno - 1] = " ".join(tokens + [f"{k}={v}" for k, v in values.items()])
     return "\n".join(lines)
+
+
+def _gemm_int8(la: Any, blob: Any, data: bytes) -> tuple[bytes, bytes]:
+    """(the int8 blob with its flag, its raw scales) of a Gemm's constant A or B, as
+    ncnn2int8's quantize_gemm makes them: A row-major with a scale per row, B transposed
+    to N rows of K with one scale."""
+    import numpy as np
+
+    from ..ncnn_bin import INT8_TAG
+    from .ncnn_table import _int
+
+    if blob.storage != "float32":
+        raise InputError(f"layer {la.name} (Gemm) stores its {blob.role} as {blob.storage}, "
+                         "expected float32 for int8 quantization",
+                         "quantize the fp32 model: wb.to_ncnn(..., fp16=False) (the default)")
+    m, n, k = _int(la, 7), _int(la, 8), _int(la, 9)
+    v = np.frombuffer(data, np.float32, blob.count, blob.offset)
+    if blob.role == "A":
+        rows = v.reshape(k, m).T if _int(la, 2) else v.reshape(m, k)
+        absmax = np.abs(rows).max(axis=1)
+        scales = np.where(absmax == 0, np.float32(1), np.float32(127) / np.where(
+            absmax == 0, np.float32(1), absmax)).astype(np.float32)
+    else:
+        rows = v.reshape(n, k) if _int(la, 3) else v.reshape(k, n).T
+        absmax = np.float32(np.abs(rows).max()) if rows.size else np.float32(0)
+        one = np.float32(1) if absmax == 0 else np.float32(127) / absmax
+        scales = np.full(n, one, dtype=np.float32)
+    q = _quantize(np.ascontiguousarray(rows), scales)
+    raw = scales if blob.role == "A" else scales[:1]
+    return INT8_TAG.to_bytes(4, "little") + _pad4(q), raw.astype("<f4").tobytes()
 
 
 def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noqa: A002
@@ -268,7 +320,8 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
     keep = list(keep_float) if not isinstance(keep_float, str) else [keep_float]
     _check_keep_float(keep, p, layers)
     tab = table if isinstance(table, Int8Table) else read_table(table)
-    weights = {n: w.values for n, w in model_weights(p, src_bin, layers).items()}
+    weights = {n: w.values for n, w in model_weights(
+        p, src_bin, [la for la in layers if la.type in QUANTIZABLE]).items()}
     _check_table(tab, p, layers, weights)
     quant, kept, unlisted = _plan(tab, layers, keep)
     if not quant:
@@ -291,11 +344,26 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
     by_layer: dict[str, list[Any]] = {}
     for blob in layout.blobs:
         by_layer.setdefault(blob.layer, []).append(blob)
+    for la in quant:
+        if la.type == "Gemm" and layout.unknown and la.name not in by_layer and (
+                _flag(la, 4) or _flag(la, 5)):
+            raise InputError(f"the weights of {la.name} (Gemm) cannot be placed after a "
+                             f"{layout.unknown[0]} layer, whose weights this module cannot "
+                             f"size, in {src_bin.name}",
+                             f"keep {la.name} in float (keep_float=[{la.name!r}]), or report "
+                             "the layer type so its layout is added to ncnn_bin.py")
     start = 0
     for la in p.layers:
+        gemm_scales = b""
         for blob in by_layer.get(la.name, ()):
             tagged = blob.offset != start
-            if la.name in int8 and blob.role == "weight":
+            if la.name in int8 and la.type == "Gemm" and blob.role in ("A", "B"):
+                if blob.role == "B" or la.name not in offsets:
+                    offsets[la.name] = len(out)
+                q, raw = _gemm_int8(la, blob, data)
+                out += q
+                gemm_scales += raw  # A's scales first, then B's, as Gemm's load_model
+            elif la.name in int8 and blob.role == "weight":
                 offsets[la.name] = len(out)
                 scales = tab.weight_scales[la.name]
                 rows = weight_rows(la, weights[la.name])
@@ -311,17 +379,22 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
                     offsets[la.name] = len(out)
                 out += data[start:start + blob.nbytes]
             start += blob.nbytes
-        if la.name in int8:
+        out += gemm_scales
+        if la.name in int8 and la.type != "Gemm":
             scales = [tab.weight_scales[la.name], tab.blob_scales[la.name][:1]]
             if la.name in fused:
                 scales.append(tab.blob_scales[fused[la.name]][:1])
             out += b"".join(np.asarray(s, dtype="<f4").tobytes() for s in scales)
     out += data[start:]  # after a layer type ncnn_bin cannot size: as it was
-    terms = {}
+    edits: dict[int, dict[int, int]] = {}
     for la in quant:
+        if la.type == "Gemm":  # 18=quantize_term; A stored row-major, B transposed
+            edits[la.line] = {18: 2, **({2: 0} if _flag(la, 4) else {}),
+                              **({3: 1} if _flag(la, 5) else {})}
+            continue
         term = 1 if la.type == "ConvolutionDepthWise" else 2
-        terms[la.line] = term + (100 if la.name in fused else 0)
-    text = _param_text(src_param, terms)
+        edits[la.line] = {8: term + (100 if la.name in fused else 0)}
+    text = _param_text(src_param, edits)
 
     out_param.parent.mkdir(parents=True, exist_ok=True)
     out_bin.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,10 @@ stops reading at one). The code is this project's own: the histogram bins are co
 numpy and the KL search runs over all thresholds at once (``kl_threshold``; integer
 arithmetic for the bin edges), so a near tie between two thresholds may resolve to the neighbour ncnn's float32 sums pick.
 
+A Gemm gets no line: ncnn2table writes none, and ncnn2int8's ``quantize_gemm`` quantizes
+every Gemm from its constant weights alone (``ncnn_int8``), its input quantized per row at
+run time by ncnn's Gemm.
+
 Two additions ncnn2int8 reads harmlessly (a key with no layer of that name, or a key with
 ``_param_`` that no layer asks for): a first line ``#workbench method=kl samples=32``, and
 the lines of layers kept in float written commented out (``#conv1_param_0 ...``, ``#conv1
@@ -313,15 +317,26 @@ def check_method(method: str) -> None:
 
 def quantizable(layers: Iterable[Any]) -> list[Any]:
     """The layers ncnn quantizes to int8: Convolution, ConvolutionDepthWise and
-    InnerProduct with their weights in the .bin (not a dynamic weight, not int8 already)."""
+    InnerProduct with their weights in the .bin (not a dynamic weight), and every Gemm not
+    int8 already (ncnn2int8's ``quantize_gemm`` quantizes each one: its constant weights
+    from their own absmax, its inputs at run time; no table line)."""
     out = []
     for layer in layers:
+        if layer.type == "Gemm":
+            if not _int(layer, 18):
+                out.append(layer)
+            continue
         if layer.type not in QUANTIZABLE:
             continue
         if layer.type != "InnerProduct" and _int(layer, 19):
             continue  # dynamic weight: a bottom blob, nothing stored to quantize
         out.append(layer)
     return out
+
+
+def calibrated(layers: Iterable[Any]) -> list[Any]:
+    """The quantizable layers a calibration table has lines for (not a Gemm)."""
+    return [la for la in quantizable(layers) if la.type in QUANTIZABLE]
 
 
 def quantizable_or_refuse(param: Any, name: str, hint: str) -> list[Any]:
@@ -331,7 +346,7 @@ def quantizable_or_refuse(param: Any, name: str, hint: str) -> list[Any]:
     if not layers:
         kinds = sorted({la.type for la in param.layers})
         raise InputError(f"model {name} has no layer ncnn quantizes to int8 (Convolution, "
-                         f"ConvolutionDepthWise, InnerProduct); its layers are "
+                         f"ConvolutionDepthWise, InnerProduct, Gemm); its layers are "
                          f"{', '.join(kinds)}", hint)
     return layers
 
@@ -415,8 +430,10 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
 
     Returns:
         The Int8Table: weight scales and input-blob scales of every Convolution,
-        ConvolutionDepthWise and InnerProduct layer; ``thresholds`` holds each input blob's
-        (absmax, threshold).
+        ConvolutionDepthWise and InnerProduct layer (none for a Gemm, as ncnn2table
+        writes none: an int8 Gemm scales its input at run time; a model whose only
+        quantizable layers are Gemms gets a table with no lines); ``thresholds`` holds
+        each input blob's (absmax, threshold).
     """
     import numpy as np
     from tqdm.auto import tqdm
@@ -433,16 +450,18 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
                          "calibrate on the fp32 activations: NcnnRunner(model) (the default "
                          "precision) or pass the model itself")
     param = parse_ncnn_param(runner.param)
-    layers = quantizable_or_refuse(param, runner.param.name,
-                                   "int8 in ncnn covers convolutions and fully connected "
-                                   "layers: a model without them gains nothing; a MatMul or "
-                                   "Gemm stays float")
+    quantizable_or_refuse(param, runner.param.name,
+                          "int8 in ncnn covers convolutions, fully connected layers and "
+                          "Gemm: a model without them gains nothing; a MatMul stays float")
+    layers = calibrated(param.layers)  # a Gemm needs no line: its input scales at run time
     weights = model_weights(param, runner.bin, layers)
     samples = list(samples)
     if not samples:
         raise InputError("calibration samples: got none, expected at least one input of "
                          f"{runner.param.name}", "pass a list of inputs (tuples of arrays in "
                          "the model's input order), e.g. 32 to 64 samples like real data")
+    if not layers:
+        return Int8Table(method=method, samples=len(samples))
     bottoms = list(dict.fromkeys(la.bottoms[0] for la in layers))
     stats = {b: BlobStat() for b in bottoms}
     cache: dict[int, dict[str, Any]] = {}
