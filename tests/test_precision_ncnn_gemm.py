@@ -148,3 +148,51 @@ def test_constant_operands_are_transposed_and_scaled_as_ncnn2int8(case, tmp_path
     np.testing.assert_allclose(f32, a @ bt.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(i8, _int8_gemm(a, bt), atol=1e-5)
     assert not np.array_equal(i8, f32) and 25 < _snr(i8, f32) < 80
+
+
+class SelfAttention(nn.Module):
+    """nn.MultiheadAttention on tokens: pnnx writes it as one ncnn MultiHeadAttention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.att = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.att(x, x, x, need_weights=False)[0]
+
+
+def test_multiheadattention_weights_run_in_int8(tmp_path):
+    from workbench.precision.ncnn_int8 import read_table
+
+    torch.manual_seed(0)
+    model, x = SelfAttention().eval(), torch.randn(1, 10, 32)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    (mha,) = [la.name for la in parse_ncnn_param(art.path).layers
+              if la.type == "MultiHeadAttention"]
+    table = calibration_table(art, [(x.numpy(),)], progress=False)
+    # ncnn2table's lines: q, k, v scales per row (embed_dim), one for out
+    lines = {ln.split()[0]: len(ln.split()) - 1 for ln in table.text().splitlines()[1:]}
+    assert lines == {f"{mha}_param_{i}": n for i, n in enumerate((32, 32, 32, 1))}
+    back = read_table(table.write(tmp_path / "model.table"))
+    np.testing.assert_array_equal(back.more_weight_scales[mha][2],
+                                  table.more_weight_scales[mha][2])
+    q = write_int8_model(art, None, tmp_path / "model.table", tmp_path / "q.ncnn.param")
+    assert q.quantized == [mha]
+    (la,) = [la for la in parse_ncnn_param(q.param).layers if la.name == mha]
+    assert int(la.params[18]) == 2
+    off = q.weight_offsets[mha]
+    raw = q.bin.read_bytes()
+    assert int.from_bytes(raw[off:off + 4], "little") == INT8_TAG
+    wq = np.frombuffer(raw, np.int8, 32 * 32, off + 4).reshape(32, 32)
+    scale = table.weight_scales[mha]
+    ref_w = model.att.in_proj_weight.detach().numpy()[:32]
+    np.testing.assert_allclose(wq / scale[:, None], ref_w, atol=float(0.51 / scale.min()))
+    ref = model(x).detach().numpy()
+    f32 = NcnnRunner(art).run((x.numpy(),))["out0"]
+    i8 = NcnnRunner(q.param).run((x.numpy(),))["out0"]
+    assert not np.array_equal(i8, f32)
+    assert 25 < _snr(i8, ref) < 80 < _snr(f32, ref)
+    # its lines commented out: it stays float, and nothing else would run in int8
+    table.float_layers = [mha]
+    with pytest.raises(InputError, match="no layer .* would run in int8"):
+        write_int8_model(art, None, table, tmp_path / "f.ncnn.param")

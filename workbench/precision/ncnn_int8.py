@@ -26,9 +26,13 @@ int8 too. pnnx writes a Linear on a 3-D input (every Linear of a transformer) as
 Layers left in float (``keep_float``, lines commented out in the table, or layers the table
 has no line for) keep their fp32 bytes: ncnn's mixed precision. ncnn2int8 itself stores
 every float weight as fp16 (its ``storage_type = 1``); ``float_storage="fp16"`` does the
-same, the default keeps fp32 so a layer kept in float for accuracy loses nothing. The
-Embed, MultiHeadAttention and RNN/LSTM/GRU weight lines ncnn2table also writes are accepted
-and not applied: those layers stay float.
+same, the default keeps fp32 so a layer kept in float for accuracy loses nothing. A
+MultiHeadAttention with its four weight lines (``<layer>_param_0`` to ``_param_3``: q, k and
+v per row, out one scale) gets its four weights in int8, ``18=quantize_term`` 2 and the raw
+scales (q, k, v, out) after its weights and biases, as ncnn2int8's
+``quantize_multiheadattention`` writes them; its inputs are quantized at run time. The
+Embed and RNN/LSTM/GRU weight lines ncnn2table also writes are accepted and not applied:
+those layers stay float.
 
 The format follows ncnn's ``tools/quantize/ncnn2int8.cpp``, ``tools/modelwriter.h`` and
 ``src/layer/{convolution,convolutiondepthwise,innerproduct,gemm}.cpp`` (ncnn 1.0.20261020, the
@@ -63,6 +67,7 @@ FLOAT_STORAGES = ("fp32", "fp16")
 _CONVS = ("Convolution", "ConvolutionDepthWise")
 # layers ncnn2table writes weight scales for without calibration; not quantized here
 _STATIC_WEIGHTS = frozenset({"Embed", "MultiHeadAttention", "RNN", "LSTM", "GRU"})
+_MHA = ("q_weight", "k_weight", "v_weight", "out_weight")
 
 
 @dataclass
@@ -159,6 +164,12 @@ def _plan(table: Int8Table, layers: list[Any], keep: list[str]
             continue
         if la.type == "Gemm":
             quant.append(la)  # no table line: quantized from its own weights
+            continue
+        if la.type == "MultiHeadAttention":  # weight lines _param_0 to _param_3 only
+            more = [m for m in table.more_weight_scales.get(la.name, [])[:3]
+                    if m is not None]
+            (quant if la.name in table.weight_scales and len(more) == 3
+             else unlisted).append(la)
             continue
         w, b = la.name in table.weight_scales, la.name in table.blob_scales
         if w != b:
@@ -357,7 +368,17 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
         gemm_scales = b""
         for blob in by_layer.get(la.name, ()):
             tagged = blob.offset != start
-            if la.name in int8 and la.type == "Gemm" and blob.role in ("A", "B"):
+            if la.name in int8 and la.type == "MultiHeadAttention" and blob.role in _MHA:
+                i = _MHA.index(blob.role)
+                sc = (tab.weight_scales[la.name] if i == 0
+                      else tab.more_weight_scales[la.name][i - 1])
+                if blob.role == "q_weight":
+                    offsets[la.name] = len(out)
+                v = np.frombuffer(data, np.float32, blob.count, blob.offset)
+                rows = v.reshape(len(sc), -1) if i < 3 else v.reshape(1, -1)
+                out += INT8_TAG.to_bytes(4, "little") + _pad4(_quantize(rows, sc[:len(rows)]))
+                gemm_scales += np.asarray(sc[: 1 if i == 3 else len(sc)], "<f4").tobytes()
+            elif la.name in int8 and la.type == "Gemm" and blob.role in ("A", "B"):
                 if blob.role == "B" or la.name not in offsets:
                     offsets[la.name] = len(out)
                 q, raw = _gemm_int8(la, blob, data)
@@ -380,7 +401,7 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
                 out += data[start:start + blob.nbytes]
             start += blob.nbytes
         out += gemm_scales
-        if la.name in int8 and la.type != "Gemm":
+        if la.name in int8 and la.type not in ("Gemm", "MultiHeadAttention"):
             scales = [tab.weight_scales[la.name], tab.blob_scales[la.name][:1]]
             if la.name in fused:
                 scales.append(tab.blob_scales[fused[la.name]][:1])
@@ -388,6 +409,9 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
     out += data[start:]  # after a layer type ncnn_bin cannot size: as it was
     edits: dict[int, dict[int, int]] = {}
     for la in quant:
+        if la.type == "MultiHeadAttention":
+            edits[la.line] = {18: 2}
+            continue
         if la.type == "Gemm":  # 18=quantize_term; A stored row-major, B transposed
             edits[la.line] = {18: 2, **({2: 0} if _flag(la, 4) else {}),
                               **({3: 1} if _flag(la, 5) else {})}

@@ -20,6 +20,8 @@ stops reading at one). The code is this project's own: the histogram bins are co
 numpy and the KL search runs over all thresholds at once (``kl_threshold``; integer
 arithmetic for the bin edges), so a near tie between two thresholds may resolve to the neighbour ncnn's float32 sums pick.
 
+A MultiHeadAttention gets ncnn2table's four weight lines (``<layer>_param_0`` to ``_3``:
+127 / absmax of each row of its q, k and v weights, one for all of out) and no blob line.
 A Gemm gets no line: ncnn2table writes none, and ncnn2int8's ``quantize_gemm`` quantizes
 every Gemm from its constant weights alone (``ncnn_int8``), its input quantized per row at
 run time by ncnn's Gemm.
@@ -70,6 +72,9 @@ class Int8Table:
     samples: int | None = None
     float_layers: list[str] = field(default_factory=list)
     thresholds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # layer name -> its ``_param_1``, ``_param_2``, ... weight scales (a MultiHeadAttention's
+    # k, v and out weights; an RNN's second weights, read and kept, not applied)
+    more_weight_scales: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def layers(self) -> list[str]:
@@ -87,6 +92,9 @@ class Int8Table:
         for name, scales in self.weight_scales.items():
             mark = "#" if name in floats else ""
             out.append(f"{mark}{name}_param_0 " + "".join(f"{float(s):f} " for s in scales))
+            for i, more in enumerate(self.more_weight_scales.get(name, ()), 1):
+                out.append(f"{mark}{name}_param_{i} " + "".join(f"{float(s):f} "
+                                                               for s in more))
         for name, scales in self.blob_scales.items():
             mark = "#" if name in floats else ""
             out.append(f"{mark}{name} " + "".join(f"{float(s):f} " for s in scales))
@@ -109,9 +117,8 @@ def read_table(path: str | Path) -> Int8Table:
         path: a table written by ``Int8Table.write`` or by ncnn's ncnn2table.
 
     Returns:
-        The Int8Table. Only ``_param_0`` weight lines are kept (Convolution,
-        ConvolutionDepthWise, InnerProduct; the RNN/MHA lines ncnn2table adds are not
-        quantized here). Raises ModelFileError naming the line that is not a table line.
+        The Int8Table: ``_param_0`` lines in ``weight_scales``, ``_param_1`` on in
+        ``more_weight_scales`` (a MultiHeadAttention's k, v and out weights). Raises ModelFileError naming the line that is not a table line.
     """
     import numpy as np
 
@@ -149,9 +156,13 @@ def read_table(path: str | Path) -> Int8Table:
                 "a table line is a layer name and its scales (ncnn2table's format); "
                 "write the table again with calibration_table(...).write(path)") from None
         m = re.fullmatch(r"(.+)_param_(\d+)", key)
-        if m is not None and m.group(2) != "0":
-            continue  # RNN/LSTM/GRU/MHA second weights: not quantized here
         name = m.group(1) if m is not None else key
+        if m is not None and m.group(2) != "0":
+            if values:  # a MultiHeadAttention's k, v, out (an RNN's second weights)
+                more = table.more_weight_scales.setdefault(name, [])
+                more.extend([None] * (int(m.group(2)) - len(more)))
+                more[int(m.group(2)) - 1] = scales
+            continue
         if commented:
             floats[name] = None
         if not values:
@@ -319,10 +330,11 @@ def quantizable(layers: Iterable[Any]) -> list[Any]:
     """The layers ncnn quantizes to int8: Convolution, ConvolutionDepthWise and
     InnerProduct with their weights in the .bin (not a dynamic weight), and every Gemm not
     int8 already (ncnn2int8's ``quantize_gemm`` quantizes each one: its constant weights
-    from their own absmax, its inputs at run time; no table line)."""
+    from their own absmax, its inputs at run time; no table line), and every
+    MultiHeadAttention not int8 already (weight scales only, its inputs at run time)."""
     out = []
     for layer in layers:
-        if layer.type == "Gemm":
+        if layer.type in ("Gemm", "MultiHeadAttention"):
             if not _int(layer, 18):
                 out.append(layer)
             continue
@@ -335,7 +347,8 @@ def quantizable(layers: Iterable[Any]) -> list[Any]:
 
 
 def calibrated(layers: Iterable[Any]) -> list[Any]:
-    """The quantizable layers a calibration table has lines for (not a Gemm)."""
+    """The quantizable layers whose input a calibration table scales (not a Gemm or a
+    MultiHeadAttention)."""
     return [la for la in quantizable(layers) if la.type in QUANTIZABLE]
 
 
@@ -460,8 +473,11 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
         raise InputError("calibration samples: got none, expected at least one input of "
                          f"{runner.param.name}", "pass a list of inputs (tuples of arrays in "
                          "the model's input order), e.g. 32 to 64 samples like real data")
+    mha = mha_scales(param, runner.bin)
     if not layers:
-        return Int8Table(method=method, samples=len(samples))
+        table = Int8Table(method=method, samples=len(samples))
+        _add_mha(table, mha)
+        return table
     bottoms = list(dict.fromkeys(la.bottoms[0] for la in layers))
     stats = {b: BlobStat() for b in bottoms}
     cache: dict[int, dict[str, Any]] = {}
@@ -519,9 +535,58 @@ def calibration_table(model: Any, samples: Iterable[Any], method: str = "kl", *,
     table = Int8Table(method=method, samples=len(samples))
     for la in layers:
         table.weight_scales[la.name] = weight_scales(la, weights[la.name].values, method)
+    _add_mha(table, mha)
     thresholds = {b: blob_scale(stats[b], method) for b in bottoms}  # KL: ~20 ms a blob
     for la in layers:
         thr, scale = thresholds[la.bottoms[0]]
         table.blob_scales[la.name] = np.array([scale], dtype=np.float32)
         table.thresholds[la.name] = (stats[la.bottoms[0]].absmax, thr)
     return table
+
+
+def _add_mha(table: Int8Table, mha: dict[str, list[Any]]) -> None:
+    for name, (q, *more) in mha.items():
+        table.weight_scales[name] = q
+        table.more_weight_scales[name] = more
+
+
+def mha_weights(param: Any, bin_path: Path, layer: Any) -> dict[str, Any]:
+    """{q_weight, k_weight, v_weight, out_weight: fp32 array} of a MultiHeadAttention."""
+    import numpy as np
+
+    from ..ncnn_bin import walk_bin
+
+    blobs = {b.role: b for b in walk_bin(param, bin_path).blobs if b.layer == layer.name}
+    roles = ("q_weight", "k_weight", "v_weight", "out_weight")
+    if not all(r in blobs for r in roles):
+        raise InputError(f"the weights of {layer.name} (MultiHeadAttention) cannot be placed "
+                         f"in {bin_path.name}", f"keep {layer.name} in float "
+                         f"(keep_float=[{layer.name!r}])")
+    if any(blobs[r].storage != "float32" for r in roles):
+        raise InputError(f"model {param.path.name}: layer {layer.name} (MultiHeadAttention) "
+                         "does not store its weights as float32",
+                         "quantize the fp32 model: wb.to_ncnn(..., fp16=False) (the default)")
+    return {r: np.fromfile(bin_path, dtype=np.float32, count=blobs[r].count,
+                           offset=blobs[r].offset) for r in roles}
+
+
+def mha_scales(param: Any, bin_path: Path) -> dict[str, list[Any]]:
+    """{MultiHeadAttention: [q, k, v, out] weight scales} as ncnn2table computes them:
+    127 / absmax of each of embed_dim rows of the q, k and v weights, one for all of out."""
+    import numpy as np
+
+    out = {}
+    for la in quantizable(param.layers):
+        if la.type != "MultiHeadAttention":
+            continue
+        w = mha_weights(param, bin_path, la)
+        e = _int(la, 0)
+        scales = []
+        for role in ("q_weight", "k_weight", "v_weight"):
+            absmax = np.abs(w[role].reshape(e, -1)).max(axis=1)
+            scales.append(np.where(absmax == 0, np.float32(1), np.float32(127) / np.where(
+                absmax == 0, np.float32(1), absmax)).astype(np.float32))
+        o = np.float32(np.abs(w["out_weight"]).max())
+        scales.append(np.array([1.0 if o == 0 else np.float32(127) / o], dtype=np.float32))
+        out[la.name] = scales
+    return out
