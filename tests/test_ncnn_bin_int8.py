@@ -148,6 +148,10 @@ _LAYERS = {
     "lstm int8": "LSTM c 1 1 in0 out0 0=4 1=192 2=2 8=2",
     "gru int8": "GRU c 1 1 in0 out0 0=4 1=48 2=0 8=1",
     "rnn int8": "RNN c 1 1 in0 out0 0=4 1=12 8=1",
+    # 18=quantize_term (int8 below 100): the raw scales after the weights
+    "gemm int8, B constant": "Gemm c 1 1 in0 out0 4=0 5=1 6=0 7=0 8=4 9=6 18=1",
+    "gemm int8, A constant, C": "Gemm c 1 1 in0 out0 4=1 5=0 6=1 7=3 8=0 9=6 10=1 18=2",
+    "mha int8": "MultiHeadAttention c 1 1 in0 out0 0=4 1=1 2=16 18=1",
 }
 
 
@@ -168,12 +172,17 @@ def test_each_int8_term_is_sized_as_ncnn_reads_it(name, tmp_path):
         assert ("output_scale" in roles) == name.startswith(("conv", "dw"))
 
 
-def test_int8_attention_and_gemm_are_left_unsized_not_guessed(tmp_path):
+def test_block_quantized_attention_and_gemm_are_left_unsized_not_guessed(tmp_path):
+    # 18 >= 100 is weight_bits*100 + format + block size: packed weights, block scales
     param = tmp_path / "q.ncnn.param"
     param.write_text("7767517\n3 3\nInput in0 0 1 in0\n"
-                     "Gemm g 1 1 in0 a 4=0 5=1 6=0 7=0 8=4 9=6 18=1\n"
-                     "MultiHeadAttention m 1 1 a out0 0=4 1=1 2=16 18=1\n")
+                     "Gemm g 1 1 in0 a 4=0 5=1 6=0 7=0 8=4 9=6 18=801\n"
+                     "MultiHeadAttention m 1 1 a out0 0=4 1=1 2=16 18=801\n")
     _, gemm, mha = parse_ncnn_param(param).layers
     assert blob_specs(gemm) is None and blob_specs(mha) is None
+    gemm.params[18], mha.params[18] = "2", "2"  # int8: sized with its scales
+    assert [r for r, _, _ in blob_specs(gemm)] == ["B", "B_scale"]
+    assert [r for r, _, _ in blob_specs(mha)][-4:] == ["q_scales", "k_scales", "v_scales",
+                                                       "out_scale"]
     gemm.params.pop(18)
     assert [r for r, _, _ in blob_specs(gemm)] == ["B"]

@@ -103,7 +103,18 @@ def _gemm(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
     blobs += [("B", n * k, True)] if p(5) else []
     if p(6) and p(10) != -1:
         blobs.append(("C", {0: 1, 1: m, 2: m, 3: m * n, 4: n}[p(10)], True))
+    if p(18):  # int8: raw scales after the weights, one per row of A, one for all of B
+        blobs += [("A_scales", m, False)] if p(4) else []
+        blobs += [("B_scale", 1, False)] if p(5) else []
     return blobs
+
+
+def _int8_or_unsized(size: Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]]]
+                     ) -> Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]] | None]:
+    """A Gemm's or MultiHeadAttention's layout by 18=quantize_term: 0 float; 1-99 int8 (the
+    raw scales ncnn's load_model reads after the weights); from 100 up weight-bits*100 block
+    quantization, whose packed weights and block scales are not sized here."""
+    return lambda la, p: size(la, p) if p(18) < 100 else None
 
 
 def _mha(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
@@ -113,7 +124,10 @@ def _mha(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
     return [("q_weight", e * qdim, True), ("q_bias", e, False),
             ("k_weight", e * kdim, True), ("k_bias", e, False),
             ("v_weight", e * vdim, True), ("v_bias", e, False),
-            ("out_weight", qdim * e, True), ("out_bias", qdim, False)]
+            ("out_weight", qdim * e, True), ("out_bias", qdim, False)] + (
+        # int8: q, k and v weight scales (embed_dim each), then out's one scale
+        [("q_scales", e, False), ("k_scales", e, False), ("v_scales", e, False),
+         ("out_scale", 1, False)] if p(18) else [])
 
 
 def _memorydata(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
@@ -146,10 +160,9 @@ _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, boo
     # int8 Embed (18=int8_scale_term): one raw weight scale after the weight and bias
     "Embed": lambda la, p: [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else [])
     + ([("weight_scales", 1, False)] if p(18) else []),
-    # 18=quantize_term: int8 or block-quantized weights, whose scales are not sized here
-    "MultiHeadAttention": lambda la, p: None if p(18) else _mha(la, p),
+    "MultiHeadAttention": _int8_or_unsized(_mha),
     "LSTM": _recurrent, "GRU": _recurrent, "RNN": _recurrent,
-    "Gemm": lambda la, p: None if p(18) else _gemm(la, p),
+    "Gemm": _int8_or_unsized(_gemm),
 }
 
 
