@@ -25,10 +25,8 @@ per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2i
    the largest of every other channel on the held-out image (in the tensor the readers read:
    after the ReLU), and the Conv2d / Linear layers reading it divide that input channel back.
    The readers must be layers whose input the backend's int8 rounds: every Conv and Linear
-   for ONNX Runtime; for ncnn a Conv2d or a Linear on 2-D input (an InnerProduct): a Linear on
-   3-D input is an ncnn Gemm and attention a MultiHeadAttention, both float in this
-   workbench's ncnn int8, so the ViT's ncnn plant is its last LayerNorm, read by the
-   classifier (the only such site). Sites are tried from the middle of the model outward,
+   for ONNX Runtime and for ncnn (a Linear on 2-D input is an ncnn InnerProduct, on 3-D input
+   a Gemm, whose input ncnn quantizes row by row at run time). Sites are tried from the middle of the model outward,
    one-reader sites first; a site is taken when the float output moves by < 1e-4 of its range
    (so the readers found are all there are: a residual add reading it fails the check); the
    output says which norm of how many it is. Only int8 sees the outlier: one scale for the
@@ -227,15 +225,13 @@ def _channel_peaks(model: Any, module: str, x: tuple) -> tuple[Any, Any]:
 def _int8_in(backend: str, mod: Any, rank: int | None) -> bool:
     """Whether ``backend``'s int8 model rounds this reader's input. ONNX Runtime's QDQ
     quantizes every Conv and MatMul/Gemm input. This workbench's ncnn writer (ncnn2int8's
-    format for Convolution, ConvolutionDepthWise and InnerProduct; its Gemm and
-    MultiHeadAttention quantization is not written) rounds the input of a Conv2d and of a
-    Linear on 2-D input (pnnx makes it an InnerProduct); a Linear on 3-D input becomes an
-    ncnn Gemm, attention one MultiHeadAttention: both run in float."""
+    format for Convolution, ConvolutionDepthWise, InnerProduct, Gemm and MultiHeadAttention)
+    rounds the input of a Conv2d, of a Linear on 2-D input (pnnx makes it an InnerProduct)
+    and of a Linear on 3-D input (an ncnn Gemm: its input quantized row by row at run
+    time)."""
     from torch import nn
 
-    if backend == "onnxruntime" or isinstance(mod, nn.Conv2d):
-        return True
-    return isinstance(mod, nn.Linear) and rank == 2
+    return backend == "onnxruntime" or isinstance(mod, (nn.Conv2d, nn.Linear))
 
 
 def _sites(model: Any, order: list[str], ranks: dict[str, int], backend: str
@@ -582,9 +578,8 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                          f"largest other channel's, RMS {p.rms_ratio:.0f}x), read by "
                          f"{p.readers}, layers whose input {c.backend}'s int8 rounds"
                          + ("" if c.backend == "onnxruntime" else
-                            " (Conv2d; Linear on 2-D input = InnerProduct; a Linear on 3-D "
-                            "input is an ncnn Gemm and attention a MultiHeadAttention, float "
-                            "in this workbench's ncnn int8)"))
+                            " (Conv2d; Linear on 2-D input = InnerProduct, on 3-D input = "
+                            "Gemm)"))
         notes.extend(f"  {n}" for n in r.notes)
         notes.extend(f"  ERROR {e}" for e in r.errors)
     print("\nfigures")
