@@ -66,7 +66,18 @@ def swept(tmp_path_factory):
 
 
 def rows(cell):
-    return {s.stage: s for s in cell.stages}
+    """The cell's rows by stage. A cell whose process died has one row ('model', crashed):
+    the assertion then says so, with the cell's error and its log's last lines."""
+    out = {s.stage: s for s in cell.stages}
+    assert "compare" in out, f"cell {cell.name} {cell.choices}: {why(cell)}"
+    return out
+
+
+def why(cell):
+    """Every stage of ``cell`` that is not ok, with its error: what a failure prints (a
+    one-off failure is then read from the run that had it, not guessed at)."""
+    return "; ".join(f"{s.stage} {s.status}: {s.error_class} {s.error} (hint: {s.hint})"
+                     for s in cell.stages if s.status not in ("ok", "off")) or "all ok"
 
 
 def test_fp16_is_compared_with_the_fp16_tolerance_which_the_fp32_one_would_fail(swept):
@@ -77,7 +88,8 @@ def test_fp16_is_compared_with_the_fp16_tolerance_which_the_fp32_one_would_fail(
     assert (fp16["ncnn"].atol, fp16["ncnn"].rtol) == for_precision("fp16") == (1e-2, 1e-2)
     assert (fp32["ncnn"].atol, fp32["ncnn"].rtol) == for_precision("fp32")
     assert (fp16["export"].atol, fp16["export"].rtol) == for_precision("fp32")
-    assert fp16["compare"].status == "ok" and fp32["compare"].status == "ok"
+    assert fp16["compare"].status == "ok", why(cells["deep", "fp16"])
+    assert fp32["compare"].status == "ok", why(cells["deep", "fp32"])
     # the same fp16 model at the fp32 tolerance: not ok, so the looser bar is what passed it
     sys.path.insert(0, str(nets.parent))
     try:
@@ -86,9 +98,10 @@ def test_fp16_is_compared_with_the_fp16_tolerance_which_the_fp32_one_would_fail(
         sys.path.remove(str(nets.parent))
     model, inputs = pnets.deep()
     param = next((Path(cells["deep", "fp16"].folder)).glob("*-ncnn/model.ncnn.param"))
-    assert not wb.compare(model, [param], inputs, progress=False).ok
-    assert wb.compare(model, [param], inputs, tolerance=for_precision("fp16"),
-                      progress=False).ok
+    strict = wb.compare(model, [param], inputs, progress=False)
+    assert not strict.ok, strict.summary()
+    loose = wb.compare(model, [param], inputs, tolerance=for_precision("fp16"), progress=False)
+    assert loose.ok, loose.summary()
 
 
 def test_int8_runs_on_both_backends_and_is_judged_by_its_output_snr(swept):
@@ -100,17 +113,19 @@ def test_int8_runs_on_both_backends_and_is_judged_by_its_output_snr(swept):
         assert (row.atol, row.rtol) == for_precision("int8")
         assert row.aligned_fraction > 0.5 and row.artifact.endswith((".onnx", ".param"))
     # ncnn int8 is made from fp32 weights: the fp16 cell has none, and says where it is
-    assert deep16["ncnn-int8"].status == "off" and "ncnn=fp32" in deep16["ncnn-int8"].hint
+    assert deep16["ncnn-int8"].status == "off", why(cells["deep", "fp16"])
+    assert "ncnn=fp32" in deep16["ncnn-int8"].hint
     assert {o.candidate for o in cells["deep", "fp32"].ops} == {"export", "ncnn", "ort-int8",
                                                                "ncnn-int8"}
     # the outlier costs ONNX Runtime's per-tensor int8 the signal: a mismatch with its hint
     # (ncnn keeps the add in float and is fine)
     out32 = rows(cells["outlier", "fp32"])
     bad = out32["ort-int8"]
-    assert bad.status == "mismatch" and bad.error_class == "snr"
+    assert bad.status == "mismatch" and bad.error_class == "snr", why(cells["outlier", "fp32"])
     assert bad.snr_db < INT8_MIN_SNR_DB and "below 10 dB" in bad.error
     assert "exclude=" in bad.hint
-    assert out32["ncnn-int8"].status == "ok" and out32["ncnn-int8"].snr_db > INT8_MIN_SNR_DB
+    assert out32["ncnn-int8"].status == "ok", why(cells["outlier", "fp32"])
+    assert out32["ncnn-int8"].snr_db > INT8_MIN_SNR_DB
     assert cells["outlier", "fp32"].status == "mismatch" and not res.ok
     with SweepDB(res.workspace, readonly=True) as db:
         assert db.integrity() == "ok"
