@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from collections.abc import Mapping
@@ -325,6 +326,34 @@ def _build_kernel() -> Any:
         return njit(**opts)(_finite_pass)
 
 
+_LOADED: set[tuple] = set()  # the dtype pairs (and writeable flags) _KERNEL has run on here
+
+
+@contextlib.contextmanager
+def _cache_lock() -> Any:
+    """An exclusive lock shared by every process of this user, held while the kernel first
+    runs on a dtype pair. numba's cache (cache=True) reads its index, writes it with the new
+    entry, then the data file: two processes compiling two dtype pairs at once both take
+    data file 1, and the index can end up sending one pair to the other's machine code (a
+    fresh process then gets "TypeError: can't unbox array", which reads as pairs not
+    measured). Sweep cells and test workers are fresh processes on one cache."""
+    import os
+    import tempfile
+
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unlocked, as before
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"workbench-numba-{os.getuid()}.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _finite_stats(a: np.ndarray, b: np.ndarray, tol: Tolerance,
                   eps: float) -> dict[str, Any] | None:
     """Sums and maxima for flat arrays in one compiled pass; None if there is a NaN/Inf (or a
@@ -343,8 +372,15 @@ def _finite_stats(a: np.ndarray, b: np.ndarray, tol: Tolerance,
     # float16, ints and bool as float64. Contiguous, so that only C-layout variants compile.
     a, b = (np.ascontiguousarray(v if v.dtype in (np.float32, np.float64) else
                                  v.astype(np.float64)) for v in (a, b))
-    (aa, bb, ab, noise, sum_abs, max_abs, max_excess, over, max_rel,
-     ref_absmax) = _KERNEL(a, b, float(tol.rtol), float(tol.atol), float(eps))
+    args = (a, b, float(tol.rtol), float(tol.atol), float(eps))
+    key = (a.dtype.char, b.dtype.char, a.flags.writeable, b.flags.writeable)
+    if key in _LOADED:
+        out = _KERNEL(*args)
+    else:  # compiled or loaded from numba's cache here: one process at a time (_cache_lock)
+        with _cache_lock():
+            out = _KERNEL(*args)
+        _LOADED.add(key)
+    (aa, bb, ab, noise, sum_abs, max_abs, max_excess, over, max_rel, ref_absmax) = out
     if not (math.isfinite(aa) and math.isfinite(bb) and math.isfinite(noise)):
         return None  # NaN/Inf, or |v| > ~1e154: the whole-array path handles it
     return {"cosine": _cosine(aa, bb, ab), "signal": aa, "noise": noise, "sum_abs": sum_abs,
