@@ -513,3 +513,50 @@ def test_an_initial_state_slice_read_by_a_layer_whose_output_is_a_model_output(t
     assert not rep.unaligned[name], rep.unaligned
     assert "b" in rep.alignments[name].attributed.values()
     assert rep.ok, rep.summary()
+
+
+class _TokenBlock(nn.Module):
+    """LayerNorm -> Linear -> GELU -> Linear on tokens (ncnn Gemms), one LayerNorm channel
+    planted 100x with the first Linear's weights divided back: float unchanged, int8 not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln, self.fc1, self.act = nn.LayerNorm(32), nn.Linear(32, 64), nn.GELU()
+        self.fc2 = nn.Linear(64, 32)
+        with torch.no_grad():
+            self.ln.weight[2] *= 100
+            self.ln.bias[2] *= 100
+            self.fc1.weight[:, 2] /= 100
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(self.ln(x))))
+
+
+def test_a_layer_after_an_unaligned_step_is_isolated_through_the_aligned_blob_before_it(
+        tmp_path):
+    # ncnn int8: the GELU output no longer matches torch's (not aligned), so fc2's only
+    # bottom cannot be fed; fc2 ran on the int8 model's own values and its "isolated" error
+    # was fc1's accumulated one (a false second culprit). Fed through fc1's aligned output,
+    # fc2's isolated error is its own: what ncnn gives on torch's GELU output.
+    from workbench.params import parse_ncnn_param
+    from workbench.precision.snr import snr_db
+    from workbench.runtime import NcnnRunner
+
+    torch.manual_seed(0)
+    model, x = _TokenBlock().eval(), torch.randn(1, 10, 32)
+    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    samples = [(torch.randn(1, 10, 32).numpy(),) for _ in range(4)]
+    q = wb.quantize(art, samples, backend="ncnn", progress=False)
+    rep = wb.compare(model, [q], (x,), mode="both", progress=False)
+    snr = {(r.mode, r.reference): r.metrics.snr_db for r in rep.records}
+    assert snr[("accumulated", "fc1")] < 20 and snr[("isolated", "fc1")] < 20  # the plant
+    assert snr[("isolated", "fc2")] > snr[("accumulated", "fc2")] + 15
+    ref = TorchRunner(model).run((x,), capture="all")
+    gelu_blob = next(ly.tops[0] for ly in parse_ncnn_param(q.path).layers
+                     if ly.type == "GELU")
+    fc2_blob = next(r.name for r in rep.records if r.reference == "fc2")
+    direct = NcnnRunner(q, isolated=False).run_blobs({gelu_blob: np.asarray(ref["act"])[0]},
+                                                      [fc2_blob])[fc2_blob]
+    want = snr_db(np.asarray(ref["fc2"])[0], np.asarray(direct).reshape(10, 32))
+    assert abs(snr[("isolated", "fc2")] - want) < 1.0, (snr, want)
+    assert rep.sensitive(1)[0].reference == "fc1"

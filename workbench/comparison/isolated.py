@@ -132,13 +132,32 @@ def _isolated_ncnn(cand: Candidate, al: Alignment, ref_values: dict[str, Any],
             blob = alias[blob]
         return blob
 
+    producer = {top: ly for ly in layers for top in ly.tops}
+
+    def frontier(blob: str, seen: set[str]) -> set[str]:
+        """The aligned blobs ``blob`` is computed from: itself when aligned, else those of
+        the layer that makes it (an unaligned step between, e.g. an int8 model's GELU that
+        no longer matches torch's, runs on them), none from the model's inputs."""
+        blob = root(blob)
+        if blob in al.pairs:
+            return {blob}
+        ly = producer.get(blob)
+        if ly is None or blob in seen:
+            return set()
+        seen.add(blob)
+        return set().union(*(frontier(b, seen) for b in ly.bottoms))
+
     fed_of = {}  # layer name -> blobs to feed
     for ly in layers:
         if ly.type == "Split":
             continue
         # fed as the blob a Split copies, which the Split then hands on: that blob is the one
-        # a capture saw (and knows the batch of); a Split top fed alone lost its batch
-        fed_of[ly.name] = {root(b): root(b) for b in ly.bottoms if root(b) in al.pairs}
+        # a capture saw (and knows the batch of); a Split top fed alone lost its batch. An
+        # unaligned bottom is fed through the aligned blobs it comes from: left unfed, the
+        # layer ran on the candidate's own upstream values, its "isolated" error the
+        # accumulated one
+        fed = set().union(*(frontier(b, set()) for b in ly.bottoms)) if ly.bottoms else set()
+        fed_of[ly.name] = {b: b for b in fed}
     passes: list[tuple[set, dict, list]] = []  # (measured tops, feeds blob->source, layers)
     for ly in layers:
         if ly.type == "Split" or not any(t in al.pairs for t in ly.tops):
