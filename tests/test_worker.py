@@ -373,3 +373,44 @@ def test_kept_result_files_stay_mapped_and_show_each_runs_values(sr):
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-6, err_msg=k)
         del got
+
+
+def test_the_workers_kept_output_files_take_runs_from_two_threads_at_once(tmp_path):
+    # compare runs ORT's and ncnn's captures at once, on two threads of the worker: one
+    # thread's scan of the kept files (a stat each, the GIL let go) met the other's insert,
+    # 'dictionary changed size during iteration', a failed capture and a lost comparison
+    import threading
+
+    from workbench.runtime import worker as w
+
+    before = dict(w._KEPT)
+    errors: list[BaseException] = []
+    paths = [str(tmp_path / f"out{i}") for i in range(1000)]
+    for p in paths:
+        open(p, "wb").close()
+
+    def insert() -> None:
+        try:
+            for p in paths:
+                w._output_file(p, keep=True)
+        except BaseException as e:  # noqa: BLE001 - the failure under test
+            errors.append(e)
+
+    def scan() -> None:
+        try:
+            for _ in range(300):
+                w._output_file(paths[0], keep=True)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=insert), threading.Thread(target=scan)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert set(paths) <= set(w._KEPT)
+    finally:
+        w._KEPT.clear()
+        w._KEPT.update(before)

@@ -47,19 +47,24 @@ class _TwinMissing(Exception):
 
 # -- the worker process -------------------------------------------------------------------------
 _KEPT: dict[str, SharedFile] = {}  # the worker's kept output files, by path
+# runs of two runners come on two threads (compare's ORT and ncnn captures at once): without
+# the lock one thread's scan of _KEPT met the other's insert ('dictionary changed size during
+# iteration', a failed capture and a lost comparison, seen in a clean checkout's test run)
+_KEPT_LOCK = threading.Lock()
 
 
 def _output_file(path: str, keep: bool) -> SharedFile:
     """The worker's SharedFile for a run's results: kept mapped between runs when the
     parent keeps it too; files the parent has removed are let go."""
-    for gone in [p for p in _KEPT if p != path and not os.path.exists(p)]:
-        del _KEPT[gone]
-    if not keep:
-        _KEPT.pop(path, None)
-        return SharedFile(path)
-    if path not in _KEPT:
-        _KEPT[path] = SharedFile(path, keep=True)
-    return _KEPT[path]
+    with _KEPT_LOCK:
+        for gone in [p for p in _KEPT if p != path and not os.path.exists(p)]:
+            del _KEPT[gone]
+        if not keep:
+            _KEPT.pop(path, None)
+            return SharedFile(path)
+        if path not in _KEPT:
+            _KEPT[path] = SharedFile(path, keep=True)
+        return _KEPT[path]
 
 
 def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
