@@ -175,18 +175,15 @@ class Plant:
     where: str = ""  # "norm k of n" in call order
 
 
-def _execution_order(model: Any, x: tuple) -> tuple[list[str], dict[str, int]]:
-    """The leaf modules in call order, and the rank of each one's first input."""
+def _execution_order(model: Any, x: tuple) -> list[str]:
+    """The leaf modules in call order."""
     import torch
 
     names = {m: n for n, m in model.named_modules()}
     order: list[str] = []
-    ranks: dict[str, int] = {}
 
     def hook(mod: Any, args: Any) -> None:
         order.append(names[mod])
-        if args and hasattr(args[0], "dim"):
-            ranks.setdefault(names[mod], args[0].dim())
 
     leaves = [m for m in model.modules() if not list(m.children())]
     handles = [m.register_forward_pre_hook(hook) for m in leaves]
@@ -196,7 +193,7 @@ def _execution_order(model: Any, x: tuple) -> tuple[list[str], dict[str, int]]:
     finally:
         for h in handles:
             h.remove()
-    return order, ranks
+    return order
 
 
 def _channel_peaks(model: Any, module: str, x: tuple) -> tuple[Any, Any]:
@@ -222,25 +219,16 @@ def _channel_peaks(model: Any, module: str, x: tuple) -> tuple[Any, Any]:
     return out.abs().amax(dim=dims), out.pow(2).mean(dim=dims).sqrt()
 
 
-def _int8_in(backend: str, mod: Any, rank: int | None) -> bool:
-    """Whether ``backend``'s int8 model rounds this reader's input. ONNX Runtime's QDQ
-    quantizes every Conv and MatMul/Gemm input. This workbench's ncnn writer (ncnn2int8's
-    format for Convolution, ConvolutionDepthWise, InnerProduct, Gemm and MultiHeadAttention)
-    rounds the input of a Conv2d, of a Linear on 2-D input (pnnx makes it an InnerProduct)
-    and of a Linear on 3-D input (an ncnn Gemm: its input quantized row by row at run
-    time)."""
-    from torch import nn
-
-    return backend == "onnxruntime" or isinstance(mod, (nn.Conv2d, nn.Linear))
-
-
-def _sites(model: Any, order: list[str], ranks: dict[str, int], backend: str
-           ) -> list[tuple[str, str, list[str]]]:
+def _sites(model: Any, order: list[str]) -> list[tuple[str, str, list[str]]]:
     """(norm, carrier, readers) candidates: an affine BatchNorm2d (``carrier`` the ReLU
     after it, when one follows: the tensor the readers read) or LayerNorm, and the run of
-    Conv2d (groups 1) / Linear modules right after it that take its channels, each one whose
-    input ``backend``'s int8 rounds; whether they are its only readers the float check
-    decides (``plant_outlier``)."""
+    Conv2d (groups 1) / Linear modules right after it that take its channels; whether they
+    are its only readers the float check decides (``plant_outlier``). Both backends' int8
+    rounds these readers' inputs: ONNX Runtime's QDQ every Conv and MatMul/Gemm input; this
+    workbench's ncnn writer (ncnn2int8's format for Convolution, ConvolutionDepthWise,
+    InnerProduct, Gemm and MultiHeadAttention) a Conv2d's, a Linear's on 2-D input (pnnx makes
+    it an InnerProduct) and on 3-D input (an ncnn Gemm: its input quantized row by row at
+    run time)."""
     from torch import nn
 
     mods = dict(model.named_modules())
@@ -267,7 +255,7 @@ def _sites(model: Any, order: list[str], ranks: dict[str, int], backend: str
                 j += 1
             else:
                 break
-        if readers and all(_int8_in(backend, mods[r], ranks.get(r)) for r in readers):
+        if readers:
             out.append((name, carrier, readers))
     return out
 
@@ -281,14 +269,14 @@ def plant_outlier(model: Any, x: tuple, backend: str) -> tuple[Any, Plant]:
     scale). Only int8 sees it: one scale for the tensor spends its levels on that channel,
     the others (which carry the signal the readers use) fall within a level or two of zero,
     unless a calibration clips the outlier channel instead. The readers must be layers whose
-    input ``backend``'s int8 rounds (``_int8_in``). Sites are tried from the middle of the
+    input ``backend``'s int8 rounds (``_sites``). Sites are tried from the middle of the
     model outward, those with one reader first; a site is taken when the float output moves
     by < 1e-4 of its range (the readers found are all there are)."""
     import torch
     from torch import nn
 
-    order, ranks = _execution_order(model, x)
-    sites = _sites(model, order, ranks, backend)
+    order = _execution_order(model, x)
+    sites = _sites(model, order)
     if not sites:
         raise RuntimeError(f"no norm layer whose readers {backend}'s int8 rounds can divide "
                            "an outlier back")
