@@ -10,42 +10,22 @@ import html
 
 import pytest
 import torch
+from test_ui_graphview import _Deep
 
 import workbench as wb
 from workbench.ui.graphmodel import in_module
 from workbench.ui.linkedview import LinkedView, module_tree
 
 TOL = (1e-9, 0.0)  # tight: convolutions land over it, so there is a first divergence
-
-
-class _Block(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(c, c, 3, padding=1)
-        self.act = torch.nn.ReLU()  # fused into conv1 by ncnn (convrelu): its record covers
-        self.conv2 = torch.nn.Conv2d(c, c, 1)
-
-    def forward(self, x):
-        return x + self.conv2(self.act(self.conv1(x))) * 0.5
-
-
-class _Net(torch.nn.Module):
-    """24 residual blocks: 122 drawn ONNX nodes, so the graph starts with each block closed."""
-
-    def __init__(self, n=24, c=4):
-        super().__init__()
-        self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
-        self.blocks = torch.nn.Sequential(*[_Block(c) for _ in range(n)])
-        self.head = torch.nn.Conv2d(c, 2, 1)
-
-    def forward(self, x):
-        return self.head(self.blocks(self.stem(x)))
+# 24 of the graph view test's residual blocks (conv1, act, conv2; ncnn fuses act into conv1,
+# so its record covers act): 122 drawn ONNX nodes, so the graph starts with each block closed
+BLOCKS = 24
 
 
 @pytest.fixture(scope="module")
 def linked(tmp_path_factory):
     torch.manual_seed(0)
-    model, x = _Net().eval(), (torch.randn(1, 3, 8, 8),)
+    model, x = _Deep(n=BLOCKS).eval(), (torch.randn(1, 3, 8, 8),)
     ws = wb.Workspace(tmp_path_factory.mktemp("linked") / "ws")
     onx = wb.export(model, x, workspace=ws)
     nc = wb.to_ncnn(model, x, workspace=ws)
