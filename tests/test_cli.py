@@ -171,6 +171,11 @@ def test_simplify_to_ncnn_and_compare_as_json_and_a_failed_tolerance_exits_1(tmp
     ncnn = json.loads(capsys.readouterr().out)
     assert ncnn["ok"] and ncnn["artifacts"][0]["format"] == "ncnn"
     assert ncnn["artifacts"][0]["metrics"]["max_abs"] < 1e-4
+    # ncnn rounds otherwise than torch: a zero tolerance fails the check, exit 1, a CI gate
+    assert main(["to-ncnn", f"{nets}:make", "--out", ws, "--json", "--atol", "0",
+                 "--rtol", "0"]) == 1
+    strict = json.loads(capsys.readouterr().out)
+    assert not strict["ok"] and "ncnn-numeric-mismatch" in json.dumps(strict)
     assert main(["simplify", other_onnx, "--json"]) == 0
     sim = json.loads(capsys.readouterr().out)["artifacts"][0]
     assert sim["stage"] == "simplify" and sim["ok"] and sim["nodes"] == 3

@@ -231,3 +231,55 @@ def test_pnnx_s_own_reason_is_in_the_error_wherever_it_sits_in_the_log(tmp_path)
     assert "pnnx says: slice with step 2 is not supported" in e.value.message
     assert e.value.hint.startswith("pnnx: slice with step 2 is not supported")
     assert "unflatten" in e.value.hint
+
+
+class _CountsCalls(nn.Module):
+    """Scales by how often it has been called: pnnx's trace freezes the first call's factor,
+    so ncnn computes x * 1 where torch's next call computes x * 2 (the same shapes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.conv(x) * float(self.calls)
+
+
+def test_values_past_the_tolerance_with_the_right_shapes_are_an_error(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 8, 8)
+    art = wb.to_ncnn(_CountsCalls(), (x,), workspace=tmp_path / "ws")
+    [d] = art.diagnostics_with("ncnn-numeric-mismatch")
+    assert d.level == "error" and not art.ok
+    assert "ncnn (fp32) differs from torch" in d.message and "wb.compare" in d.hint
+    assert f"max abs {art.metrics['max_abs']:.3g}" in d.message and art.metrics["max_abs"] > 0.1
+    assert not art.diagnostics_with("ncnn-shape-mismatch")
+    assert art.workspace.verify() == []  # the converted model is kept to be examined
+
+
+def test_tolerance_is_the_callers_and_recorded(converted, tmp_path):
+    model, x, art = converted
+    assert (art.params["atol"], art.params["rtol"]) == (1e-4, 1e-3)
+    assert not art.diagnostics_with("ncnn-numeric-mismatch")
+    # ncnn's fp32 convolutions round otherwise than torch's: nothing passes a zero tolerance
+    assert art.metrics["max_abs"] > 0
+    strict = wb.to_ncnn(model, x, workspace=tmp_path / "ws", atol=0.0, rtol=0.0)
+    [d] = strict.diagnostics_with("ncnn-numeric-mismatch")
+    assert "0 + 0 * max |torch|" in d.message
+    # fp16 weights are judged against the fp16 default (1e-2, 1e-2), not the fp32 one
+    half = wb.to_ncnn(model, x, workspace=tmp_path / "ws", fp16=True)
+    assert (half.params["atol"], half.params["rtol"]) == (1e-2, 1e-2)
+    assert half.metrics["max_abs"] > art.metrics["max_abs"]  # the weights' rounding shows
+    assert not half.diagnostics_with("ncnn-numeric-mismatch")
+
+
+@pytest.mark.parametrize("kw", [{"atol": -1.0}, {"rtol": float("nan")}, {"atol": "1e-4"},
+                                {"rtol": True}])
+def test_a_bad_tolerance_is_refused_before_pnnx_runs(converted, tmp_path, kw):
+    model, x, _ = converted
+    with pytest.raises(wb.InputError, match=f"to_ncnn: {next(iter(kw))}=") as e:
+        wb.to_ncnn(model, x, workspace=tmp_path / "ws", **kw)
+    assert "finite non-negative" in str(e.value) and e.value.hint
+    assert not (tmp_path / "ws").exists() or not list((tmp_path / "ws").rglob("*.param"))

@@ -118,11 +118,12 @@ def cmd_simplify(args: argparse.Namespace) -> int:
 def cmd_to_ncnn(args: argparse.Namespace) -> int:
     from .stages.ncnn import to_ncnn
 
+    kw = {"workspace": args.out, "fp16": args.fp16, "atol": args.atol, "rtol": args.rtol}
     if args.source.endswith(".onnx") or Path(args.source).suffix == ".onnx":
-        art = to_ncnn(args.source, workspace=args.out, fp16=args.fp16)
+        art = to_ncnn(args.source, **kw)
     else:
         model, inputs = _model_and_inputs(args.source, args.input, args.dtype)
-        art = to_ncnn(model, inputs, workspace=args.out, fp16=args.fp16)
+        art = to_ncnn(model, inputs, **kw)
     return _report_artifacts(args, [art])
 
 
@@ -363,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("source", help="a .onnx file, or MODULE:FACTORY (traced by pnnx)")
     _inputs_args(n)
     n.add_argument("--fp16", action="store_true", help="store fp16 weights")
+    n.add_argument("--atol", type=float, default=None,
+                   help="the check's absolute tolerance (default 1e-4; 1e-2 with --fp16)")
+    n.add_argument("--rtol", type=float, default=None,
+                   help="its tolerance relative to max |torch| (default 1e-3; 1e-2 with --fp16)")
     n.add_argument("--out", default=None, help="workspace folder")
     q = _sub(sub, "quantize", "quantize an ONNX file (ONNX Runtime) or an ncnn model to int8, "
              "calibrated on a folder of .npy files or images (exit 1 when its checks fail)",

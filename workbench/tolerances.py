@@ -20,6 +20,27 @@ PRECISION_TOLERANCES: dict[str, tuple[float, float]] = {
 INT8_MIN_SNR_DB = 10.0
 
 
+def is_tolerance_number(x: Any) -> bool:
+    """A finite, non-negative real number (not a bool): what atol, rtol and eps must be."""
+    import math
+    from numbers import Real
+
+    return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def check_tolerance(atol: Any, rtol: Any, where: str) -> tuple[float, float]:
+    """(atol, rtol) as floats, or an InputError naming ``where`` (the call they were given to)."""
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if not is_tolerance_number(value):
+            from .errors import InputError
+
+            raise InputError(f"{where}: {name}={value!r}, expected a finite non-negative number",
+                             f"e.g. atol={DEFAULT_ATOL}, rtol={DEFAULT_RTOL} (the fp32 default); "
+                             f"an output passes when max |torch - backend| <= atol + rtol * "
+                             f"max |torch|")
+    return float(atol), float(rtol)
+
+
 def for_precision(precision: str) -> tuple[float, float]:
     """The default (atol, rtol) for a candidate in ``precision`` ("fp32", "fp16", "int8")."""
     try:

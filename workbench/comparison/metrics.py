@@ -7,7 +7,6 @@ import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from numbers import Real
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
@@ -15,6 +14,7 @@ from ..shapes import batch_dropped
 
 # the whole-output checks every stage runs live below the stages, in workbench.tolerances
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, EPS, max_errors, within  # noqa: F401
+from ..tolerances import is_tolerance_number as _is_tol_number
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,11 +24,6 @@ if TYPE_CHECKING:
 
 _TOL_EXPECTED = ("a Tolerance, a float atol (rtol 0) or an (atol, rtol) tuple of finite "
                  "non-negative numbers")
-
-
-def _is_tol_number(x: Any) -> bool:
-    return (isinstance(x, Real) and not isinstance(x, bool)
-            and math.isfinite(x) and x >= 0)
 
 
 @dataclass

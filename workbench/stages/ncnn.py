@@ -27,7 +27,7 @@ from ..errors import ConversionError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, run_torch
 from ..params import parse_pnnx_param
 from ..progress import Progress, Steps
-from ..tolerances import max_errors
+from ..tolerances import check_tolerance, for_precision, max_errors, within
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
@@ -67,6 +67,8 @@ def to_ncnn(
     optlevel: int = 2,
     timeout: float = 600.0,
     progress: Progress = False,
+    atol: float | None = None,
+    rtol: float | None = None,
 ) -> Artifact:
     """Convert through pnnx; returns the ncnn Artifact whose parent is the pnnx Artifact.
 
@@ -80,11 +82,16 @@ def to_ncnn(
         optlevel: pnnx's optimisation level.
         timeout: seconds pnnx may run before it is stopped.
         progress: a bar over tracing, pnnx's passes and the numeric check, or a callback.
+        atol, rtol: the tolerance of the check of ncnn's fp32 run against torch on the
+            example inputs: an output passes when max |torch - ncnn| <= atol + rtol *
+            max |torch|. Default: the fp32 pair of ``workbench.tolerances`` (1e-4, 1e-3),
+            or the fp16 pair (1e-2, 1e-2) when ``fp16`` writes fp16 weights. ncnn's fp16 run,
+            when this CPU runs it in fp16 at all, is judged against the fp16 pair.
 
     Returns:
         The ncnn Artifact (``.ncnn.param`` + ``.ncnn.bin``), whose parent is the pnnx
-        Artifact; ``diagnostics`` hold the output check (``ncnn-shape-mismatch``,
-        ``fp16-not-exercised``...).
+        Artifact; ``diagnostics`` hold the output check (``ncnn-numeric-mismatch``: values
+        past the tolerance; ``ncnn-shape-mismatch``; ``fp16-not-exercised``...).
 
     Raises:
         ConversionError: pnnx failed (the tail of its log in the message).
@@ -95,6 +102,9 @@ def to_ncnn(
     if optlevel not in (0, 1, 2):
         raise InputError(f"optlevel={optlevel!r} is not 0, 1 or 2", "pnnx's default is 2")
     moduleop = _moduleop_names(moduleop)
+    default_tol = for_precision("fp16" if fp16 else "fp32")
+    tol = check_tolerance(default_tol[0] if atol is None else atol,
+                          default_tol[1] if rtol is None else rtol, "to_ncnn")
     parent: Artifact | None = None
     reference = None
     diags: list[Diagnostic] = []
@@ -159,7 +169,8 @@ def to_ncnn(
         params = {"source": kind, "fp16": fp16, "optlevel": optlevel, "moduleop": moduleop,
                   "inputshape": _shape_arg(args),
                   "inputshape2": _shape_arg(args2) if args2 is not None else None,
-                  "precision": "fp16" if fp16 else "fp32", "command": cmd}
+                  "precision": "fp16" if fp16 else "fp32", "atol": tol[0], "rtol": tol[1],
+                  "command": cmd}
         missing = [f for f in pnnx_files[:2] if not (tmp / f).exists()]
         if missing:
             raise ConversionError(f"pnnx exited 0 but did not write {missing}" + _tail(log),
@@ -182,7 +193,7 @@ def to_ncnn(
                 f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
                 f"graph is kept as {pnnx_art.id}" + _tail(log), _hint_for(log, bad))
         steps.phase("running ncnn against the reference")
-        metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out)
+        metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol)
         steps.advance(steps.total)
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
@@ -373,9 +384,12 @@ def _hint_for(log: str, bad: list[tuple[str, str]] | None = None) -> str:
             "simplified ONNX artifact instead of the module")
 
 
-def _check_numbers(param: Path, args: tuple,
-                   reference: list | None) -> tuple[dict[str, Any], list[Diagnostic]]:
-    """ncnn fp32 and fp16 against torch on the example inputs.
+def _check_numbers(param: Path, args: tuple, reference: list | None,
+                   tol: tuple[float, float] | None = None
+                   ) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """ncnn fp32 and fp16 against torch on the example inputs: the fp32 run within ``tol``
+    (atol, rtol; default fp32's), the fp16 run within the fp16 default; past it,
+    ``ncnn-numeric-mismatch``.
 
     Outputs are paired by position (out0...outN is the torch model's output order), each in
     the torch shape by ``workbench.shapes`` (a dropped or squeezed size-1 axis). When the fp16
@@ -425,7 +439,29 @@ def _check_numbers(param: Path, args: tuple,
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
+            atol, rtol = for_precision(precision) if precision == "fp16" or tol is None \
+                else tol
+            if not within(errs, atol, rtol, reference):
+                diags.append(_numeric_mismatch(precision, errs, atol, rtol, reference))
     return metrics, diags
+
+
+def _numeric_mismatch(precision: str, errs: dict[str, Any], atol: float, rtol: float,
+                      reference: list) -> Diagnostic:
+    """ncnn's outputs have torch's shapes but other values: pnnx converted an op into
+    something that computes otherwise (the comparison finds which)."""
+    import numpy as np
+
+    scale = max((float(np.abs(np.asarray(r, np.float64)).max()) for r in reference
+                 if np.size(r)), default=0.0)
+    return Diagnostic(
+        "error", "ncnn-numeric-mismatch",
+        f"ncnn ({precision}) differs from torch on the example inputs: max abs "
+        f"{errs['max_abs']:.3g}, max rel {errs['max_rel']:.3g}, past the tolerance "
+        f"{atol:g} + {rtol:g} * max |torch| ({scale:.3g}) = {atol + rtol * scale:.3g}",
+        "the shapes agree but the values do not: a layer computes otherwise than torch (pnnx's "
+        "own converted model does the same). wb.compare(model, [artifact], inputs) names the "
+        "first layer that diverges; pass atol=/rtol= to to_ncnn if the error is expected")
 
 
 def _shape_hint(reference: list, got: list) -> str:
