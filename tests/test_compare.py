@@ -90,6 +90,23 @@ def test_ncnn_fp16_error_grows_where_fp32_does_not(sr):
            if r.mode == "isolated"}
     assert iso[("fp16", "relu2")] > 10 * max(iso[("fp32", "relu2")], 1e-7)
     assert rep.first_divergence is None or rep.first_divergence.candidate.startswith("ncnn fp16")
+    # whether ncnn ran anything in fp16 here is said, not hidden in the figures: on x86 its
+    # fp16 run is the fp32 run (bit for bit), so the fp16 rows hold the weights' rounding only
+    ran_fp32 = all(np.array_equal(a, b) for a, b in zip(
+        NcnnRunner(nc16).run(x).values(), NcnnRunner(nc16, precision="fp16").run(x).values(),
+        strict=True))
+    assert set(rep.notes) == ({f"ncnn fp16 {nc16.id}"} if ran_fp32 else set())
+    if ran_fp32:
+        assert "NOTE: fp16 not exercised" in rep.summary().splitlines()[1]
+        assert "emulate='arm-fp16'" in rep.notes[f"ncnn fp16 {nc16.id}"]
+    # bf16 storage is ncnn's own on x86 too: exercised, no note; an emulated run, no note
+    rep2 = wb.compare(model, [NcnnRunner(nc32, precision="bf16"),
+                              NcnnRunner(nc32, precision="fp16", emulate="arm-fp16")], x,
+                      progress=False)
+    bf16_same = all(np.array_equal(a, b) for a, b in zip(
+        NcnnRunner(nc32).run(x).values(), NcnnRunner(nc32, precision="bf16").run(x).values(),
+        strict=True))
+    assert not bf16_same and rep2.notes == {}
 
 
 def test_resize_with_another_coordinate_mode_is_named_and_reproduced(sr, tmp_path):

@@ -23,6 +23,7 @@ class Candidate:
     kind: str  # "onnx" | "ncnn"
     path: Path
     own: bool = False  # a runner compare built (and keeps), not one it was given
+    precision: str = "fp32"  # what it was asked to run in: fp32, fp16, bf16, int8
 
 
 def as_candidate(thing: Any, index: int) -> Candidate:
@@ -43,16 +44,45 @@ def as_candidate(thing: Any, index: int) -> Candidate:
     if isinstance(runner, OrtRunner):
         int8 = " int8" if _stored_precision(thing) == "int8" else ""
         return Candidate(f"onnxruntime{int8} {_label(thing, runner.path)}", runner, "onnx",
-                         runner.path, own)
+                         runner.path, own, int8.strip() or "fp32")
     if isinstance(runner, NcnnRunner):
         precision = "int8" if _stored_precision(thing) == "int8" else runner.precision
+        label = precision
         if getattr(runner, "emulate", None):  # storage rounded between layers, not native
-            precision = f"{precision} emulated {runner.emulate}"
-        return Candidate(f"ncnn {precision} {_label(thing, runner.param)}", runner,
-                         "ncnn", runner.param, own)
+            label = f"{precision} emulated {runner.emulate}"
+        return Candidate(f"ncnn {label} {_label(thing, runner.param)}", runner,
+                         "ncnn", runner.param, own, precision)
     raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
                      "ncnn artifacts, paths or their runners", "e.g. wb.compare(model, [onx, nc], "
                      "(x,))")
+
+
+def precision_not_exercised(cand: Candidate, args: tuple, values: dict[str, Any]) -> str | None:
+    """Why an ncnn candidate asked for fp16 or bf16 (natively, not emulated) shows fp32's
+    figures: its outputs (``values``, captured on ``args``) are bit-identical to the same
+    model run in fp32 (ncnn on x86 runs few layers in fp16 even when asked; ARM phones
+    compute in fp16). None when they differ, or for any other candidate."""
+    import platform
+
+    import numpy as np
+
+    from ..runtime import NcnnRunner
+
+    runner = cand.runner
+    if cand.kind != "ncnn" or cand.precision not in ("fp16", "bf16") or getattr(
+            runner, "emulate", None):
+        return None
+    fp32 = NcnnRunner(runner.param, precision="fp32", num_threads=1).run(args)
+    if not fp32 or any(name not in values or not np.array_equal(
+            np.asarray(values[name]), out, equal_nan=True) for name, out in fp32.items()):
+        return None
+    return (f"{cand.precision} not exercised: on this CPU ({platform.machine()}) ncnn ran "
+            f"the model in fp32 (its outputs are bit-identical to an fp32 run of the same "
+            f"files), so these figures hold no {cand.precision} storage or arithmetic, only "
+            f"the weights as the file stores them; measure on the target, or see what "
+            f"{cand.precision} storage costs: NcnnRunner(artifact, precision="
+            f"{cand.precision!r}, emulate="
+            f"{'arm-fp16' if cand.precision == 'fp16' else 'bf16'!r})")
 
 
 _RUNNERS: OrderedDict[tuple, Any] = OrderedDict()

@@ -21,6 +21,7 @@ from .candidates import (
     candidate_tensors,
     copies,
     input_sets,
+    precision_not_exercised,
     with_weights,
 )
 from .isolated import isolated
@@ -73,7 +74,9 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
 
     Returns:
         A CompareReport: its records (one per aligned tensor, candidate and mode, the worst
-        over the input sets), alignments, verdicts and first divergence.
+        over the input sets), alignments, verdicts and first divergence; ``notes`` says
+        when an ncnn candidate asked for fp16 or bf16 ran in fp32 here (its outputs
+        bit-identical to an fp32 run), so its figures are not that precision's.
 
     Raises:
         InputError: an unknown mode, a bad ``min_explained`` or tolerance, no candidates, a
@@ -114,6 +117,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     bar = Steps(progress, "compare", steps)
     worst: dict[tuple[str, str, str], Record] = {}
     unmeasured: dict[str, dict[str, str]] = {c.name: {} for c in cands}
+    notes: dict[str, str] = {}
+    checked: set[str] = set()
     with Schedule() as schedule:
         for args in sets:
             _check_inputs(cands, args)
@@ -150,6 +155,11 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     if k not in ready:
                         bar.phase(f"{cand.name}: capturing")
                     values, tensors, al = ready.pop(k) if k in ready else prepare(k)
+                    if cand.name not in checked:  # on the first input set
+                        checked.add(cand.name)
+                        why = precision_not_exercised(cand, copies(args), values)
+                        if why:
+                            notes[cand.name] = why
                     # accumulated mode captures one ahead: the next candidate is aligned in
                     # this thread while the measuring thread starts on this one's tensors
                     side = (lambda k=k, ready=ready, prepare=prepare: ready.__setitem__(
@@ -193,7 +203,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     return CompareReport(records=records, alignments=alignments, candidates=cands,
                          isolated_available=isolated_available, tolerance=base_tol,
                          inputs=sets[0], reference=ref_runner, unmeasured=unmeasured,
-                         min_explained=min_explained)
+                         min_explained=min_explained, notes=notes)
 
 
 def _candidates(candidates: Any, mode: str, timeout: float | None) -> list[Candidate]:

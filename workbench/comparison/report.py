@@ -72,6 +72,8 @@ class CompareReport:
     reference: Runner | None = None
     unmeasured: dict[str, dict[str, str]] = field(default_factory=dict)  # cand -> {tensor: why}
     min_explained: float = 0.5
+    # {candidate: what its figures are not}, e.g. an fp16 ncnn run that ncnn ran in fp32
+    notes: dict[str, str] = field(default_factory=dict)
     _sensitivity: dict[str, list[Sensitivity]] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
@@ -147,6 +149,8 @@ class CompareReport:
             skipped = self.unmeasured.get(cand.name)
             note = (f"; {len(skipped)} pair(s) not measured (report.unmeasured)"
                     if skipped else "")
+            if cand.name in self.notes:
+                note += f"; NOTE: {self.notes[cand.name]}"
             why = "; ".join(v.reasons)
             if not recs:
                 lines.append(f"{cand.name}: {aligned}; NOT OK: {why}{note}")
