@@ -182,7 +182,7 @@ def test_simplify_to_ncnn_and_compare_as_json_and_a_failed_tolerance_exits_1(tmp
     # make's own ncnn model passes; the ONNX of other weights fails: exit 1, a CI gate
     assert main(["compare", f"{nets}:make", ncnn["artifacts"][0]["path"], "--json"]) == 0
     good = json.loads(capsys.readouterr().out)
-    assert good["ok"] and good["first_divergence"] is None
+    assert good["ok"] and good["first_divergence"] is None and good["notes"] == {}
     assert main(["compare", f"{nets}:make", other_onnx, "--json"]) == 1
     bad = json.loads(capsys.readouterr().out)
     assert not bad["ok"] and bad["first_divergence"]["op_type"] == "Conv"

@@ -173,7 +173,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
                "aligned_fraction": rep.aligned_fraction,
                "verdicts": {k: {"ok": v.ok, "compared": v.compared, "explained": v.explained,
                                 "reasons": v.reasons} for k, v in rep.verdicts().items()},
-               "first_divergence": div.as_dict() if div is not None else None})
+               "first_divergence": div.as_dict() if div is not None else None,
+               "notes": rep.notes})
     else:
         print(rep.summary())
         if args.table:
