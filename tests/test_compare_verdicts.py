@@ -117,6 +117,49 @@ def test_a_candidate_from_another_model_is_not_ok_and_the_summary_says_why(tmp_p
     assert not rep.verdicts()[name].ok
 
 
+def test_a_candidate_whose_run_fails_is_not_ok_and_the_others_are_still_compared(tmp_path):
+    """ncnn's SDPA on a transformers GPT-2 corrupted the heap and killed the worker: the
+    whole comparison was lost with it, the ONNX candidate's records too. Here an ncnn model
+    fails in a layer; it comes first and last (the last is captured while the one before
+    it is measured)."""
+    from workbench.runtime import NcnnRunner
+
+    torch.manual_seed(0)
+    model, x = Small().eval(), torch.randn(1, 3, 8, 8)
+    ws = wb.Workspace(tmp_path / "ws")
+    onx, nc = wb.export(model, (x,), workspace=ws), wb.to_ncnn(model, (x,), workspace=ws)
+    # the same model with a Reshape after its conv to a size ncnn cannot allocate: it
+    # refuses to run it (an NcnnRunError naming the layer)
+    broken = tmp_path / "broken.ncnn.param"
+    lines = nc.path.read_text().splitlines()
+    layers, blobs = map(int, lines[1].split())
+    lines[1] = f"{layers + 1} {blobs + 1}"
+    conv = next(i for i, ln in enumerate(lines) if ln.startswith("Convolution"))
+    fields = lines[conv].split()
+    top = fields[5]
+    fields[5] = "mid"
+    lines[conv] = " ".join(fields)
+    lines.insert(conv + 1, f"Reshape broken 1 1 mid {top} 0=100000 1=100000 2=1000")
+    broken.write_text("\n".join(lines) + "\n")
+    (tmp_path / "broken.ncnn.bin").write_bytes((nc.dir / "model.ncnn.bin").read_bytes())
+    (tmp_path / "broken_ncnn.py").write_text((nc.dir / "model_ncnn.py").read_text())
+    for mode in ("accumulated", "both"):
+        rep = wb.compare(model, [broken, onx, broken], (x,), mode=mode, progress=False)
+        first, good, last = (c.name for c in rep.candidates)
+        assert set(rep.failed) == {first, last}
+        assert "layer broken (Reshape) failed" in rep.failed[last]  # the layer is named
+        verdicts = rep.verdicts()
+        assert verdicts[good].ok and rep.aligned_fraction[good] == 1.0
+        assert not verdicts[first].ok and not verdicts[last].ok and not rep.ok
+        assert verdicts[last].reasons == [f"its run failed: {rep.failed[last]}"]
+        lines = rep.summary().splitlines()
+        assert lines[0].startswith(f"{first}: not aligned; NOT OK: its run failed: ")
+        assert "all within tolerance" in lines[1] and "NOT OK" not in lines[1]
+        assert {r.candidate for r in rep.records} == {good}
+        with pytest.raises(wb.InputError, match="did not run"):
+            rep.tensors(next(iter(rep.alignments[good].pairs)), last)
+
+
 def test_a_graph_without_nodes_is_not_ok(tmp_path):
     torch.manual_seed(0)
     model, x = Small().eval(), torch.randn(1, 3, 8, 8)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, WorkbenchError
 from .align import CandidateTensor
 
 
@@ -72,7 +72,10 @@ def precision_not_exercised(cand: Candidate, args: tuple, values: dict[str, Any]
     if cand.kind != "ncnn" or cand.precision not in ("fp16", "bf16") or getattr(
             runner, "emulate", None):
         return None
-    fp32 = NcnnRunner(runner.param, precision="fp32", num_threads=1).run(args)
+    try:
+        fp32 = NcnnRunner(runner.param, precision="fp32", num_threads=1).run(args)
+    except WorkbenchError:  # the fp32 run fails: nothing to tell it by
+        return None
     if not fp32 or any(name not in values or not np.array_equal(
             np.asarray(values[name]), out, equal_nan=True) for name, out in fp32.items()):
         return None

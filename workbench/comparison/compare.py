@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InputError, WorkbenchError
+from ..errors import (
+    BackendCrashed,
+    BackendTimeout,
+    InputError,
+    RemoteError,
+    RunError,
+    WorkbenchError,
+)
 from ..progress import Progress, Steps
 from .align import Alignment, CandidateTensor, align, samples
 from .candidates import (
@@ -74,7 +81,9 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
 
     Returns:
         A CompareReport: its records (one per aligned tensor, candidate and mode, the worst
-        over the input sets), alignments, verdicts and first divergence; ``notes`` says
+        over the input sets), alignments, verdicts and first divergence. A candidate whose
+        run crashes, hangs or fails is not ok (``report.failed`` says why) and the others are
+        still compared. ``notes`` says
         when an ncnn candidate asked for fp16 or bf16 ran in fp32 here (its outputs
         bit-identical to an fp32 run), so its figures are not that precision's.
 
@@ -118,6 +127,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     worst: dict[tuple[str, str, str], Record] = {}
     unmeasured: dict[str, dict[str, str]] = {c.name: {} for c in cands}
     notes: dict[str, str] = {}
+    failed: dict[str, str] = {}  # candidate -> why its run failed (a crash, a hang, an error)
     checked: set[str] = set()
     with Schedule() as schedule:
         for args in sets:
@@ -139,7 +149,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                             ref_samples: Any = ref_samples, captures: Any = captures) -> Any:
                     """Candidate k's captured values, its tensors and their alignment."""
                     cand = cands[k]
-                    values, cand_samples = captures.get(k)
+                    try:
+                        values, cand_samples = captures.get(k)
+                    except RUN_FAILURES as e:  # this one did not run: listed, the rest goes on
+                        return e
                     # align (on the first input set)
                     if cand.name not in tensors_of:
                         tensors_of[cand.name] = with_weights(
@@ -154,7 +167,14 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                 for k, cand in enumerate(cands):
                     if k not in ready:
                         bar.phase(f"{cand.name}: capturing")
-                    values, tensors, al = ready.pop(k) if k in ready else prepare(k)
+                    got = ready.pop(k) if k in ready else prepare(k)
+                    if isinstance(got, WorkbenchError):
+                        failed.setdefault(cand.name, f"{got.message}" + (
+                            f" (hint: {got.hint})" if got.hint else ""))
+                        bar.advance(2 if mode == "both" else 1)
+                        captures.done(k)
+                        continue
+                    values, tensors, al = got
                     if cand.name not in checked:  # on the first input set
                         checked.add(cand.name)
                         why = precision_not_exercised(cand, copies(args), values)
@@ -203,7 +223,12 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     return CompareReport(records=records, alignments=alignments, candidates=cands,
                          isolated_available=isolated_available, tolerance=base_tol,
                          inputs=sets[0], reference=ref_runner, unmeasured=unmeasured,
-                         min_explained=min_explained, notes=notes)
+                         min_explained=min_explained, notes=notes, failed=failed)
+
+
+# a candidate's run that fails so: that candidate is not ok (report.failed says why) and
+# the others are still compared
+RUN_FAILURES = (BackendCrashed, BackendTimeout, RunError, RemoteError)
 
 
 def _candidates(candidates: Any, mode: str, timeout: float | None) -> list[Candidate]:

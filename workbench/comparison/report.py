@@ -74,6 +74,8 @@ class CompareReport:
     min_explained: float = 0.5
     # {candidate: what its figures are not}, e.g. an fp16 ncnn run that ncnn ran in fp32
     notes: dict[str, str] = field(default_factory=dict)
+    # {candidate: why its run failed}: it crashed, hung or raised; nothing of it is measured
+    failed: dict[str, str] = field(default_factory=dict)
     _sensitivity: dict[str, list[Sensitivity]] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
@@ -99,7 +101,8 @@ class CompareReport:
 
         return {c.name: verdict(c.name, self.alignments.get(c.name),
                                 [r for r in self.records if r.candidate == c.name],
-                                self.min_explained) for c in self.candidates}
+                                self.min_explained, self.failed.get(c.name))
+                for c in self.candidates}
 
     # -- where it breaks ----------------------------------------------------------------------
     def divergences(self) -> dict[str, Record]:
@@ -344,12 +347,15 @@ class CompareReport:
         return ref, cand.runner.run(self.inputs, capture="all")[name]
 
     def _candidate(self, name: str | None) -> Candidate:
-        if name is None:
-            return self.candidates[0]
-        for c in self.candidates:
-            if c.name == name:
-                return c
-        raise InputError(f"no candidate {name!r}", f"candidates: {[c.name for c in self.candidates]}")
+        name = self.candidates[0].name if name is None else name
+        cand = next((c for c in self.candidates if c.name == name), None)
+        if cand is None:
+            raise InputError(f"no candidate {name!r}",
+                             f"candidates: {[c.name for c in self.candidates]}")
+        if cand.name in self.failed:
+            raise InputError(f"candidate {cand.name!r} did not run: {self.failed[cand.name]}",
+                             "nothing of it was measured; the report's other candidates were")
+        return cand
 
     def repro(self, record: Record | None, folder: str | Path) -> Path:
         """Write a minimal ONNX model of the op, its reference inputs and expected output as

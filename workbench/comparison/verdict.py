@@ -69,17 +69,19 @@ def shape_relation(ref_shape: tuple, cand_shape: tuple) -> str | None:
 
 
 def verdict(candidate: str, alignment: Any, records: list[Any],
-            min_explained: float = MIN_EXPLAINED) -> Verdict:
-    """The verdict on one candidate from its alignment and its measured records."""
+            min_explained: float = MIN_EXPLAINED, failure: str | None = None) -> Verdict:
+    """The verdict on one candidate from its alignment and its measured records; ``failure``:
+    why its run failed (it is then not ok whatever else was measured)."""
     compared = len({r.name for r in records})
     explained = alignment.explained_fraction if alignment is not None else 0.0
-    reasons = []
+    reasons = [f"its run failed: {failure}"] if failure else []
     total = (alignment.considered + len(alignment.attributed)) if alignment is not None else 0
     if not compared:
         n = len(alignment.pairs) if alignment is not None else 0
-        reasons.append(f"nothing compared ({n} of {total} tensors aligned"
-                       + (", none measured" if n else "") + ")"
-                       if total else "nothing compared (no float tensor to align)")
+        if not (failure and alignment is None):  # never ran: this would only repeat it
+            reasons.append(f"nothing compared ({n} of {total} tensors aligned"
+                           + (", none measured" if n else "") + ")"
+                           if total else "nothing compared (no float tensor to align)")
     elif explained < min_explained:
         reasons.append(f"only {explained:.0%} of {total} tensors aligned or attributed "
                        f"(threshold {min_explained:.0%})")
