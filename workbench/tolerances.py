@@ -4,7 +4,9 @@ per-tensor metrics (workbench.comparison.metrics) build on these."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from numbers import Real
 from typing import Any
 
 EPS = 1e-6
@@ -22,9 +24,6 @@ INT8_MIN_SNR_DB = 10.0
 
 def is_tolerance_number(x: Any) -> bool:
     """A finite, non-negative real number (not a bool): what atol, rtol and eps must be."""
-    import math
-    from numbers import Real
-
     return isinstance(x, Real) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 

@@ -175,6 +175,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         captures.done(k)
                         continue
                     values, tensors, al = got
+                    got = None  # `values` alone holds them (isolated mode lets them go early)
                     if cand.name not in checked:  # on the first input set
                         checked.add(cand.name)
                         why = precision_not_exercised(cand, copies(args), values)
