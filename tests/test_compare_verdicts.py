@@ -122,8 +122,6 @@ def test_a_candidate_whose_run_fails_is_not_ok_and_the_others_are_still_compared
     whole comparison was lost with it, the ONNX candidate's records too. Here an ncnn model
     fails in a layer; it comes first and last (the last is captured while the one before
     it is measured)."""
-    from workbench.runtime import NcnnRunner
-
     torch.manual_seed(0)
     model, x = Small().eval(), torch.randn(1, 3, 8, 8)
     ws = wb.Workspace(tmp_path / "ws")
