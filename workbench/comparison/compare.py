@@ -83,9 +83,9 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         A CompareReport: its records (one per aligned tensor, candidate and mode, the worst
         over the input sets), alignments, verdicts and first divergence. A candidate whose
         run crashes, hangs or fails is not ok (``report.failed`` says why) and the others are
-        still compared. ``notes`` says
-        when an ncnn candidate asked for fp16 or bf16 ran in fp32 here (its outputs
-        bit-identical to an fp32 run), so its figures are not that precision's.
+        still compared. ``notes`` says when an ncnn candidate asked for fp16 or bf16 ran in
+        fp32 here (its outputs bit-identical to an fp32 run), so its figures are not that
+        precision's.
 
     Raises:
         InputError: an unknown mode, a bad ``min_explained`` or tolerance, no candidates, a
