@@ -17,6 +17,7 @@ from workbench.comparison.metrics import (
     within,
 )
 from workbench.errors import InputError
+from workbench.tolerances import failing_output
 
 TOL = Tolerance(atol=1e-4, rtol=1e-3)
 KEYS = {"max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "nan_ref", "inf_ref", "nan_cand",
@@ -550,6 +551,18 @@ def test_within_unchanged():
     assert within(errs, atol=0.0, rtol=9e-4, ref=ref) is False     # bound 0.018
     assert within(errs, atol=0.02, rtol=0.0) is True
     assert within({"max_abs": 0.0, "shape_mismatch": ["x"]}) is False
+
+
+def test_within_judges_each_output_against_its_own_range():
+    # a detector's boxes in the hundreds beside scores in [0, 1]: a score wrong by 0.1 is
+    # 10% of its range, not 0.02% of the boxes'
+    boxes, scores = np.array([600.0, 20.0]), np.array([0.9, 0.1])
+    errs = max_errors([boxes, scores], [boxes, scores + np.array([0.0, 0.1])])
+    assert [(i, round(e, 6)) for i, e, _ in errs["per_output"]] == [(0, 0.0), (1, 0.1)]
+    assert errs["max_abs"] == pytest.approx(0.1)  # 0.1 <= 1e-4 + 1e-3 * 600: passed before
+    assert within(errs, 1e-4, 1e-3, [boxes, scores]) is False
+    assert failing_output(errs, 1e-4, 1e-3) == (1, pytest.approx(0.1), 0.9)
+    assert within(errs, 1e-4, 0.2) is True and failing_output(errs, 1e-4, 0.2) is None
 
 
 # --- the batch-axis rule, one place (workbench.shapes) ---------------------------------------

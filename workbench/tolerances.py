@@ -55,7 +55,9 @@ def max_errors(ref: Sequence[Any], got: Sequence[Any], eps: float = EPS) -> dict
     """Max abs and max rel error over paired outputs; shape mismatches and NaNs are reported."""
     import numpy as np
 
-    out: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "shape_mismatch": [], "nonfinite": 0}
+    # per_output: (max abs error, max |ref|) of each output of matching shape, in order
+    out: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "shape_mismatch": [], "nonfinite": 0,
+                           "per_output": []}
     if len(ref) != len(got):
         out["shape_mismatch"].append(f"{len(ref)} reference outputs vs {len(got)} candidate")
     for i, (a, b) in enumerate(zip(ref, got, strict=False)):
@@ -71,16 +73,41 @@ def max_errors(ref: Sequence[Any], got: Sequence[Any], eps: float = EPS) -> dict
         diff = np.where(np.isnan(diff), np.inf, diff) if np.isnan(diff).any() else diff
         out["max_abs"] = max(out["max_abs"], float(diff.max()))
         out["max_rel"] = max(out["max_rel"], float((diff / (np.abs(a) + eps)).max()))
+        out["per_output"].append((i, float(diff.max()), float(np.abs(a).max())))
     return out
 
 
 def within(errors: dict[str, Any], atol: float = DEFAULT_ATOL, rtol: float = DEFAULT_RTOL,
            ref: Sequence[Any] | None = None) -> bool:
-    """True when there is no shape mismatch and max abs error <= atol + rtol * max |ref|."""
+    """True when there is no shape mismatch and every output's max abs error <= atol + rtol *
+    that output's max |ref| (``max_errors``' per_output; an output in the thousands must not
+    let a small one beside it be wrong by its whole range). Errors without per_output: the
+    max abs over all against the max |ref| over ``ref``."""
+    return not failing_output(errors, atol, rtol, ref) and not errors["shape_mismatch"]
+
+
+def failing_output(errors: dict[str, Any], atol: float, rtol: float,
+                   ref: Sequence[Any] | None = None) -> tuple[int, float, float] | None:
+    """(index, max abs error, max |ref|) of the first output past atol + rtol * its own max
+    |ref|, or None (see ``within``)."""
     import numpy as np
 
-    if errors["shape_mismatch"]:
-        return False
+    if "per_output" in errors:
+        return next(((i, err, scale) for i, err, scale in errors["per_output"]
+                     if not err <= atol + rtol * scale), None)
     scale = max((float(np.abs(np.asarray(r)).max()) for r in ref or () if np.size(r)),
                 default=0.0)
-    return errors["max_abs"] <= atol + rtol * scale
+    return None if errors["max_abs"] <= atol + rtol * scale else (0, errors["max_abs"], scale)
+
+
+def error_detail(errors: dict[str, Any], atol: float, rtol: float) -> str:
+    """What a failed check found, in words: the shapes that differ, or the first output past
+    its own tolerance (see ``within``)."""
+    if errors["shape_mismatch"]:
+        return f"output shapes {errors['shape_mismatch']}"
+    bad = failing_output(errors, atol, rtol)
+    if bad is None:
+        return f"max abs {errors['max_abs']:.3g}"
+    i, err, scale = bad
+    return (f"output {i}: max abs {err:.3g}, past {atol:g} + {rtol:g} * its max |torch| "
+            f"({scale:.3g}) = {atol + rtol * scale:.3g}")

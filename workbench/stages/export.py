@@ -23,7 +23,7 @@ from ..fileio import atomic_write_bytes
 from ..graph import summarize, summarize_onnx
 from ..inputs import as_tensor_tuple, copies, describe, run_torch
 from ..onnx_io import ensure_ort_readable, external_data_files
-from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, max_errors, within
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, error_detail, max_errors, within
 from .export_errors import export_error, warning_diagnostics
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
@@ -380,9 +380,9 @@ def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: lis
     if not within(errs, atol, rtol, reference):
         diags.append(Diagnostic(
             "error", "numeric-mismatch",
-            f"ONNX Runtime differs from torch on the example inputs: max abs "
-            f"{errs['max_abs']:.3g}, max rel {errs['max_rel']:.3g}"
-            + (f", shapes {errs['shape_mismatch']}" if errs["shape_mismatch"] else ""),
+            f"ONNX Runtime differs from torch on the example inputs: "
+            f"{error_detail(errs, atol, rtol)} (all outputs: max abs {errs['max_abs']:.3g}, "
+            f"max rel {errs['max_rel']:.3g})",
             "wb.compare(model, [artifact], inputs) finds the first op that diverges"))
     for name, spec in axes.items():
         if name in input_names and name in kept:
@@ -460,8 +460,7 @@ def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: 
             continue
         errs = max_errors(ref, got)
         if not within(errs, atol, rtol, ref):
-            detail = (f"output shapes {errs['shape_mismatch']}" if errs["shape_mismatch"]
-                      else f"max abs {errs['max_abs']:.3g}")
+            detail = error_detail(errs, atol, rtol)
             diags.append(Diagnostic(
                 "warning", "dynamic-axis-frozen",
                 f"{where}: at size {size} ONNX Runtime runs but differs from torch ({detail})",
@@ -485,8 +484,7 @@ def _check_second_inputs(model: Any, args2: tuple, runner: Any, atol: float, rto
     errs = max_errors(ref, got)
     if within(errs, atol, rtol, ref):
         return []
-    detail = (f"output shapes {errs['shape_mismatch']}" if errs["shape_mismatch"]
-              else f"max abs {errs['max_abs']:.3g}")
+    detail = error_detail(errs, atol, rtol)
     return [Diagnostic(
         "warning", "trace-diverges",
         f"on inputs2 the exported graph differs from torch ({detail}): the trace froze a branch "

@@ -27,7 +27,7 @@ from ..errors import ConversionError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, run_torch
 from ..params import parse_pnnx_param
 from ..progress import Progress, Steps
-from ..tolerances import check_tolerance, for_precision, max_errors, within
+from ..tolerances import check_tolerance, error_detail, for_precision, max_errors, within
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
@@ -442,23 +442,19 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             atol, rtol = for_precision(precision) if precision == "fp16" or tol is None \
                 else tol
             if not within(errs, atol, rtol, reference):
-                diags.append(_numeric_mismatch(precision, errs, atol, rtol, reference))
+                diags.append(_numeric_mismatch(precision, errs, atol, rtol))
     return metrics, diags
 
 
-def _numeric_mismatch(precision: str, errs: dict[str, Any], atol: float, rtol: float,
-                      reference: list) -> Diagnostic:
+def _numeric_mismatch(precision: str, errs: dict[str, Any], atol: float,
+                      rtol: float) -> Diagnostic:
     """ncnn's outputs have torch's shapes but other values: pnnx converted an op into
     something that computes otherwise (the comparison finds which)."""
-    import numpy as np
-
-    scale = max((float(np.abs(np.asarray(r, np.float64)).max()) for r in reference
-                 if np.size(r)), default=0.0)
     return Diagnostic(
         "error", "ncnn-numeric-mismatch",
-        f"ncnn ({precision}) differs from torch on the example inputs: max abs "
-        f"{errs['max_abs']:.3g}, max rel {errs['max_rel']:.3g}, past the tolerance "
-        f"{atol:g} + {rtol:g} * max |torch| ({scale:.3g}) = {atol + rtol * scale:.3g}",
+        f"ncnn ({precision}) differs from torch on the example inputs: "
+        f"{error_detail(errs, atol, rtol)} (all outputs: max abs {errs['max_abs']:.3g}, "
+        f"max rel {errs['max_rel']:.3g})",
         "the shapes agree but the values do not: a layer computes otherwise than torch (pnnx's "
         "own converted model does the same). wb.compare(model, [artifact], inputs) names the "
         "first layer that diverges; pass atol=/rtol= to to_ncnn if the error is expected")
