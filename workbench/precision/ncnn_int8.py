@@ -54,6 +54,8 @@ from ..errors import InputError, ModelFileError
 from .ncnn_table import (
     QUANTIZABLE,
     Int8Table,
+    _int,
+    absmax_scales,
     calibration_table,
     model_weights,
     quantizable_or_refuse,
@@ -219,12 +221,6 @@ def _requantize(param: Any, int8: set[str]) -> dict[str, str]:
     return out
 
 
-def _flag(la: Any, key: int) -> int:
-    from .ncnn_table import _int
-
-    return _int(la, key)
-
-
 def _quantize(rows: Any, scales: Any) -> bytes:
     """int8 bytes of ``rows`` scaled per row: ncnn's float2int8 (round half away from zero,
     clamp to +-127), the product taken in float32 as ncnn does."""
@@ -256,7 +252,6 @@ def _gemm_int8(la: Any, blob: Any, data: bytes) -> tuple[bytes, bytes]:
     import numpy as np
 
     from ..ncnn_bin import INT8_TAG
-    from .ncnn_table import _int
 
     if blob.storage != "float32":
         raise InputError(f"layer {la.name} (Gemm) stores its {blob.role} as {blob.storage}, "
@@ -266,16 +261,12 @@ def _gemm_int8(la: Any, blob: Any, data: bytes) -> tuple[bytes, bytes]:
     v = np.frombuffer(data, np.float32, blob.count, blob.offset)
     if blob.role == "A":
         rows = v.reshape(k, m).T if _int(la, 2) else v.reshape(m, k)
-        absmax = np.abs(rows).max(axis=1)
-        scales = np.where(absmax == 0, np.float32(1), np.float32(127) / np.where(
-            absmax == 0, np.float32(1), absmax)).astype(np.float32)
+        scales = raw = absmax_scales(rows)
     else:
         rows = v.reshape(n, k) if _int(la, 3) else v.reshape(k, n).T
-        absmax = np.float32(np.abs(rows).max()) if rows.size else np.float32(0)
-        one = np.float32(1) if absmax == 0 else np.float32(127) / absmax
-        scales = np.full(n, one, dtype=np.float32)
+        raw = absmax_scales(rows, per_row=False)
+        scales = np.full(n, raw[0], dtype=np.float32)
     q = _quantize(np.ascontiguousarray(rows), scales)
-    raw = scales if blob.role == "A" else scales[:1]
     return INT8_TAG.to_bytes(4, "little") + _pad4(q), raw.astype("<f4").tobytes()
 
 
@@ -357,7 +348,7 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
         by_layer.setdefault(blob.layer, []).append(blob)
     for la in quant:
         if la.type == "Gemm" and layout.unknown and la.name not in by_layer and (
-                _flag(la, 4) or _flag(la, 5)):
+                _int(la, 4) or _int(la, 5)):
             raise InputError(f"the weights of {la.name} (Gemm) cannot be placed after a "
                              f"{layout.unknown[0]} layer, whose weights this module cannot "
                              f"size, in {src_bin.name}",
@@ -413,8 +404,8 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
             edits[la.line] = {18: 2}
             continue
         if la.type == "Gemm":  # 18=quantize_term; A stored row-major, B transposed
-            edits[la.line] = {18: 2, **({2: 0} if _flag(la, 4) else {}),
-                              **({3: 1} if _flag(la, 5) else {})}
+            edits[la.line] = {18: 2, **({2: 0} if _int(la, 4) else {}),
+                              **({3: 1} if _int(la, 5) else {})}
             continue
         term = 1 if la.type == "ConvolutionDepthWise" else 2
         edits[la.line] = {8: term + (100 if la.name in fused else 0)}

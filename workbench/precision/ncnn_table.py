@@ -228,6 +228,20 @@ def weight_scales(layer: Any, weights: Any, method: str) -> Any:
     return scales.astype(np.float32)
 
 
+def absmax_scales(rows: Any, per_row: bool = True) -> Any:
+    """``127 / absmax`` in float32 of each row of ``rows`` (or, ``per_row=False``, one for
+    all of them), 1.0 where the absmax is 0: how ncnn2int8 scales a Gemm's constant A (per
+    row) and B (one) and ncnn2table a MultiHeadAttention's q, k, v (per row) and out (one)
+    weights, in float32 arithmetic as they do."""
+    import numpy as np
+
+    a = np.abs(np.asarray(rows, dtype=np.float32))
+    absmax = a.max(axis=1) if per_row else np.array([a.max() if a.size else 0], np.float32)
+    one = np.float32(1)
+    return np.where(absmax == 0, one, np.float32(127) / np.where(absmax == 0, one, absmax)
+                    ).astype(np.float32)
+
+
 def histogram(values: Any, absmax: float) -> Any:
     """ncnn2table's 2048-bin histogram of |values| on [0, absmax]; exact zeros skipped."""
     import numpy as np
@@ -573,7 +587,6 @@ def mha_weights(param: Any, bin_path: Path, layer: Any) -> dict[str, Any]:
 def mha_scales(param: Any, bin_path: Path) -> dict[str, list[Any]]:
     """{MultiHeadAttention: [q, k, v, out] weight scales} as ncnn2table computes them:
     127 / absmax of each of embed_dim rows of the q, k and v weights, one for all of out."""
-    import numpy as np
 
     out = {}
     for la in quantizable(param.layers):
@@ -581,12 +594,7 @@ def mha_scales(param: Any, bin_path: Path) -> dict[str, list[Any]]:
             continue
         w = mha_weights(param, bin_path, la)
         e = _int(la, 0)
-        scales = []
-        for role in ("q_weight", "k_weight", "v_weight"):
-            absmax = np.abs(w[role].reshape(e, -1)).max(axis=1)
-            scales.append(np.where(absmax == 0, np.float32(1), np.float32(127) / np.where(
-                absmax == 0, np.float32(1), absmax)).astype(np.float32))
-        o = np.float32(np.abs(w["out_weight"]).max())
-        scales.append(np.array([1.0 if o == 0 else np.float32(127) / o], dtype=np.float32))
-        out[la.name] = scales
+        out[la.name] = [absmax_scales(w[role].reshape(e, -1))
+                        for role in ("q_weight", "k_weight", "v_weight")] + [
+            absmax_scales(w["out_weight"].reshape(1, -1), per_row=False)]
     return out
