@@ -286,14 +286,9 @@ def test_a_bad_tolerance_is_refused_before_pnnx_runs(converted, tmp_path, kw):
     assert not (tmp_path / "ws").exists() or not list((tmp_path / "ws").rglob("*.param"))
 
 
-class _LoudAndQuiet(nn.Module):
+class _LoudAndQuiet(_CountsCalls):
     """Two outputs three orders of magnitude apart; the quiet one's traced factor (the first
     call's) differs from torch's next call, the loud one is right."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.calls = 0
 
     def forward(self, x):
         self.calls += 1
