@@ -449,7 +449,7 @@ def describe(rep: Any, rec: Any) -> dict[str, Any] | None:
         al.relation(rec.name) if al is not None and hasattr(al, "relation") else "equal")
     return {"reference": rec.reference, "tensor": rec.name, "op_type": rec.op_type,
             "mode": rec.mode, "max_abs": m.max_abs, "tolerance": m.tolerance,
-            "frac_over_tol": m.frac_over_tol, "covers": list(covers_of(rep, rec)),
+            "frac_over_tol": m.frac_over_tol, "min_tol": m.min_tol, "covers": list(covers_of(rep, rec)),
             "relation": relation}
 
 
@@ -556,8 +556,11 @@ def _first(e: BaseException) -> str:
 def capture(kind: str, path: Path, x: tuple) -> dict[str, Any]:
     from workbench.runtime import NcnnRunner, OrtRunner
 
-    runner = NcnnRunner(path, isolated=False, num_threads=1) if kind == "ncnn" else OrtRunner(
-        path, isolated=False, num_threads=1)
+    # in the worker, not in-process: ncnn's SDPA corrupted this process's heap on a
+    # transformers Llama ("malloc_consolidate(): invalid chunk size") and took the whole run
+    # with it; in the worker that is a BackendCrashed, and the trial says so
+    runner = NcnnRunner(path, num_threads=1) if kind == "ncnn" else OrtRunner(
+        path, num_threads=1)
     return runner.run(x, capture="all")
 
 
@@ -753,8 +756,13 @@ def fmt_named(n: dict[str, Any] | None) -> str:
         return "nothing"
     cov = f", covers {n['covers']}" if n.get("covers") else ""
     rel = f", {n['relation']}" if n.get("relation") not in (None, "equal") else ""
+    # tolerance is the whole-tensor bound (atol + rtol * max |ref|); an element fails on
+    # its own atol + rtol * |ref|: "needs atol" is the atol that would pass them all
+    over = (f"{100 * n['frac_over_tol']:.2g}% of elements over tol, needs atol "
+            f"{n['min_tol']:.3g}" if n.get("min_tol") is not None else
+            f"bound {n['tolerance']:.3g}")
     return (f"{n['reference']} ({n['op_type']} {n['tensor']}, {n['mode']} max abs "
-            f"{n['max_abs']:.3g} > tol {n['tolerance']:.3g}{cov}{rel})")
+            f"{n['max_abs']:.3g}, {over}{cov}{rel})")
 
 
 def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str) -> None:

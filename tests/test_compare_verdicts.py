@@ -464,6 +464,90 @@ def test_convnext_layer_scale_folded_into_a_linear_is_aligned_with_its_relation(
                 rec.relation
 
 
+def _hf(name):
+    """transformers architectures with small configs, seeded, that onnxslim folds a
+    constant multiply into a Linear for: BEiT's layer scale (``lambda_1 * x``, applied by
+    the layer two levels above o_proj) and Segformer's SDPA scale (into q_proj's weights)."""
+    import transformers as T
+
+    from workbench.zoo import _wrap
+
+    torch.manual_seed(0)
+    if name == "beit":
+        model = T.BeitModel(T.BeitConfig(
+            image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+            num_attention_heads=4, intermediate_size=128, initializer_range=0.2),
+            add_pooling_layer=False)
+        return _wrap(model, "last_hidden_state"), (torch.rand(1, 3, 32, 32),)
+    model = T.SegformerModel(T.SegformerConfig(
+        num_encoder_blocks=1, depths=[1], sr_ratios=[2], hidden_sizes=[16],
+        num_attention_heads=[1], patch_sizes=[7], strides=[4], mlp_ratios=[2],
+        initializer_range=0.2))
+    return _wrap(model, "last_hidden_state"), (torch.rand(1, 3, 64, 64),)
+
+
+def test_a_layer_scale_two_levels_above_the_linear_is_no_divergence(tmp_path):
+    """BEiT, simplified: o_proj's Gemm holds lambda_1 * o_proj (o_proj, then the layer's
+    dropout, then the multiply in the layer). It was aligned to o_proj as "equal" and
+    reported a 4.4 divergence on a clean model."""
+    model, x = _hf("beit")
+    sim = wb.simplify(wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws")))
+    rep = wb.compare(model, [sim], x, mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    rec = next(r for r in rep.records if r.mode == "accumulated"
+               and r.name == "/model/layers.0/attention/o_proj/Add_output_0")
+    assert rec.reference == "model.layers.0/Tensor.mul_0"
+    assert rec.relation.startswith("equal up to folding")
+    assert "model.layers.0.attention.o_proj" in rec.covers
+
+
+@pytest.fixture(scope="module")
+def segformer(tmp_path_factory):
+    model, x = _hf("segformer")
+    ws = wb.Workspace(tmp_path_factory.mktemp("segformer") / "ws")
+    return model, x, wb.simplify(wb.export(model, x, workspace=ws))
+
+
+Q_GEMM = "/model/stages.0/blocks.0/attention/q_proj/MatMul_output_0_gemm_out"
+
+
+def test_an_attention_scale_folded_into_q_proj_is_measured_scaled(segformer):
+    """Segformer, simplified: onnxslim folds SDPA's scale (0.5 on q and on k, for 16-wide
+    heads) into q_proj's weights; torch has no tensor of the product. It was measured
+    against q_proj unscaled: max abs 1.08 on a clean model, a false first divergence."""
+    model, x, sim = segformer
+    rep = wb.compare(model, [sim], x, mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    (cand,) = rep.candidates
+    al = rep.alignments[cand.name]
+    assert al.pairs[Q_GEMM] == "model.stages.0.blocks.0.attention.q_proj"
+    assert al.scales[Q_GEMM] == 0.5
+    assert "scale folded in: x0.5" in al.relation(Q_GEMM)
+    for mode in ("accumulated", "isolated"):
+        rec = next(r for r in rep.records if r.mode == mode and r.name == Q_GEMM)
+        assert rec.metrics.passed and rec.metrics.max_abs < 1e-5, (mode, rec.metrics)
+    # what tensors() hands out is what was measured: the reference times the scale
+    ref, got = rep.tensors(Q_GEMM)
+    q = TorchRunner(model).run(x, capture="all")["model.stages.0.blocks.0.attention.q_proj"]
+    np.testing.assert_allclose(ref, 0.5 * q, rtol=1e-6)
+    assert np.abs(np.asarray(got).reshape(np.shape(ref)) - ref).max() < 1e-5
+
+
+def test_a_fault_in_q_proj_under_a_folded_scale_is_named_there(segformer, tmp_path):
+    """The scale relation must not hide a damaged q_proj: a perturbed weight is no multiple
+    of the reference, so the Gemm stays pinned to q_proj and fails there."""
+    model, x, sim = segformer
+    weight = next(n.input[1] for n in onnx.load(str(sim.path)).graph.node
+                  if n.output[0] == Q_GEMM)
+    bad = _perturb(sim.path, tmp_path / "bad.onnx", weight)
+    rep = wb.compare(model, [bad], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.name == Q_GEMM, rep.summary()
+    assert first.reference == "model.stages.0.blocks.0.attention.q_proj"
+    assert first.relation == "equal"
+    assert Q_GEMM not in rep.alignments[first.candidate].scales
+
+
 # -- a Fourier transform's rounding spreads over every bin -------------------------------------
 class Spectrum(nn.Module):
     """PNNX corpus test_torch_stft's third output: a 512-point STFT of 1000 samples."""

@@ -60,6 +60,9 @@ class Alignment:
     # candidate name -> axes: the candidate holds np.transpose(reference tensor, axes) (ncnn
     # keeps a batch-2 blob in a layout torch never held)
     layouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # candidate name -> c: the candidate holds c * the reference tensor (a constant scale a
+    # simplifier folded into the module's weights: SDPA's 1/sqrt(d) into a q projection)
+    scales: dict[str, float] = field(default_factory=dict)
     considered: int = 0  # float tensors that could have aligned (attributed ones not counted)
 
     @property
@@ -74,6 +77,20 @@ class Alignment:
 
     def relation(self, name: str) -> str:
         return self.relations.get(name, "equal")
+
+    def as_candidate(self, name: str, ref: Any) -> Any:
+        """The reference array ``ref`` aligned with candidate tensor ``name`` as the
+        candidate holds it: in its layout (``layouts``), times its folded scale
+        (``scales``). What is measured, plotted and fed to an isolated run."""
+        import numpy as np
+
+        axes = self.layouts.get(name)
+        if axes is not None:
+            ref = np.transpose(ref, axes)
+        scale = self.scales.get(name)
+        if scale is not None:
+            ref = np.multiply(ref, np.asarray(scale, dtype=np.asarray(ref).dtype))
+        return ref
 
 
 def weight_hint(weights_of: tuple[str, ...], calls: dict[str, list[int]],
@@ -378,6 +395,15 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 if other and other[0][0] <= ACCEPT:
                     j, structural = other[0][1], None
         out.pairs[t.name] = ref_names[j]
+        if structural is not None and j == structural and best > TIGHT \
+                and t.output_index is None:
+            got = (cand_samples or {}).get(t.name) or _sample(arr)
+            scale = _folded_scale(ref_sample(j), got)
+            if scale is not None:
+                out.scales[t.name] = scale
+                out.relations[t.name] = (f"equal up to a scale folded in: x{scale:.6g} "
+                                         "(a constant multiply folded into the weights, as "
+                                         "an attention's 1/sqrt(d))")
         if structural is not None:
             taken.update(range(structural, j + 1))
             if j > structural:
@@ -557,6 +583,27 @@ def _tuple_of(name: str, modules: set[str]) -> str:
     return base if k.isdigit() and base in modules and name not in modules else ""
 
 
+def _folded_scale(ref: Sample, cand: Sample) -> float | None:
+    """c when the candidate's sample is c * the reference's (to TIGHT of its range) for a
+    constant c other than 1, else None. A simplifier folds a constant multiply that follows
+    a module into its weights (onnxslim: SDPA's scale into the q projection); torch has no
+    tensor of the product. A damaged weight is no multiple of the reference: it stays a
+    divergence at the module."""
+    import numpy as np
+
+    a, b = ref.values, cand.values
+    if not (ref.finite and cand.finite) or not a.size:
+        return None
+    aa = float(a @ a)
+    if not aa > 0:
+        return None
+    c = float(np.float32(float(a @ b) / aa))  # the folded constant is a float32
+    if not np.isfinite(c) or c == 0 or abs(c - 1) <= TIGHT:
+        return None
+    resid = float(np.abs(b - c * a).max()) / (float(np.abs(b).max()) + 1e-6)
+    return c if resid <= TIGHT else None
+
+
 def _attribute(out: Alignment, t: CandidateTensor, module: str) -> None:
     """A step inside ``module``: listed there, not counted as unaligned."""
     out.considered -= 1
@@ -587,13 +634,18 @@ def _hinted(hint: str, key: Any, low: int, ref_names: list[str],
         # ahead of the order so far, or (a branch the simplified graph ran second) behind
         own = mine(range(low, len(ref_names))) or mine(range(low))[-1:]
         return own[:1] if len(own) == 1 else own
-    parent = hint.rsplit(".", 1)[0] if "." in hint else ""
+    # its parent and every module above it: BEiT scales o_proj's output by lambda_1 in the
+    # layer two levels up (o_proj, the layer's dropout, then `lambda_1 * x`), a multiply a
+    # simplifier folds into o_proj's weights
+    parts = hint.split(".")
+    above = {".".join(parts[:k]) for k in range(len(parts))}
     follow = []
     for j in range(h + 1, min(len(ref_names), h + 3)):
         name = ref_names[j]
         if ref_keys[j] == key and not name.startswith("output_") and (
-                (call_module(name) in modules and name.startswith(parent))
-                or ref_module[j] == parent):
+                (call_module(name) in modules and any(
+                    a == "" or name.startswith(a + ".") for a in above))
+                or ref_module[j] in above):
             follow.append(j)
         else:
             break

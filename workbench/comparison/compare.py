@@ -283,9 +283,8 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
     order = {t.name: t for t in tensors}
     jobs = [(order[c], r, tol_of(order[c])) for c, r in al.pairs.items() if c in vals]
 
-    def reference(t: CandidateTensor, rname: str) -> Any:  # in the candidate's layout
-        axes = al.layouts.get(t.name)
-        return ref_values[rname] if axes is None else np.transpose(ref_values[rname], axes)
+    def reference(t: CandidateTensor, rname: str) -> Any:  # as the candidate holds it
+        return al.as_candidate(t.name, ref_values[rname])
 
     def measure(job: tuple) -> TensorMetrics | str:
         t, rname, (tol, spread) = job

@@ -42,12 +42,8 @@ def fit_reference(ref: Any, like_shape: tuple[int, ...]) -> Any:
 def reference_of(al: Alignment, name: str, ref_values: dict[str, Any],
                  shape: tuple[int, ...]) -> Any:
     """The reference value aligned with candidate tensor ``name``, in its layout
-    (``al.layouts``) and shape (``fit_reference``)."""
-    import numpy as np
-
-    ref = ref_values[al.pairs[name]]
-    axes = al.layouts.get(name)
-    return fit_reference(ref if axes is None else np.transpose(ref, axes), shape)
+    (``al.layouts``), scale (``al.scales``) and shape (``fit_reference``)."""
+    return fit_reference(al.as_candidate(name, ref_values[al.pairs[name]]), shape)
 
 
 _ISOLATED: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()  # key -> (temp dir, runner)

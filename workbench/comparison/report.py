@@ -339,11 +339,8 @@ class CompareReport:
             raise InputError(f"{name!r} is not an aligned tensor of {cand.name}",
                              f"aligned names: {list(pairs)[:8]}...")
         ref = self.reference.run(self.inputs, capture="all")[pairs[name]]
-        axes = self.alignments[cand.name].layouts.get(name)
-        if axes is not None:  # in the candidate's layout, as it was measured
-            import numpy as np
-
-            ref = np.transpose(ref, axes)
+        # in the candidate's layout and scale, as it was measured
+        ref = self.alignments[cand.name].as_candidate(name, ref)
         return ref, cand.runner.run(self.inputs, capture="all")[name]
 
     def _candidate(self, name: str | None) -> Candidate:
