@@ -1,0 +1,135 @@
+"""transformers architectures beyond the zoo, for ``bench/faults.py --models hf``: small
+configs, seeded, nothing downloaded. An opt-in set, not in the default run: it is where new
+wrong verdicts are looked for, and what it finds is listed in the run's misses.
+
+Each factory returns ``(model in eval mode, example inputs)`` like ``workbench.zoo``'s
+(``zoo._wrap`` returns one output field). Attention models use weights of std 0.2
+(``zoo.ATTENTION_INIT``): at transformers' 0.02 and these widths softmax is uniform.
+BatchNorm layers get seeded statistics (``zoo._calibrate_batchnorm``). torch and transformers
+are imported inside the factories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+INIT = 0.2  # workbench.zoo.ATTENTION_INIT
+
+
+def _tokens(n: int = 12, vocab: int = 100) -> tuple[Any, ...]:
+    import torch
+
+    return (torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(1)),)
+
+
+def _image(size: int = 64) -> tuple[Any, ...]:
+    import torch
+
+    return (torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1)),)
+
+
+def _bn(model: Any, x: tuple) -> tuple[Any, tuple]:
+    import torch
+
+    from workbench.zoo import _calibrate_batchnorm
+
+    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        _calibrate_batchnorm(model, 4, *x[0].shape[1:])
+    return model.eval(), x
+
+
+def _build(name: str) -> tuple[Any, tuple]:
+    import torch
+    import transformers as T  # noqa: N812
+
+    from workbench.zoo import _wrap
+
+    torch.manual_seed(0)
+    last, pooled = "last_hidden_state", "pooler_output"
+    text = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=128, vocab_size=100, max_position_embeddings=32,
+                initializer_range=INIT)
+    vision = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, initializer_range=INIT)
+    decoder = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                   max_position_embeddings=64, initializer_range=INIT, use_cache=False)
+    if name == "llama":
+        return _wrap(T.LlamaModel(T.LlamaConfig(**decoder)), last), _tokens()
+    if name == "qwen2":
+        return _wrap(T.Qwen2Model(T.Qwen2Config(**decoder)), last), _tokens()
+    if name == "t5_encoder":
+        return _wrap(T.T5EncoderModel(T.T5Config(
+            d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=100)),
+            last), _tokens()
+    if name == "whisper_encoder":
+        model = T.WhisperModel(T.WhisperConfig(
+            d_model=64, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=128,
+            decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=128,
+            num_mel_bins=16, max_source_positions=32, init_std=INIT)).get_encoder()
+        return _wrap(model, last), (torch.randn(1, 16, 64,
+                                                generator=torch.Generator().manual_seed(1)),)
+    if name == "albert":
+        return _wrap(T.AlbertModel(T.AlbertConfig(embedding_size=32, **text),
+                                   add_pooling_layer=False), last), _tokens()
+    if name == "squeezebert":
+        groups = dict(q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2,
+                      intermediate_groups=2, output_groups=2)
+        return _wrap(T.SqueezeBertModel(T.SqueezeBertConfig(embedding_size=64, **text,
+                                                            **groups)), last), _tokens()
+    if name == "efficientnet":
+        return _bn(_wrap(T.EfficientNetModel(T.EfficientNetConfig(
+            image_size=64, width_coefficient=0.25, depth_coefficient=0.2, hidden_dim=320)),
+            pooled), _image())
+    if name == "levit":
+        return _bn(_wrap(T.LevitModel(T.LevitConfig(
+            image_size=64, hidden_sizes=[32, 48, 64], num_attention_heads=[1, 2, 2],
+            depths=[1, 1, 1], key_dim=[8, 8, 8])), pooled), _image())
+    if name == "beit":
+        return _wrap(T.BeitModel(T.BeitConfig(intermediate_size=128,
+                                              use_relative_position_bias=True, **vision),
+                                 add_pooling_layer=False), last), _image(32)
+    if name == "dinov2":
+        return _wrap(T.Dinov2Model(T.Dinov2Config(mlp_ratio=2, **vision)), last), _image(32)
+    if name == "clip_vision":
+        return _wrap(T.CLIPVisionModel(T.CLIPVisionConfig(intermediate_size=128, **vision)),
+                     last), _image(32)
+    if name == "focalnet":
+        return _wrap(T.FocalNetModel(T.FocalNetConfig(
+            image_size=64, embed_dim=16, depths=[1, 1], hidden_sizes=[16, 32],
+            initializer_range=INIT)), pooled), _image()
+    if name == "segformer":
+        return _wrap(T.SegformerModel(T.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+            num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2],
+            mlp_ratios=[2, 2], initializer_range=INIT)), last), _image()
+    if name == "regnet":
+        return _bn(_wrap(T.RegNetModel(T.RegNetConfig(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], groups_width=8)),
+            pooled), _image())
+    if name == "wav2vec2":
+        model = T.Wav2Vec2Model(T.Wav2Vec2Config(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+            initializer_range=INIT, do_stable_layer_norm=True, feat_extract_norm="layer"))
+        return _wrap(model, last), (torch.randn(1, 1600,
+                                                generator=torch.Generator().manual_seed(1)),)
+    if name == "poolformer":
+        return _wrap(T.PoolFormerModel(T.PoolFormerConfig(
+            hidden_sizes=[16, 32], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3],
+            strides=[4, 2], padding=[2, 1], initializer_range=INIT)), last), _image()
+    if name == "mobilevit":
+        return _bn(_wrap(T.MobileViTModel(T.MobileViTConfig(
+            image_size=64, hidden_sizes=[32, 48, 64],
+            neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2)), pooled),
+            _image())
+    raise KeyError(name)
+
+
+NAMES = ("llama", "qwen2", "t5_encoder", "whisper_encoder", "albert", "squeezebert",
+         "efficientnet", "levit", "beit", "dinov2", "clip_vision", "focalnet", "segformer",
+         "regnet", "wav2vec2", "poolformer", "mobilevit")
+MODELS: dict[str, Callable[[], tuple[Any, tuple]]] = {
+    f"hf_{n}": (lambda n=n: _build(n)) for n in NAMES}
