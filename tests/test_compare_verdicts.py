@@ -473,6 +473,11 @@ def _hf(name):
     from workbench.zoo import _wrap
 
     torch.manual_seed(0)
+    if name == "dinov2":
+        model = T.Dinov2Model(T.Dinov2Config(
+            image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
+            num_attention_heads=4, mlp_ratio=2, initializer_range=0.2))
+        return _wrap(model, "last_hidden_state"), (torch.rand(1, 3, 32, 32),)
     if name == "beit":
         model = T.BeitModel(T.BeitConfig(
             image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
@@ -499,6 +504,29 @@ def test_a_layer_scale_two_levels_above_the_linear_is_no_divergence(tmp_path):
     assert rec.reference == "model.layers.0/Tensor.mul_0"
     assert rec.relation.startswith("equal up to folding")
     assert "model.layers.0.attention.o_proj" in rec.covers
+
+
+def test_a_linear_named_for_the_layer_scale_folded_into_it_covers_the_linear(tmp_path):
+    """DINOv2, simplified: fc2's MatMul, with layer_scale2 folded into its weights, carries
+    layer_scale2's name; fc2 has no tensor of its own. A damaged fc2 was named at
+    layer_scale2 (a later module); the MatMul now covers fc2."""
+    model, x = _hf("dinov2")
+    sim = wb.simplify(wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws")))
+    layer = "model.encoder.layer.0"
+    node = next(n for n in onnx.load(str(sim.path)).graph.node
+                if n.op_type == "MatMul" and n.output[0].startswith("/model/encoder/layer.0/"
+                                                                    "layer_scale2/"))
+    rep = wb.compare(model, [sim], x, mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    rec = next(r for r in rep.records if r.name == node.output[0])
+    assert rec.covers == (f"{layer}.mlp.fc2", f"{layer}.layer_scale2")
+    assert rec.relation == (f"equal up to folding: {layer}.layer_scale2 folded into "
+                            f"{layer}.mlp.fc2")
+    bad = _perturb(sim.path, tmp_path / "bad.onnx", node.input[1])
+    rep = wb.compare(model, [bad], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.name == node.output[0], rep.summary()
+    assert f"{layer}.mlp.fc2" in first.covers
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ STATES = 20
 TIGHT = 1e-3  # "equal" for a step inside a module: no bias or scale left out (those are >1%)
 SAMPLE = 4096
 CONSTANT_OPS = {"Constant", "ConstantOfShape", "MemoryData"}  # not counted as activations
+# ONNX ops a simplifier folds the weights of a module and of a scale after it into
+WEIGHTED_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
 
 @dataclass
@@ -404,6 +406,18 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 out.relations[t.name] = (f"equal up to a scale folded in: x{scale:.6g} "
                                          "(a constant multiply folded into the weights, as "
                                          "an attention's 1/sqrt(d))")
+        if structural is not None and j == structural and structural > 0 \
+                and t.op_type in WEIGHTED_OPS and not t.weights_of:
+            # named for a module that follows a weighted one whose own output has no tensor
+            # here: DINOv2's fc2 MatMul, its layer scale folded in, carries layer_scale2's
+            # name. It covers fc2 too, so that a damaged fc2 is named there.
+            prev = structural - 1
+            if ref_keys[prev] == key and call_module(ref_names[prev]) in modules \
+                    and prev not in taken and ref_names[prev] not in out.pairs.values():
+                out.covers[t.name] = (ref_names[prev], ref_names[structural])
+                out.relations.setdefault(t.name, (
+                    f"equal up to folding: {ref_names[structural]} folded into "
+                    f"{ref_names[prev]}"))
         if structural is not None:
             taken.update(range(structural, j + 1))
             if j > structural:
