@@ -75,6 +75,10 @@ NOISE, FRACTION = 0.10, 0.25
 LOCALISATION, ALIGNED = 0.98, 0.95
 # unaligned reasons of tensors align does not count (parameters, index glue)
 UNBUILT = "candidate could not be built"
+# the candidate's clean run crashed or failed (wb.compare says so: report.failed): a true
+# verdict, not a false alarm; its trials are not counted, as an unbuilt candidate's
+RUN_FAILED = "candidate's run failed"
+NOT_RUN = (UNBUILT, RUN_FAILED)
 NOT_COUNTED = re.compile(r"^a constant|shape or index glue|^not captured")
 
 
@@ -612,6 +616,14 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
         clean_rep = None
         try:
             clean_rep = wb.compare(model, [path], x, mode=mode, progress=False)
+            if getattr(clean_rep, "failed", None):
+                clean.ok = False
+                clean.error = f"{RUN_FAILED}: " + next(iter(clean_rep.failed.values())
+                                                       ).splitlines()[0][:300]
+                cleans.append(clean)
+                trials += [Trial(name, kind, d, cause=RUN_FAILED) for d in picks]
+                bar.update(1 + len(picks))
+                continue
             div = clean_rep.first_divergence
             clean.ok = bool(clean_rep.ok)
             clean.false_alarm = div is not None or not clean.ok
@@ -784,12 +796,13 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
               "offsets verified")]
     rows: list[tuple[str, float | None, str, bool]] = []
     for kind in kinds:
-        unbuilt = [t for t in trials if t.kind == kind and t.cause == UNBUILT]
-        ts = [t for t in trials if t.kind == kind and t.cause != UNBUILT]
+        unbuilt = [t for t in trials if t.kind == kind and t.cause in NOT_RUN]
+        ts = [t for t in trials if t.kind == kind and t.cause not in NOT_RUN]
         scored = [t for t in ts if not t.error]
         hits = sum(t.hit for t in ts)
         acc = sum(t.hit_accumulated for t in scored)
-        cs = [c for c in cleans if c.kind == kind and c.error != "no candidate"]
+        cs = [c for c in cleans if c.kind == kind and c.error != "no candidate"
+              and not c.error.startswith(RUN_FAILED)]
         alarms = sum(c.false_alarm for c in cs)
         fr = [c.figures["aligned_fraction"] for c in cs if c.figures]
         unexpl = sum(c.figures.get("unexplained", 0) for c in cs if c.figures)
@@ -815,7 +828,7 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
           "perturbed module or covers it)")
     print_table(table)
 
-    misses = [t for t in trials if not t.hit and t.cause != UNBUILT]
+    misses = [t for t in trials if not t.hit and t.cause not in NOT_RUN]
     print(f"\nmisses ({len(misses)}):")
     for t in misses:
         sub = f" (for {t.substitute_for}, not found)" if t.substitute_for else ""
@@ -840,6 +853,12 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         print("\nmisses by cause:")
         for c, n in causes.most_common():
             print(f"  {n:3d}  {c}")
+    failed = [c for c in cleans if c.error.startswith(RUN_FAILED)]
+    if failed:
+        print(f"\nclean candidates whose run failed ({len(failed)}; wb.compare reports them "
+              "not ok, rightly: not false alarms; their trials not counted):")
+        for c in failed:
+            print(f"  {c.model} / {c.kind}: {c.error}")
     unbuilt = Counter(f"{t.model} / {t.kind}" for t in trials if t.cause == UNBUILT)
     if unbuilt:
         print(f"\nnot run, the candidate could not be built (see the notes above; not counted "
