@@ -76,7 +76,8 @@ LOCALISATION, ALIGNED = 0.98, 0.95
 # unaligned reasons of tensors align does not count (parameters, index glue)
 UNBUILT = "candidate could not be built"
 # the candidate's clean run crashed or failed (wb.compare says so: report.failed): a true
-# verdict, not a false alarm; its trials are not counted, as an unbuilt candidate's
+# verdict, not a false alarm (Clean.failed); its trials are not counted, as an unbuilt
+# candidate's
 RUN_FAILED = "candidate's run failed"
 NOT_RUN = (UNBUILT, RUN_FAILED)
 NOT_COUNTED = re.compile(r"^a constant|shape or index glue|^not captured")
@@ -466,7 +467,8 @@ def describe(rep: Any, rec: Any) -> dict[str, Any] | None:
         al.relation(rec.name) if al is not None and hasattr(al, "relation") else "equal")
     return {"reference": rec.reference, "tensor": rec.name, "op_type": rec.op_type,
             "mode": rec.mode, "max_abs": m.max_abs, "tolerance": m.tolerance,
-            "frac_over_tol": m.frac_over_tol, "min_tol": m.min_tol, "covers": list(covers_of(rep, rec)),
+            "frac_over_tol": m.frac_over_tol, "min_tol": m.min_tol,
+            "covers": list(covers_of(rep, rec)),
             "relation": relation}
 
 
@@ -528,6 +530,7 @@ class Clean:
     named: dict[str, Any] | None = None
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    failed: str = ""  # why its run failed (report.failed): not a false alarm, not counted
 
 
 def build_candidates(name: str, model: Any, x: tuple, ws: Any, kinds: list[str],
@@ -618,8 +621,7 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
             clean_rep = wb.compare(model, [path], x, mode=mode, progress=False)
             if getattr(clean_rep, "failed", None):
                 clean.ok = False
-                clean.error = f"{RUN_FAILED}: " + next(iter(clean_rep.failed.values())
-                                                       ).splitlines()[0][:300]
+                clean.failed = next(iter(clean_rep.failed.values())).splitlines()[0][:300]
                 cleans.append(clean)
                 trials += [Trial(name, kind, d, cause=RUN_FAILED) for d in picks]
                 bar.update(1 + len(picks))
@@ -783,11 +785,9 @@ def fmt_named(n: dict[str, Any] | None) -> str:
     rel = f", {n['relation']}" if n.get("relation") not in (None, "equal") else ""
     # tolerance is the whole-tensor bound (atol + rtol * max |ref|); an element fails on
     # its own atol + rtol * |ref|: "needs atol" is the atol that would pass them all
-    over = (f"{100 * n['frac_over_tol']:.2g}% of elements over tol, needs atol "
-            f"{n['min_tol']:.3g}" if n.get("min_tol") is not None else
-            f"bound {n['tolerance']:.3g}")
     return (f"{n['reference']} ({n['op_type']} {n['tensor']}, {n['mode']} max abs "
-            f"{n['max_abs']:.3g}, {over}{cov}{rel})")
+            f"{n['max_abs']:.3g}, {100 * n['frac_over_tol']:.2g}% of elements over tol, "
+            f"needs atol {n['min_tol']:.3g}{cov}{rel})")
 
 
 def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str) -> None:
@@ -802,7 +802,7 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         hits = sum(t.hit for t in ts)
         acc = sum(t.hit_accumulated for t in scored)
         cs = [c for c in cleans if c.kind == kind and c.error != "no candidate"
-              and not c.error.startswith(RUN_FAILED)]
+              and not c.failed]
         alarms = sum(c.false_alarm for c in cs)
         fr = [c.figures["aligned_fraction"] for c in cs if c.figures]
         unexpl = sum(c.figures.get("unexplained", 0) for c in cs if c.figures)
@@ -853,12 +853,12 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         print("\nmisses by cause:")
         for c, n in causes.most_common():
             print(f"  {n:3d}  {c}")
-    failed = [c for c in cleans if c.error.startswith(RUN_FAILED)]
+    failed = [c for c in cleans if c.failed]
     if failed:
         print(f"\nclean candidates whose run failed ({len(failed)}; wb.compare reports them "
               "not ok, rightly: not false alarms; their trials not counted):")
         for c in failed:
-            print(f"  {c.model} / {c.kind}: {c.error}")
+            print(f"  {c.model} / {c.kind}: {RUN_FAILED}: {c.failed}")
     unbuilt = Counter(f"{t.model} / {t.kind}" for t in trials if t.cause == UNBUILT)
     if unbuilt:
         print(f"\nnot run, the candidate could not be built (see the notes above; not counted "
@@ -910,7 +910,8 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help="comma-separated model names (default: all but the opt-in set); hf: the opt-in transformers set")
+    parser.add_argument("--models", help="comma-separated model names (default: all but "
+                        "the opt-in set); hf: the opt-in transformers set")
     parser.add_argument("--kinds", default=",".join(KINDS),
                         help=f"comma-separated candidate kinds (default {','.join(KINDS)})")
     parser.add_argument("--quick", action="store_true", help="one depth (the middle)")

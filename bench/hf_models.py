@@ -30,13 +30,9 @@ def _image(size: int = 64) -> tuple[Any, ...]:
 
 
 def _bn(model: Any, x: tuple) -> tuple[Any, tuple]:
-    import torch
-
     from workbench.zoo import _calibrate_batchnorm
 
-    if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        _calibrate_batchnorm(model, 4, *x[0].shape[1:])
-    return model.eval(), x
+    return _calibrate_batchnorm(model, 4, *x[0].shape[1:]), x
 
 
 def _build(name: str) -> tuple[Any, tuple]:

@@ -303,8 +303,11 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
             out.pairs[t.name] = alias[wanted]  # outputs pair by position, whatever the values
             continue
 
-        def scored(choices: list[int], name: str = t.name, arr: Any = arr) -> list:
-            got = (cand_samples or {}).get(name) or _sample(arr)
+        def cand_sample(name: str = t.name, arr: Any = arr) -> Sample:
+            return (cand_samples or {}).get(name) or _sample(arr)
+
+        def scored(choices: list[int], cand_sample: Any = cand_sample) -> list:
+            got = cand_sample()
             return sorted((_score(ref_sample(j), got), j) for j in choices)
 
         if t.hint is not None and t.hint in calls and (t.read_by_own or t.internal):
@@ -397,22 +400,20 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 if other and other[0][0] <= ACCEPT:
                     j, structural = other[0][1], None
         out.pairs[t.name] = ref_names[j]
-        if structural is not None and j == structural and best > TIGHT \
-                and t.output_index is None:
-            got = (cand_samples or {}).get(t.name) or _sample(arr)
-            scale = _folded_scale(ref_sample(j), got)
+        if structural is not None and j == structural:  # pinned to the named module
+            scale = _folded_scale(ref_sample(j), cand_sample()) if (
+                best > TIGHT and t.output_index is None) else None
             if scale is not None:
                 out.scales[t.name] = scale
                 out.relations[t.name] = (f"equal up to a scale folded in: x{scale:.6g} "
                                          "(a constant multiply folded into the weights, as "
                                          "an attention's 1/sqrt(d))")
-        if structural is not None and j == structural and structural > 0 \
-                and t.op_type in WEIGHTED_OPS and not t.weights_of:
             # named for a module that follows a weighted one whose own output has no tensor
             # here: DINOv2's fc2 MatMul, its layer scale folded in, carries layer_scale2's
             # name. It covers fc2 too, so that a damaged fc2 is named there.
             prev = structural - 1
-            if ref_keys[prev] == key and call_module(ref_names[prev]) in modules \
+            if prev >= 0 and t.op_type in WEIGHTED_OPS and not t.weights_of \
+                    and ref_keys[prev] == key and call_module(ref_names[prev]) in modules \
                     and prev not in taken and ref_names[prev] not in out.pairs.values():
                 out.covers[t.name] = (ref_names[prev], ref_names[structural])
                 out.relations.setdefault(t.name, (
