@@ -244,6 +244,29 @@ def test_repeated_comparisons_reuse_runners_until_the_file_changes(sr, tmp_path)
         r.metrics.max_abs for r in first.records]
 
 
+def test_a_comparison_runs_every_torch_op_on_one_thread_and_restores_the_callers():
+    """Inside a comparison torch has one thread, not only for the reference's capture (a
+    2-thread op, such as copying the inputs, wakes libgomp's second thread, which then
+    spins on a core the captures need); the caller's count comes back, also after an
+    error."""
+    from workbench.comparison.schedule import Schedule
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        with Schedule():
+            seen.append(torch.get_num_threads())
+            torch.ones(1 << 20).add_(1)  # an op of the comparison's own, not the reference's
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+        with pytest.raises(KeyError), Schedule():
+            raise KeyError("a failure inside the comparison")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("mode", ["accumulated", "both"])
 def test_several_candidates_at_once_measure_as_each_alone(sr, mode):
     """compare captures the candidates at once (one thread each) beside torch, at most one

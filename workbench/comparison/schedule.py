@@ -29,9 +29,17 @@ R = TypeVar("R")
 
 class Schedule:
     """The comparison's threads: a measuring thread beside the caller's, and each input
-    set's captures (``captures``). Use as a context manager; ``close`` stops them."""
+    set's captures (``captures``). Use as a context manager; ``close`` stops them.
+
+    While it is open, torch runs on one thread (process-wide, restored on close): the
+    reference's capture, and every torch op of the comparison besides it (the inputs'
+    copies). A torch op on two threads wakes libgomp's second thread, which then spins
+    (GOMP_SPINCOUNT, milliseconds) on a core the captures need: 20-40 ms of CPU a
+    ResNet-50 comparison, measured per thread, and none with one thread throughout."""
 
     def __init__(self) -> None:
+        self._threads = _torch_threads(1)
+        self._threads.__enter__()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare-measure")
         self.pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
 
@@ -43,6 +51,9 @@ class Schedule:
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
+        if self._threads is not None:
+            self._threads, threads = None, self._threads
+            threads.__exit__(None, None, None)
 
     @contextlib.contextmanager
     def captures(self, cands: Sequence[Candidate], args: Sequence[tuple],
@@ -58,10 +69,9 @@ class Schedule:
 
     @staticmethod
     def reference(runner: Any, args: tuple) -> dict[str, Any]:
-        """The reference's capture="all" run, torch on one thread (the captures take the
-        other core)."""
-        with _torch_threads(1):
-            return runner.run(args, capture="all")
+        """The reference's capture="all" run, torch on one thread (the schedule's: the
+        captures take the other core)."""
+        return runner.run(args, capture="all")
 
     def measure(self, fn: Callable[[J], R], jobs: list[J],
                 side: Callable[[], Any] | None = None) -> list[R]:
