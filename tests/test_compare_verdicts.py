@@ -158,6 +158,40 @@ def test_a_candidate_whose_run_fails_is_not_ok_and_the_others_are_still_compared
             rep.tensors(next(iter(rep.alignments[good].pairs)), last)
 
 
+class _AbortWhenUnpickled:
+    """Shipped as a runner's custom ops: the worker unpickles it while it builds the twin
+    and dies of SIGABRT there, before any run (what ncnn's SDPA left behind on Qwen2: a
+    corrupted heap that killed the worker at the next runner's creation)."""
+
+    def __reduce__(self):
+        import os
+
+        return os.abort, ()
+
+
+def test_a_worker_dying_while_building_a_candidate_lists_it_failed_not_raises(
+        tmp_path, fresh_worker):
+    """compare asked each candidate for its inputs before capturing: a worker that died
+    while building the twin raised BackendCrashed out of wb.compare and the whole comparison
+    was lost. Now that candidate is listed in report.failed and the others are compared."""
+    import pickle
+
+    from workbench.runtime import OrtRunner
+
+    torch.manual_seed(0)
+    model, x = Small().eval(), torch.randn(1, 3, 8, 8)
+    onx = wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    dying = OrtRunner(onx)
+    dying._remote.custom_ops = pickle.dumps(_AbortWhenUnpickled())
+    # isolated mode captures one candidate after the other: the good one is done before
+    # the dying one takes the shared worker down
+    rep = wb.compare(model, [onx, dying], (x,), mode="isolated", progress=False)
+    good, bad = (c.name for c in rep.candidates)
+    assert set(rep.failed) == {bad} and "SIGABRT" in rep.failed[bad]
+    assert rep.verdicts()[good].ok and not rep.verdicts()[bad].ok and not rep.ok
+    assert {r.candidate for r in rep.records} == {good}
+
+
 def test_a_graph_without_nodes_is_not_ok(tmp_path):
     torch.manual_seed(0)
     model, x = Small().eval(), torch.randn(1, 3, 8, 8)

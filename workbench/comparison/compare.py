@@ -258,9 +258,16 @@ def _candidates(candidates: Any, mode: str, timeout: float | None) -> list[Candi
 
 def _check_inputs(cands: list[Candidate], args: tuple) -> None:
     for cand in cands:
-        n_in = len(cand.runner.input_names)
+        try:
+            names = cand.runner.input_names
+        except RUN_FAILURES:
+            # the worker died building its twin (a heap another run corrupted, a crashing
+            # load): not checked here. Its capture tries again in a fresh worker; failing
+            # there, it is listed in report.failed and the others are still compared.
+            continue
+        n_in = len(names)
         if n_in != len(args):
-            raise InputError(f"{cand.name} takes {n_in} input(s) {cand.runner.input_names}, "
+            raise InputError(f"{cand.name} takes {n_in} input(s) {names}, "
                              f"the reference was given {len(args)}", "compare a candidate "
                              "exported from the same model and inputs")
 
