@@ -31,6 +31,7 @@ from .candidates import (
     precision_not_exercised,
     with_weights,
 )
+from .formulas import formula_notes
 from .isolated import isolated
 from .metrics import TensorMetrics, Tolerance, resolve_tolerance
 from .report import CompareReport, Record
@@ -85,7 +86,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
         run crashes, hangs or fails is not ok (``report.failed`` says why) and the others are
         still compared. ``notes`` says when an ncnn candidate asked for fp16 or bf16 ran in
         fp32 here (its outputs bit-identical to an fp32 run), so its figures are not that
-        precision's.
+        precision's, and when an ncnn layer computes another formula than its module (a
+        GELU in erf form for a tanh-approximate one: up to 4.7e-4, see formulas.py).
 
     Raises:
         InputError: an unknown mode, a bad ``min_explained`` or tolerance, no candidates, a
@@ -178,9 +180,11 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     got = None  # `values` alone holds them (isolated mode lets them go early)
                     if cand.name not in checked:  # on the first input set
                         checked.add(cand.name)
-                        why = precision_not_exercised(cand, copies(args), values)
-                        if why:
-                            notes[cand.name] = why
+                        why = [precision_not_exercised(cand, copies(args), values),
+                               *formula_notes(cand, al, tensors,
+                                              getattr(ref_runner, "model", None))]
+                        if any(why):
+                            notes[cand.name] = "; ".join(w for w in why if w)
                     # accumulated mode captures one ahead: the next candidate is aligned in
                     # this thread while the measuring thread starts on this one's tensors
                     side = (lambda k=k, ready=ready, prepare=prepare: ready.__setitem__(
