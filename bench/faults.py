@@ -531,6 +531,9 @@ class Clean:
     figures: dict[str, Any] = field(default_factory=dict)
     error: str = ""
     failed: str = ""  # why its run failed (report.failed): not a false alarm, not counted
+    # the report's note naming the divergence's layer as computing another formula than its
+    # module (ncnn's erf GELU for a tanh GELU): a true deviation, named; not a false alarm
+    explained: str = ""
 
 
 def build_candidates(name: str, model: Any, x: tuple, ws: Any, kinds: list[str],
@@ -629,6 +632,10 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
             div = clean_rep.first_divergence
             clean.ok = bool(clean_rep.ok)
             clean.false_alarm = div is not None or not clean.ok
+            note = next(iter(getattr(clean_rep, "notes", {}).values()), "")
+            if div is not None and div.node and "form where" in note \
+                    and re.search(rf"\b{re.escape(div.node)}\b", note):
+                clean.explained, clean.false_alarm = note, False
             clean.named = describe(clean_rep, div)
             if clean.false_alarm:
                 clean.summary = clean_rep.summary()
@@ -863,6 +870,12 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
     if unbuilt:
         print(f"\nnot run, the candidate could not be built (see the notes above; not counted "
               f"in hits / trials): {', '.join(f'{k} ({n} trials)' for k, n in unbuilt.items())}")
+    explained = [c for c in cleans if c.explained]
+    if explained:
+        print(f"\nclean candidates that truly deviate, the cause named by wb.compare "
+              f"({len(explained)}; not false alarms):")
+        for c in explained:
+            print(f"  {c.model} / {c.kind}: {fmt_named(c.named)}\n      note: {c.explained}")
     alarms = [c for c in cleans if c.false_alarm]
     print(f"\nfalse alarms on clean comparisons ({len(alarms)}):")
     for c in alarms:
