@@ -7,7 +7,9 @@ ALBERT, GPT-2...) as a GELU with 0=0. Each such activation then deviates by up t
 (max |erf GELU - tanh GELU|, near |x| = 2): seen on a transformers ALBERT, ncnn against
 its gelu_new, 4.73e-4 to the digit. The comparison still reports that divergence (the
 candidate computes another function); this names its cause, its size and the fix, so that
-it is not read as a fault in the weights.
+it is not read as a fault in the weights. (``to_ncnn`` sets such layers right itself when
+every GELU of the model is the tanh form, stages/ncnn_gelu.py; a model mixing both forms,
+or ncnn files converted by hand, still come here.)
 
 Which form a module computes is measured, not read from its class name: the module runs
 on a probe of values from -6 to 6 and is matched to either formula (``gelu_form``).

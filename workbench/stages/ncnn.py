@@ -91,7 +91,10 @@ def to_ncnn(
     Returns:
         The ncnn Artifact (``.ncnn.param`` + ``.ncnn.bin``), whose parent is the pnnx
         Artifact; ``diagnostics`` hold the output check (``ncnn-numeric-mismatch``: values
-        past the tolerance; ``ncnn-shape-mismatch``; ``fp16-not-exercised``...).
+        past the tolerance; ``ncnn-shape-mismatch``; ``fp16-not-exercised``...), and
+        ``ncnn-gelu-tanh`` when pnnx wrote GELU layers in erf form for the model's tanh
+        GELU (transformers' gelu_new) and they were set to ncnn's tanh form (0=1), the
+        outputs 10x nearer the reference so (stages/ncnn_gelu.py).
 
     Raises:
         ConversionError: pnnx failed (the tail of its log in the message).
@@ -193,7 +196,13 @@ def to_ncnn(
                 f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
                 f"graph is kept as {pnnx_art.id}" + _tail(log), _hint_for(log, bad))
         steps.phase("running ncnn against the reference")
+        from .ncnn_gelu import fix_gelu_form
+
+        # pnnx's erf GELU for transformers' tanh GELU, set right when the outputs say so
+        gelu = fix_gelu_form(tmp / ncnn_files[0], args, ref_out)
         metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol)
+        if gelu is not None:
+            checks.insert(0, gelu)
         steps.advance(steps.total)
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
