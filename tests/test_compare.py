@@ -267,6 +267,21 @@ def test_a_comparison_runs_every_torch_op_on_one_thread_and_restores_the_callers
         torch.set_num_threads(before)
 
 
+def test_result_files_stay_mapped_once_an_accumulated_comparison_kept_them(sr, tmp_path):
+    """A process that compares only in isolated mode keeps no result file mapped (its peak
+    resident set); once an accumulated comparison has kept them, an isolated one leaves them
+    mapped, so the next accumulated one maps nothing again. The files' pages exist either
+    way: a mapping costs page tables, not memory."""
+    model, x, _, _ = sr
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))  # runners of its own
+    kept = []
+    for mode in ("isolated", "accumulated", "isolated", "accumulated"):
+        rep = wb.compare(model, [onx], x, mode=mode, progress=False)
+        assert rep.ok
+        kept.append(rep.candidates[0].runner._remote.keep_mapped)
+    assert kept == [False, True, True, True]
+
+
 @pytest.mark.parametrize("mode", ["accumulated", "both"])
 def test_several_candidates_at_once_measure_as_each_alone(sr, mode):
     """compare captures the candidates at once (one thread each) beside torch, at most one
