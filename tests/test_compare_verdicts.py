@@ -507,6 +507,12 @@ def _hf(name):
     from workbench.zoo import _wrap
 
     torch.manual_seed(0)
+    if name == "squeezebert":
+        model = T.SqueezeBertModel(T.SqueezeBertConfig(
+            vocab_size=100, embedding_size=32, hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64, q_groups=2, k_groups=2, v_groups=2,
+            post_attention_groups=2, intermediate_groups=2, output_groups=2))
+        return _wrap(model, "last_hidden_state"), (torch.randint(0, 100, (1, 12)),)
     if name == "dinov2":
         model = T.Dinov2Model(T.Dinov2Config(
             image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
@@ -561,6 +567,50 @@ def test_a_linear_named_for_the_layer_scale_folded_into_it_covers_the_linear(tmp
     first = rep.first_divergence
     assert first is not None and first.name == node.output[0], rep.summary()
     assert f"{layer}.mlp.fc2" in first.covers
+
+
+def test_scopes_without_the_layer_index_name_the_listed_modules(tmp_path):
+    """SqueezeBERT's exported scopes drop the ModuleList index ('/model/encoder/attention/
+    query_1/Conv' is layer 1's query). Its nodes had no module: a clean 2-layer model showed
+    a false divergence of 0.0275 (layer 0's LayerNorm output aligned by value to the
+    encoder's last permute, and every later tensor lost), and a damaged second query was
+    named at a later Softmax. The k-th scope of a path is the list's k-th module now."""
+    model, x = _hf("squeezebert")
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    query = "model.encoder.layers.1.attention.query"
+    node = next(n for n in onnx.load(str(onx.path)).graph.node
+                if n.op_type == "Conv" and f"{query}.weight" in n.input)
+    assert "layers.1" not in node.output[0]  # the scope does not say which layer
+    rep = wb.compare(model, [onx], x, mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    al = rep.alignments[rep.candidates[0].name]
+    assert al.pairs[node.output[0]] == query and al.fraction == 1.0
+    assert al.pairs["/model/encoder/post_attention/layernorm_1/Transpose_1_output_0"] == \
+        "model.encoder.layers.1.post_attention.layernorm"
+    bad = _perturb(onx.path, tmp_path / "bad.onnx", f"{query}.weight")
+    rep = wb.compare(model, [bad], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.reference == query, rep.summary()
+
+
+def test_a_node_whose_name_has_no_scope_is_tied_to_the_module_whose_weight_it_reads(
+        tmp_path):
+    """Value names without a scope (another exporter, a renaming tool): a Conv reading
+    'conv2.weight' is conv2's, so that its damaged weight is named there."""
+    model, x = wb.default_model()
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    m = onnx.load(str(onx.path))
+    conv = next(n for n in m.graph.node if "conv2.weight" in n.input)
+    old, new = conv.output[0], "v17"
+    for n in m.graph.node:
+        n.input[:] = [new if i == old else i for i in n.input]
+    conv.output[0], conv.name = new, "n17"
+    onnx.save(m, str(tmp_path / "renamed.onnx"))
+    rep = wb.compare(model, [tmp_path / "renamed.onnx"], x, progress=False)
+    assert rep.ok and rep.alignments[rep.candidates[0].name].pairs[new] == "conv2"
+    bad = _perturb(tmp_path / "renamed.onnx", tmp_path / "bad.onnx", "conv2.weight")
+    first = wb.compare(model, [bad], x, mode="both", progress=False).first_divergence
+    assert first is not None and first.name == new and first.reference == "conv2"
 
 
 @pytest.fixture(scope="module")

@@ -119,19 +119,69 @@ def module_from_scope(value_name: str, modules: set[str]) -> str | None:
     Scope parts of nn.Sequential children repeat the parent ('layer/layer.0'): a part that
     starts with the previous part and a dot replaces it.
     """
+    folded = _scope_parts(value_name)
+    if folded is None:
+        return None
+    if not folded:  # '/Resize_output_0': a call made by the model's own forward()
+        return ""
+    for start in range(len(folded)):  # the exporter may add an outer scope
+        name = _module_called(".".join(folded[start:]), modules)
+        if name is not None:
+            return name
+    return None
+
+
+def _scope_parts(value_name: str) -> list[str] | None:
+    """The scope of a TorchScript-exported value, Sequential repeats folded; [] for the
+    model's own forward(), None for a name without one."""
     parts = [p for p in value_name.split("/")[:-1] if p]
-    if not parts:  # '/Resize_output_0': a call made by the model's own forward()
-        return "" if value_name.startswith("/") else None
+    if not parts:
+        return [] if value_name.startswith("/") else None
     folded: list[str] = []
     for p in parts:
         if folded and p.startswith(folded[-1] + "."):
             folded[-1] = p
         else:
             folded.append(p)
-    for start in range(len(folded)):  # the exporter may add an outer scope
-        name = _module_called(".".join(folded[start:]), modules)
-        if name is not None:
-            return name
+    return folded
+
+
+def listed_modules(modules: set[str]) -> dict[tuple[str, ...], list[str]]:
+    """{a module path without its list indices (and without the list's own name): the
+    modules it stands for, in index order}, for modules inside a ModuleList:
+    ('encoder', 'attention', 'query') -> ['encoder.layers.0.attention.query',
+    'encoder.layers.1.attention.query']. Some exported scopes drop the index (SqueezeBERT:
+    '/model/encoder/attention/query_1/Conv' is layer 1's query; see ``listed_scope``)."""
+    out: dict[tuple[str, ...], list[tuple[tuple[int, ...], str]]] = {}
+    for m in modules:
+        parts = m.split(".")
+        index = tuple(int(p) for p in parts if p.isdigit())
+        if not index:
+            continue
+        no_index = tuple(p for p in parts if not p.isdigit())
+        no_list = tuple(p for i, p in enumerate(parts) if not p.isdigit() and not (
+            i + 1 < len(parts) and parts[i + 1].isdigit()))
+        for key in {no_index, no_list}:
+            out.setdefault(key, []).append((index, m))
+    return {k: [m for _, m in sorted(v)] for k, v in out.items()}
+
+
+def listed_scope(value_name: str, listed: dict[tuple[str, ...], list[str]]
+                 ) -> tuple[tuple[str, ...], int] | None:
+    """(the ``listed_modules`` key a scope without list indices names, k): the exporter
+    numbers the k-th scope of one path ('query_1': k = 1), which is the k-th module of the
+    list only when each is called once; the caller checks that over the whole graph."""
+    folded = _scope_parts(value_name)
+    if not folded:
+        return None
+    last, k = folded[-1], 0
+    m = _CALL.search(last)
+    if m:
+        k, last = int(m.group()[1:]), last[:m.start()]
+    for start in range(len(folded)):
+        key = (*folded[start:-1], last)
+        if key in listed:
+            return key, k
     return None
 
 

@@ -142,6 +142,47 @@ def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTenso
     return _TENSORS[key]
 
 
+def _unscoped_hints(model: Any, hints: list[str | None], modules: set[str]
+                    ) -> list[str | None]:
+    """Hints for the nodes whose scope names no module ("" is the model's own forward, a
+    module too): a scope without its ModuleList index (SqueezeBERT's
+    '/model/encoder/attention_1/Reshape' is layer 1's attention: the k-th module of the
+    list, when the graph numbers each list's scopes no further than the list is long, so
+    that each module is called once), else the module whose parameters it reads."""
+    from .align import listed_modules, listed_scope
+
+    listed = listed_modules(modules)
+    scoped = [next((ls for o in (*n.output, n.name) if o and (ls := listed_scope(o, listed))),
+                   None) if listed else None for n in model.graph.node]
+    most: dict[tuple[str, ...], int] = {}
+    for found in scoped:
+        if found is not None:
+            most[found[0]] = max(most.get(found[0], 0), found[1])
+    params = {t.name for t in model.graph.initializer}
+    out = []
+    for node, hint, found in zip(model.graph.node, hints, scoped, strict=True):
+        if hint is None and found is not None and most[found[0]] + 1 == len(listed[found[0]]):
+            hint = listed[found[0]][found[1]]
+        out.append(_parameter_owner(node, params, modules) if hint is None else hint)
+    return out
+
+
+def _parameter_owner(node: Any, params: set[str], modules: set[str]) -> str | None:
+    """The module whose parameters a node reads by name ('layers.1.attention.query.weight'
+    -> 'layers.1.attention.query'), when its scope names none: SqueezeBERT's exported scopes
+    drop the layer index ('/model/encoder/attention/query_1/Conv'), and without a module its
+    damaged Conv was aligned by value, to a later Softmax. The owner of a ``.weight`` read
+    first: the exporter keeps one name for equal initializers, so a zero bias may carry
+    another module's name. None when it reads no named parameter, or those of more than
+    one module."""
+    owners = [name.rsplit(".", 1) for name in node.input
+              if name in params and "." in name and name.rsplit(".", 1)[0] in modules]
+    for found in ({m for m, leaf in owners if leaf == "weight"}, {m for m, _ in owners}):
+        if found:
+            return found.pop() if len(found) == 1 else None
+    return None
+
+
 def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
     if cand.kind == "onnx":
         from ..onnx_io import load_onnx
@@ -152,6 +193,7 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
         hints = [module_from_metadata(n, modules) or next(
             (h for o in (*n.output, n.name) if o and (h := module_from_scope(o, modules))
              is not None), None) for n in model.graph.node]
+        hints = _unscoped_hints(model, hints, modules)
         scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
         readers: dict[str, set] = {}
         reader_scopes: dict[str, set] = {}
