@@ -45,6 +45,9 @@ class CandidateTensor:
     weights_of: tuple[str, ...] = ()  # modules whose weights its layer holds (ncnn)
     node: str = ""  # the node (ONNX) or layer (ncnn) that writes it
     inputs: tuple[str, ...] = ()  # what that node reads (ncnn: through Split aliases)
+    # the hint is inferred (a scope without its list index, the owner of the weights it
+    # reads), not named: it pins the tensor only to the module's own output
+    hint_inferred: bool = False
 
 
 @dataclass
@@ -402,7 +405,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 choices = hinted
                 # the named module itself, unless this is a step inside a lowered module
                 # (those need a value match) or the name fits several calls equally
-                if not t.internal and (len(hinted) == 1
+                if not t.internal and ((len(hinted) == 1 and not t.hint_inferred)
                                        or call_module(ref_names[hinted[0]]) == hint):
                     structural = hinted[0]
         scores = scored(choices) if choices else []

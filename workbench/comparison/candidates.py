@@ -193,6 +193,7 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
         hints = [module_from_metadata(n, modules) or next(
             (h for o in (*n.output, n.name) if o and (h := module_from_scope(o, modules))
              is not None), None) for n in model.graph.node]
+        inferred = [h is None for h in hints]
         hints = _unscoped_hints(model, hints, modules)
         scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
         readers: dict[str, set] = {}
@@ -206,8 +207,8 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
         # Constant): parameters, not activations
         constant = {t.name for t in model.graph.initializer}
         out = []
-        for i, (node, hint, scope) in enumerate(zip(model.graph.node, hints, scopes,
-                                                    strict=True)):
+        for i, (node, hint, scope, weak) in enumerate(zip(model.graph.node, hints, scopes,
+                                                          inferred, strict=True)):
             is_const = node.op_type == "Constant" or (
                 node.input and all(not n or n in constant for n in node.input))
             for name in node.output:
@@ -221,7 +222,8 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                     out.append(CandidateTensor(name, i, "Constant" if is_const
                                                else node.op_type, hint, internal,
                                                outputs.get(name), own, node=node.name,
-                                               inputs=tuple(n for n in node.input if n)))
+                                               inputs=tuple(n for n in node.input if n),
+                                               hint_inferred=weak and hint is not None))
         return out
     from ..params import parse_ncnn_param
 
