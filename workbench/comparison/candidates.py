@@ -168,13 +168,12 @@ def _unscoped_hints(model: Any, hints: list[str | None], modules: set[str]
 
 
 def _parameter_owner(node: Any, params: set[str], modules: set[str]) -> str | None:
-    """The module whose parameters a node reads by name ('layers.1.attention.query.weight'
-    -> 'layers.1.attention.query'), when its scope names none: SqueezeBERT's exported scopes
-    drop the layer index ('/model/encoder/attention/query_1/Conv'), and without a module its
-    damaged Conv was aligned by value, to a later Softmax. The owner of a ``.weight`` read
-    first: the exporter keeps one name for equal initializers, so a zero bias may carry
-    another module's name. None when it reads no named parameter, or those of more than
-    one module."""
+    """The module whose parameters a node reads by name ('conv2.weight' -> 'conv2'), when
+    neither its scope nor a listed scope names one (value names without scopes: another
+    exporter, a renaming tool; a damaged conv2 was named at relu2). The owner of a
+    ``.weight`` read first: the exporter keeps one name for equal initializers, so a zero
+    bias may carry another module's name. None when it reads no named parameter, or those
+    of more than one module."""
     owners = [name.rsplit(".", 1) for name in node.input
               if name in params and "." in name and name.rsplit(".", 1)[0] in modules]
     for found in ({m for m, leaf in owners if leaf == "weight"}, {m for m, _ in owners}):
