@@ -198,10 +198,12 @@ def to_ncnn(
         steps.phase("running ncnn against the reference")
         from .ncnn_gelu import fix_gelu_form
 
-        # pnnx's erf GELU for transformers' tanh GELU, set right when the outputs say so
-        gelu = fix_gelu_form(tmp / ncnn_files[0], args, ref_out)
         metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol)
+        # pnnx's erf GELU for transformers' tanh GELU, set right when the outputs say so;
+        # the check runs again on the param so written
+        gelu = fix_gelu_form(tmp / ncnn_files[0], args, ref_out, metrics.get("max_abs"))
         if gelu is not None:
+            metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol)
             checks.insert(0, gelu)
         steps.advance(steps.total)
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
@@ -405,10 +407,6 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
     run returns exactly the fp32 outputs, ncnn ran no layer in fp16 here: ``max_abs_fp16`` is
     None and an ``fp16-not-exercised`` warning says so, rather than an fp16 figure that is
     the fp32 one. ``fp16_exercised`` records which."""
-    import numpy as np
-
-    from ..runtime.ncnn_runner import NcnnRunner
-
     metrics: dict[str, Any] = {}
     diags: list[Diagnostic] = []
     if reference is None:
@@ -418,7 +416,7 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
         key = "max_abs" if precision == "fp32" else "max_abs_fp16"
         metrics[key] = None
         try:
-            got = list(NcnnRunner(param, precision=precision).run(args).values())
+            got, fitted, errs = ncnn_errors(param, args, reference, precision)
         except Exception as e:  # recorded: the converted model is kept either way
             # the runner's error names the failing layer and its cause (ncnn_failure)
             message = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
@@ -436,15 +434,11 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             continue
         if precision == "fp16":
             metrics["fp16_exercised"] = True
-        got = [shapes.fit(np.asarray(g), np.shape(r)) for r, g in zip(reference, got,
-                                                                      strict=False)] + got[
-            len(reference):]
-        errs = max_errors(reference, got)
         if errs["shape_mismatch"]:
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
-                                    _shape_hint(reference, got)))
+                                    _shape_hint(reference, fitted)))
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
@@ -453,6 +447,22 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             if not within(errs, atol, rtol, reference):
                 diags.append(_numeric_mismatch(precision, errs, atol, rtol))
     return metrics, diags
+
+
+def ncnn_errors(param: Path, args: tuple, reference: list, precision: str
+                ) -> tuple[list, list, dict[str, Any]]:
+    """ncnn's outputs on ``args`` as it returns them, the same fitted to torch's shapes
+    (paired by position, ``shapes.fit``: a dropped or squeezed size-1 axis), and their
+    ``max_errors`` against ``reference``. Raises what the runner raises."""
+    import numpy as np
+
+    from ..runtime.ncnn_runner import NcnnRunner
+
+    got = list(NcnnRunner(param, precision=precision).run(args).values())
+    fitted = [shapes.fit(np.asarray(g), np.shape(r)) for r, g in zip(reference, got,
+                                                                     strict=False)] + got[
+        len(reference):]
+    return got, fitted, max_errors(reference, fitted)
 
 
 def _numeric_mismatch(precision: str, errs: dict[str, Any], atol: float,

@@ -19,26 +19,23 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .. import shapes
 from ..artifact import Diagnostic
 from ..params import parse_ncnn_param
-from ..tolerances import max_errors
 
 CLOSER = 10.0  # how much nearer the reference the tanh form must bring the outputs
 
 
-def fix_gelu_form(param: Path, args: tuple, reference: list | None) -> Diagnostic | None:
+def fix_gelu_form(param: Path, args: tuple, reference: list | None,
+                  before: float | None) -> Diagnostic | None:
     """Rewrite ``param`` (in place) with 0=1 on its erf-form GELU layers when that brings
-    the outputs on ``args`` CLOSER times nearer ``reference``; the warning that says so, or
-    None (no such layer, no reference, or no clear gain)."""
-    if reference is None:
+    the outputs on ``args`` CLOSER times nearer ``reference`` than ``before`` (the output
+    check's fp32 max abs); the warning that says so, or None (no such layer, no reference,
+    or no clear gain)."""
+    if reference is None or not before:  # the run failed, or nothing to gain
         return None
     erf = [la for la in parse_ncnn_param(param).layers
            if la.type == "GELU" and str(la.params.get(0, "0")) != "1"]
     if not erf:
-        return None
-    before = _max_abs(param, args, reference)
-    if not before:  # the run failed, or nothing to gain: the check that follows says so
         return None
     lines = param.read_text().splitlines()
     for la in erf:
@@ -76,19 +73,14 @@ def fix_gelu_form(param: Path, args: tuple, reference: list | None) -> Diagnosti
 
 
 def _max_abs(param: Path, args: tuple, reference: list) -> float | None:
-    """The fp32 outputs' max abs error against ``reference`` (None: the run failed or the
-    shapes differ; the output check reports those)."""
-    import numpy as np
-
-    from ..runtime.ncnn_runner import NcnnRunner
+    """The fp32 outputs' max abs error against ``reference``, as the output check takes
+    it (None: the run failed or the shapes differ)."""
+    from .ncnn import ncnn_errors
 
     try:
-        got = list(NcnnRunner(param, precision="fp32").run(args).values())
-    except Exception:  # noqa: BLE001 - the output check runs it again and reports why
+        _, _, errs = ncnn_errors(param, args, reference, "fp32")
+    except Exception:  # noqa: BLE001 - a trial: the param as pnnx wrote it stays
         return None
-    got = [shapes.fit(np.asarray(g), np.shape(r)) for r, g in zip(reference, got,
-                                                                  strict=False)]
-    errs = max_errors(reference, got)
     return None if errs["shape_mismatch"] else float(errs["max_abs"])
 
 
