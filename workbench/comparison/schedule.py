@@ -38,8 +38,8 @@ class Schedule:
     ResNet-50 comparison, measured per thread, and none with one thread throughout."""
 
     def __init__(self) -> None:
-        self._threads = _torch_threads(1)
-        self._threads.__enter__()
+        self._restore = contextlib.ExitStack()  # the caller's torch threads, on close
+        self._restore.enter_context(_torch_threads(1))
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare-measure")
         self.pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
 
@@ -51,9 +51,7 @@ class Schedule:
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
-        if self._threads is not None:
-            self._threads, threads = None, self._threads
-            threads.__exit__(None, None, None)
+        self._restore.close()  # once: a second close finds nothing to restore
 
     @contextlib.contextmanager
     def captures(self, cands: Sequence[Candidate], args: Sequence[tuple],
