@@ -55,8 +55,9 @@ FIGURES = [
 
 
 # Calls run back to back, as in a comparison. (onnxruntime's intra-op threads used to spin
-# for tens of ms after a run and slow whatever ran next; workbench sessions now turn spinning
-# off. --settle S pauses S seconds before each call to see the figures without any overlap.)
+# for tens of ms after a run and slow whatever ran next; workbench sessions now spin only while
+# a run lasts. --settle S pauses S seconds before each call to see the figures without any
+# overlap.)
 SETTLE_S = 0.0
 
 

@@ -32,9 +32,13 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
 
     so = ort.SessionOptions()
     so.log_severity_level = 4  # errors reach the caller as exceptions, not as stderr noise
-    # idle intra-op threads would otherwise spin for tens of ms after each run and take the
-    # CPU from whatever runs next (ncnn, torch, the worker) on a small machine
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Intra-op threads spin while a run lasts and stop when it returns. Spinning on after a run
+    # took ~40 ms of CPU in the next 50 ms from whatever ran next (ncnn, torch, the worker);
+    # never spinning made every op's hand-off a futex wake: ~200 context switches per
+    # capture="all" run of a ResNet-50, its ratio to a plain run 1.30 instead of 1.22
+    # (bench/runners.py). force_spinning_stop is what gives both.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    so.add_session_config_entry("session.force_spinning_stop", "1")
     for k, v in options.items():
         setattr(so, k, v)
     path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
