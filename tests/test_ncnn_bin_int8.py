@@ -186,3 +186,49 @@ def test_block_quantized_attention_and_gemm_are_left_unsized_not_guessed(tmp_pat
                                                        "out_scale"]
     gemm.params.pop(18)
     assert [r for r, _, _ in blob_specs(gemm)] == ["B"]
+
+
+# Layers sized beyond int8: each held against ncnn's own load_model, as above. MemoryData's
+# 21 is ModelBin's element type (3: raw int8, padded to 4 bytes, as pnnx writes an SDPA mask).
+_OTHER_LAYERS = {
+    "memorydata tagged": "MemoryData c 0 1 out0 0=3 1=2 21=0",
+    "memorydata raw fp32": "MemoryData c 0 1 out0 0=3 1=2",
+    "memorydata raw int8 5": "MemoryData c 0 1 out0 0=5 21=3",
+    "memorydata raw int8 4x3x2": "MemoryData c 0 1 out0 0=4 1=3 2=2 21=3",
+    "padding per-channel": "Padding c 1 1 in0 out0 0=1 1=1 2=1 3=1 6=3",
+    "padding": "Padding c 1 1 in0 out0 0=1 1=1 2=1 3=1",
+    "quantize": "Quantize c 1 1 in0 out0 0=4",
+    "dequantize with bias": "Dequantize c 1 1 in0 out0 0=4 1=4",
+    "requantize with bias": "Requantize c 1 1 in0 out0 0=4 1=1 2=4",
+    "deformable conv with bias": "DeformableConv2D c 1 1 in0 out0 0=4 1=3 5=1 6=108",
+    "sdpa": "SDPA c 3 1 in0 in0 in0 out0",
+    "rotary embed": "RotaryEmbed c 3 1 in0 in0 in0 out0",
+    "glu": "GLU c 1 1 in0 out0",
+}
+
+
+@pytest.mark.parametrize("name", list(_OTHER_LAYERS))
+def test_each_layer_s_blobs_are_sized_as_ncnn_reads_them(name, tmp_path):
+    param = tmp_path / "one.ncnn.param"
+    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{_OTHER_LAYERS[name]}\n")
+    layer = parse_ncnn_param(param).layers[1]
+    specs = blob_specs(layer)
+    assert specs is not None, name
+    data = b"".join(np.ones(count, "i1").tobytes() + b"\0" * (-count % 4) if how == "int8"
+                    else (FP32_TAG.to_bytes(4, "little") if how else b"")
+                    + np.ones(count, "<f4").tobytes() for _, count, how in specs)
+    ret, read = ncnn_reads(param, data + b"\0" * 64)
+    assert ret == 0 and read == len(data), (name, specs, read)
+    bin_path = tmp_path / "one.ncnn.bin"
+    bin_path.write_bytes(data)
+    layout = walk_bin(parse_ncnn_param(param), bin_path)
+    assert layout.complete and layout.end == len(data)
+    if "int8" in name:
+        assert [b.storage for b in layout.blobs] == ["int8-raw"]
+
+
+def test_a_memorydata_of_a_type_ncnn_cannot_load_is_left_unsized(tmp_path):
+    param = tmp_path / "one.ncnn.param"
+    param.write_text("7767517\n1 1\nMemoryData c 0 1 out0 0=3 21=2\n")  # raw fp16
+    assert blob_specs(parse_ncnn_param(param).layers[0]) is None
+    assert ncnn_reads(param, b"\0" * 64)[0] != 0  # ncnn: "load type 2 not implemented"

@@ -3,7 +3,8 @@
 ncnn reads a layer's weights in order, each blob either *tagged* (a 4-byte flag first: 0 for
 fp32, 0x01306B47 for fp16, 0x000D4B38 for int8, 0x0002C056 for raw fp32 with a scale, any
 other non-zero flag for a 256-entry quantization table plus 8-bit indices; fp16 and 8-bit
-data padded to 4 bytes) or *raw* fp32 with no flag. Nothing in the ``.bin`` says where one
+data padded to 4 bytes) or *raw*, with no flag: fp32, or int8 padded to 4 bytes (a
+MemoryData with ``21=3``, as pnnx writes an attention mask). Nothing in the ``.bin`` says where one
 layer ends: a ``.bin`` of another model of the same or a larger size loads without a word and
 computes garbage. Walking the ``.param``'s layers with their blob sizes (from the layer
 parameters, as each ncnn layer's ``load_model`` reads them) tells exactly how many bytes the
@@ -23,6 +24,9 @@ from typing import Any
 
 FP32_TAG, FP16_TAG, INT8_TAG, RAW_SCALED_TAG = 0, 0x01306B47, 0x000D4B38, 0x0002C056
 
+# one blob a layer loads: (role, element count, how: True tagged, False raw fp32, "int8" raw)
+Spec = tuple[str, int, bool | str]
+
 # layer types that load no weights from the .bin
 WEIGHTLESS = frozenset("""
 Input Split Concat Slice Reshape Permute Flatten Crop Interp ReLU Sigmoid TanH Swish
@@ -31,7 +35,11 @@ Eltwise Pooling Pooling1D Pooling3D Softmax Dropout Noop PixelShuffle Reorg Shuf
 Squeeze ExpandDims Cast Reduction ArgMax Threshold Tile Packing Flip CumulativeSum MatMul
 Einsum GridSample Fold Unfold Erf Diag CopyTo MVN LRN StatisticsPooling DeepCopy Spp
 Shrink Celu Yolov3DetectionOutput Sort TopK Gather Expand Where Reorg RNNCell
+CELU SPP GLU Softplus SDPA RotaryEmbed Spectrogram InverseSpectrogram DetectionOutput PriorBox
+Proposal PSROIPooling ROIAlign ROIPooling YoloDetectionOutput
 """.split())
+# The last two lines: ncnn's layers without a load_model (src/layer/*.h), checked against
+# ncnn a4d2ea1d4. Listed, not guessed: an unlisted type stops the walk (no exact-size check).
 
 
 def _p(layer: Any, key: int, default: int = 0) -> int:
@@ -41,7 +49,7 @@ def _p(layer: Any, key: int, default: int = 0) -> int:
     return int(float(v if isinstance(v, str) else v[0]))
 
 
-def _conv(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]] | None:
+def _conv(layer: Any, p: Callable[..., int]) -> list[Spec] | None:
     # dynamic weight (the weight is a bottom blob, not stored): key 19 for convolutions,
     # 28 for deconvolutions (whose 19 is output_pad_bottom); 3-D variants have none
     deconv = layer.type.startswith("Deconvolution")
@@ -51,7 +59,7 @@ def _conv(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]] | No
             + _int8_scales(layer, p))
 
 
-def _int8_scales(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+def _int8_scales(layer: Any, p: Callable[..., int]) -> list[Spec]:
     """The raw fp32 scales an int8 layer (``8=int8_scale_term``) reads after its weight and
     bias, as ``load_model`` of ncnn's convolution.cpp, convolutiondepthwise.cpp and
     innerproduct.cpp reads them: the weight scales (one per output channel; a depthwise
@@ -74,7 +82,7 @@ def _int8_scales(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool
     return out
 
 
-def _recurrent(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+def _recurrent(layer: Any, p: Callable[..., int]) -> list[Spec]:
     nd = 2 if p(2) == 2 else 1
     # int8 (8=int8_scale_term): raw scales of each gate row of weight_xc, then of weight_hc
     if layer.type == "LSTM":
@@ -97,7 +105,7 @@ def _recurrent(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]
     return blobs
 
 
-def _gemm(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+def _gemm(layer: Any, p: Callable[..., int]) -> list[Spec]:
     m, n, k = p(7), p(8), p(9)
     blobs = [("A", m * k, True)] if p(4) else []
     blobs += [("B", n * k, True)] if p(5) else []
@@ -109,15 +117,15 @@ def _gemm(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
     return blobs
 
 
-def _int8_or_unsized(size: Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]]]
-                     ) -> Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]] | None]:
+def _int8_or_unsized(size: Callable[[Any, Callable[..., int]], list[Spec]]
+                     ) -> Callable[[Any, Callable[..., int]], list[Spec] | None]:
     """A Gemm's or MultiHeadAttention's layout by 18=quantize_term: 0 float; 1-99 int8 (the
     raw scales ncnn's load_model reads after the weights); from 100 up weight-bits*100 block
     quantization, whose packed weights and block scales are not sized here."""
     return lambda la, p: size(la, p) if p(18) < 100 else None
 
 
-def _mha(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+def _mha(layer: Any, p: Callable[..., int]) -> list[Spec]:
     e, wds = p(0), p(2)
     qdim = wds // e if e else 0
     kdim, vdim = p(3, e), p(4, e)
@@ -130,16 +138,24 @@ def _mha(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
          ("out_scale", 1, False)] if p(18) else [])
 
 
-def _memorydata(layer: Any, p: Callable[..., int]) -> list[tuple[str, int, bool]]:
+def _memorydata(layer: Any, p: Callable[..., int]) -> list[Spec]:
+    """21 is ModelBin's element type: 0 tagged (flag first), 1 raw fp32, 3 raw int8 (padded
+    to 4 bytes: measured with ncnn 1.0.20261020, the bytes pnnx writes for an attention mask);
+    2 (raw fp16) ncnn does not load ("load type 2 not implemented"): left unsized."""
     n = 1
     for d in (p(0), p(1), p(11), p(2)):
         n *= d or 1
-    return [("data", n, p(21, 1) == 0)]
+    kind = {0: True, 1: False, 3: "int8"}[p(21, 1)]  # KeyError: unsized (blob_specs)
+    return [("data", n, kind)]
+
+
+def _padding(layer: Any, p: Callable[..., int]) -> list[Spec]:
+    return [("pad_values", p(6), False)] if p(6) else []  # 6=per-channel pad values
 
 
 _CONVS = ("Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise")
-# layer type -> its blobs in load order: (role, element count, tagged)
-_LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, bool]] | None]] = {
+# layer type -> its blobs in load order
+_LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[Spec] | None]] = {
     **{f"{c}{d}": _conv for c in _CONVS for d in ("", "1D", "3D")},
     "InnerProduct": lambda la, p: [("weight", p(2), True)]
     + ([("bias", p(0), False)] if p(1) else []) + _int8_scales(la, p),
@@ -157,6 +173,14 @@ _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, boo
     "Bias": lambda la, p: [("bias", p(0), False)],
     "Normalize": lambda la, p: [("scale", p(3), False)],
     "MemoryData": _memorydata,
+    "Padding": _padding,
+    "Quantize": lambda la, p: [("scale", p(0, 1), False)],
+    "Dequantize": lambda la, p: [("scale", p(0, 1), False)]
+    + ([("bias", p(1), False)] if p(1) else []),
+    "Requantize": lambda la, p: [("scale_in", p(0, 1), False), ("scale_out", p(1, 1), False)]
+    + ([("bias", p(2), False)] if p(2) else []),
+    "DeformableConv2D": lambda la, p: [("weight", p(6), True)]
+    + ([("bias", p(0), False)] if p(5) else []),
     # int8 Embed (18=int8_scale_term): one raw weight scale after the weight and bias
     "Embed": lambda la, p: [("weight", p(3), True)] + ([("bias", p(0), False)] if p(2) else [])
     + ([("weight_scales", 1, False)] if p(18) else []),
@@ -166,8 +190,9 @@ _LAYOUTS: dict[str, Callable[[Any, Callable[..., int]], list[tuple[str, int, boo
 }
 
 
-def blob_specs(layer: Any) -> list[tuple[str, int, bool]] | None:
-    """The blobs ``layer`` loads, in order: (role, element count, tagged); [] for a layer
+def blob_specs(layer: Any) -> list[Spec] | None:
+    """The blobs ``layer`` loads, in order: (role, element count, tagged: True for a flag
+    first, False for raw fp32, "int8" for raw int8); [] for a layer
     with no weights; None when this module does not know the type's layout (or its sizes
     are not integers, e.g. ``6=nan``: ncnn's own load then says what it thinks)."""
     if layer.type in WEIGHTLESS:
@@ -193,7 +218,7 @@ class BinBlob:
     role: str
     offset: int
     count: int
-    storage: str  # "float32", "float16", "int8", "quantized", "float32-scaled"
+    storage: str  # "float32", "float16", "int8", "quantized", "float32-scaled", "int8-raw"
     nbytes: int  # including its flag and padding
 
 
@@ -234,7 +259,9 @@ def walk_bin(param: Any, bin_path: str | Path) -> BinLayout:
                 break  # the bytes after an unsized layer cannot be placed
             for role, count, tagged in specs:
                 storage, data, nbytes = "float32", pos, 4 * count
-                if tagged:
+                if tagged == "int8":  # raw int8, no flag
+                    storage, nbytes = "int8-raw", _align4(count)
+                elif tagged:
                     f.seek(pos)
                     raw = f.read(4)
                     if len(raw) < 4:
