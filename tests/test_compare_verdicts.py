@@ -221,6 +221,41 @@ def test_too_little_explained_is_not_ok_though_what_was_compared_passes(tmp_path
         wb.compare(model, [onx], (x,), progress=False, min_explained="half")
 
 
+class PoolsTooWide(nn.Module):
+    """Three convs, then an average pool whose kernel (16, ceil mode) covers the whole 2x2
+    map, as transformers' EfficientNet pooler does: torch averages it; ncnn's Pooling leaves
+    the map as it is, so the model returns 16 values where torch returns 4."""
+
+    def __init__(self, kernel: int = 16):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.conv3 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.pool = nn.AvgPool2d(kernel, ceil_mode=True)
+
+    def forward(self, x):
+        return self.pool(self.conv3(self.conv2(self.conv1(x)))).flatten(1)
+
+
+@pytest.mark.parametrize("mode", ["accumulated", "isolated"])
+def test_an_output_that_is_not_torch_s_is_not_ok_though_the_rest_passes(tmp_path, mode):
+    torch.manual_seed(0)
+    x = torch.rand(1, 3, 4, 4)
+    for kernel, wrong in ((16, True), (2, False)):  # a 2x2 kernel: ncnn pools like torch
+        model = PoolsTooWide(kernel).eval()
+        nc = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / f"ws{kernel}"))
+        rep = wb.compare(model, [nc], (x,), mode=mode, progress=False)
+        (verdict,) = rep.verdicts().values()
+        assert rep.ok is not wrong and verdict.explained >= 0.5
+        if wrong:
+            assert all(r.metrics.passed for r in rep.records) and rep.first_divergence is None
+            (reason,) = verdict.reasons
+            assert reason.startswith("its output 'out0' is not torch's: matches no reference "
+                                     "tensor (candidate [1, 16], torch's output_0 [1, 4])")
+            assert "(Pooling)" in reason and "aligned to conv3" in reason
+            assert "all within tolerance" not in rep.summary()
+
+
 # -- a model that writes into its input ---------------------------------------------------------
 class WritesInput(nn.Module):
     def __init__(self):

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..shapes import squeezed, unbatched
+from ..shapes import same_elements, squeezed, unbatched
 
 WINDOW = 40  # how many reference tensors ahead of the last match a candidate may reach
 ACCEPT = 0.05  # a value match needs max |a-b| / max |a| below this on the sample
@@ -69,6 +69,9 @@ class Alignment:
     # simplifier folded into the module's weights: SDPA's 1/sqrt(d) into a q projection)
     scales: dict[str, float] = field(default_factory=dict)
     considered: int = 0  # float tensors that could have aligned (attributed ones not counted)
+    # candidate output -> why it is not compared with torch's output at its position (its
+    # model computes something else there: a wrong verdict if left out of the count)
+    outputs_unmatched: dict[str, str] = field(default_factory=dict)
 
     @property
     def fraction(self) -> float:
@@ -352,7 +355,8 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
         out.considered += 1
         key = unbatched(np.shape(arr))
         wanted = f"output_{t.output_index}" if t.output_index is not None else None
-        if wanted in alias and unbatched(np.shape(reference[wanted])) == key:
+        if wanted in alias and (unbatched(np.shape(reference[wanted])) == key or same_elements(
+                np.shape(reference[wanted]), np.shape(arr))):
             out.pairs[t.name] = alias[wanted]  # outputs pair by position, whatever the values
             continue
 
@@ -486,7 +490,55 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
     _check_shared(out, reference, candidate)
     _attribute_between(out, tensors, ref_names, ref_module, calls)
     _attribute_feeders(out, tensors, ref_module, {n: j for j, n in enumerate(ref_names)})
+    _check_outputs(out, tensors, reference, candidate, alias)
     return out
+
+
+def _check_outputs(out: Alignment, tensors: list[CandidateTensor], reference: dict[str, Any],
+                   candidate: dict[str, Any], alias: dict[str, str]) -> None:
+    """Record each candidate output (pnnx's out<k>, an ONNX graph output) that is not
+    compared with torch's output k: one of another size, or equal to some other tensor (an
+    EfficientNet pool that ncnn left a no-op returned the 1280 values before it, aligned by
+    value to them, where torch returns 320). Such a model computes something else: counting
+    only what did align would say "all within tolerance"."""
+    import numpy as np
+
+    for t in tensors:
+        wanted = f"output_{t.output_index}" if t.output_index is not None else None
+        if wanted not in alias or t.name not in candidate or \
+                np.asarray(candidate[t.name]).dtype.kind != "f":
+            continue
+        got = out.pairs.get(t.name)
+        if got in (wanted, alias[wanted]) or (got is not None and np.array_equal(
+                reference[got], reference[wanted], equal_nan=True)):
+            continue  # torch's output, or a record holding exactly its values
+        shapes = (f"candidate {list(np.shape(candidate[t.name]))}, torch's {wanted} "
+                  f"{list(np.shape(reference[wanted]))}")
+        out.outputs_unmatched[t.name] = (
+            f"aligned to {got!r}, not to torch's {wanted} ({shapes})" if got is not None
+            else f"matches no reference tensor ({shapes})") + _unaligned_chain(out, t, tensors)
+
+
+def _unaligned_chain(out: Alignment, last: CandidateTensor,
+                     tensors: list[CandidateTensor]) -> str:
+    """'; computed by <the nodes back to the nearest aligned tensors>': where to look."""
+    by_name = {t.name: t for t in tensors}
+    steps, good, todo, seen = [], [], [last.name], set()
+    while todo and len(steps) < 6:
+        name = todo.pop()
+        t = by_name.get(name)
+        if name in seen or t is None:
+            continue
+        seen.add(name)
+        if name != last.name and name in out.pairs:
+            good.append(f"{name} (aligned to {out.pairs[name]})")
+            continue
+        steps.append(f"{t.node or t.name} ({t.op_type})")
+        todo.extend(t.inputs)
+    if not steps:
+        return ""
+    return (f"; computed by {', '.join(reversed(steps))}"
+            + (f" from {', '.join(good)}" if good else ""))
 
 
 MAX_LAYOUT_SIZE = 1 << 22  # elements: larger tensors are not searched for a permuted layout

@@ -1,5 +1,6 @@
 """Honest verdicts: a pair that cannot be measured is listed (the comparison goes on), and a
-candidate with nothing compared, or too little of it explained, is not ok.
+candidate with nothing compared, too little of it explained, or an output that is not torch's
+output at its position, is not ok.
 
 ``measure_pair`` measures one aligned pair or says why it cannot; ``verdict`` says whether
 a candidate's comparison can be trusted at all, before any tolerance is looked at.
@@ -85,5 +86,7 @@ def verdict(candidate: str, alignment: Any, records: list[Any],
     elif explained < min_explained:
         reasons.append(f"only {explained:.0%} of {total} tensors aligned or attributed "
                        f"(threshold {min_explained:.0%})")
+    for name, why in (alignment.outputs_unmatched.items() if alignment is not None else ()):
+        reasons.append(f"its output {name!r} is not torch's: {why}")
     passed = all(r.metrics.passed for r in records)
     return Verdict(candidate, compared, explained, passed, reasons)
