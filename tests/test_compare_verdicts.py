@@ -553,6 +553,11 @@ def _hf(name):
             image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
             num_attention_heads=4, mlp_ratio=2, initializer_range=0.2))
         return _wrap(model, "last_hidden_state"), (torch.rand(1, 3, 32, 32),)
+    if name == "focalnet":
+        model = T.FocalNetModel(T.FocalNetConfig(
+            image_size=64, embed_dim=16, depths=[1, 1], hidden_sizes=[16, 32],
+            initializer_range=0.2))
+        return _wrap(model, "pooler_output"), (torch.rand(1, 3, 64, 64),)
     if name == "beit":
         model = T.BeitModel(T.BeitConfig(
             image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=1,
@@ -564,6 +569,20 @@ def _hf(name):
         num_attention_heads=[1], patch_sizes=[7], strides=[4], mlp_ratios=[2],
         initializer_range=0.2))
     return _wrap(model, "last_hidden_state"), (torch.rand(1, 3, 64, 64),)
+
+
+def test_partial_sums_of_a_sum_added_in_another_order_are_steps_not_unexplained(tmp_path):
+    """FocalNet's modulation sums its focal levels (ctx_all = ctx_all + ctx * gate, level by
+    level); pnnx adds them up in another order, so ncnn holds a partial sum torch never
+    computed. On a sample it looked like the whole sum (left unexplained as "another state
+    of it"); it is a step of the modulation, read only by the add that equals torch's sum."""
+    model, x = _hf("focalnet")
+    nc = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [nc], x, progress=False)
+    (al,) = rep.alignments.values()
+    assert rep.ok and al.fraction == 1.0, al.unaligned
+    steps = {n: m for n, m in al.attributed.items() if m.endswith("modulation")}
+    assert steps and not any("on a sample only" in r for r in al.unaligned.values())
 
 
 def test_a_layer_scale_two_levels_above_the_linear_is_no_divergence(tmp_path):

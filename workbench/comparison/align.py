@@ -655,10 +655,15 @@ def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
         changed = False
         for t in tensors:
             # no torch counterpart; or no name or weights tie it to a module: a step of the
-            # call alone reading it (its error shows there). Named or weighted: listed.
+            # call alone reading it (its error shows there). Named or weighted: listed. Near
+            # a record but not it: a partial sum of a sum pnnx added up in another order
+            # (FocalNet's modulation: (a + b) + c for torch's a + (b + c)) is, on a sample,
+            # "equal" to the whole sum, which its reader's output equals exactly.
             why = out.unaligned.get(t.name, "")
+            near = why.startswith("nearest reference tensor") or (
+                why.startswith("equal to ") and " on a sample only" in why)
             if not why.startswith("no reference tensor") and (t.hint is not None or (
-                    t.weights_of or not why.startswith("nearest reference tensor"))):
+                    t.weights_of or not near)):
                 continue
             owners = {owner(r) for r in readers.get(t.name, ())}
             if len(owners) == 1 and None not in owners:
