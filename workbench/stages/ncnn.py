@@ -438,7 +438,7 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
-                                    _shape_hint(reference, fitted)))
+                                    _wide_pools(param, args) or _shape_hint(reference, fitted)))
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
@@ -496,6 +496,41 @@ def _shape_hint(reference: list, got: list) -> str:
                 "that size as a constant, or slice with explicit bounds, and convert again")
     return ("a batch or layout axis was handled differently (another rank); see the "
             "_ncnn.py pnnx wrote for how each output is read")
+
+
+def _wide_pools(param: Path, args: tuple) -> str:
+    """The hint when a Pooling's kernel is larger than its input: torch pools what there is
+    (transformers' EfficientNet pooler, AvgPool2d(1280, ceil_mode=True), averages its whole
+    map); ncnn returns the input unpooled. '' when no such layer (or the run fails)."""
+    from ..params import parse_ncnn_param
+    from ..runtime.ncnn_runner import NcnnRunner
+
+    try:
+        blobs = NcnnRunner(param, isolated=True).run(args, capture="all")
+        layers = parse_ncnn_param(param).layers
+    except Exception:  # noqa: BLE001 - a hint only: the generic one is given instead
+        return ""
+    wide = []
+    for la in layers:
+        if la.type != "Pooling" or str(la.params.get(4, "0")) != "0" or la.bottoms[0] \
+                not in blobs:
+            continue
+        kw = int(float(str(la.params.get(1, "0"))))
+        kh = int(float(str(la.params.get(11, kw))))
+        shape = blobs[la.bottoms[0]].shape
+        h, w = shape[-2:]
+        if kh > h or kw > w:
+            top = blobs.get(la.tops[0])
+            got = ("its input unpooled" if top is not None and top.shape == shape
+                   else f"shape {list(top.shape)}" if top is not None else "no blob")
+            wide.append(f"{la.name} (kernel {kh}x{kw} over a {h}x{w} input) returns {got}")
+    if not wide:
+        return ""
+    return (f"ncnn's Pooling {'; '.join(wide)}: ncnn does not pool as torch does when the "
+            "kernel is larger than the map (torch, with ceil_mode, pools what there is). Give "
+            "the pool a kernel no larger than the map at this input size, or use "
+            "AdaptiveAvgPool2d(1) / AdaptiveMaxPool2d(1) for a pool over the whole map, and "
+            "convert again")
 
 
 def _identical(a: list | None, b: list) -> bool:
