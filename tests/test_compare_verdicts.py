@@ -256,6 +256,36 @@ def test_an_output_that_is_not_torch_s_is_not_ok_though_the_rest_passes(tmp_path
             assert "all within tolerance" not in rep.summary()
 
 
+class Amplify(nn.Module):
+    def forward(self, x):
+        return x * 100.0
+
+
+def test_an_error_within_tolerance_that_grows_past_it_is_said_not_blamed_on_an_op(tmp_path):
+    """Each op within tolerance on its own inputs (isolated), the accumulated error over it
+    later: no op is named, and the summary says where the accumulated error first exceeds
+    tolerance (it said "over tolerance only where not exactly related")."""
+    torch.manual_seed(0)
+    lin = nn.Linear(32, 32)
+    with torch.no_grad():
+        lin.weight.mul_(0.01)
+        lin.bias.mul_(0.01)
+    model, x = nn.Sequential(lin, Amplify(), nn.LayerNorm(32)).eval(), torch.randn(1, 32)
+    onx = wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    m = onnx.load(str(onx.path))
+    (w,) = [t for t in m.graph.initializer if len(t.dims) == 2]
+    a = numpy_helper.to_array(w)
+    noise = np.random.default_rng(0).standard_normal(a.shape)
+    w.CopyFrom(numpy_helper.from_array((a * (1 + 0.002 * noise)).astype(np.float32), w.name))
+    onnx.save(m, tmp_path / "drifted.onnx")
+    rep = wb.compare(model, [tmp_path / "drifted.onnx"], (x,), mode="both", progress=False)
+    iso = [r for r in rep.records if r.mode == "isolated"]
+    assert iso and all(r.metrics.passed for r in iso)
+    assert not rep.ok and rep.first_divergence is None
+    assert "no op over tolerance on its own (isolated); the accumulated error first exceeds " \
+           "it at 1 (Mul" in rep.summary()
+
+
 # -- a model that writes into its input ---------------------------------------------------------
 class WritesInput(nn.Module):
     def __init__(self):

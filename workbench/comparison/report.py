@@ -165,7 +165,7 @@ class CompareReport:
                 tail = (f"first divergence at {div.reference}{covers} ({div.op_type} "
                         f"{div.name}, {div.mode} max abs {div.metrics.max_abs:.3g})")
             elif not v.passed:
-                tail = "over tolerance only where not exactly related; no op named"
+                tail = self._no_culprit(cand.name)
             else:  # never "all within tolerance" over too little compared
                 tail = "what was compared is within tolerance" if v.reasons else \
                     "all within tolerance"
@@ -174,6 +174,20 @@ class CompareReport:
             lines.append(f"{cand.name}: {aligned}, worst max abs "
                          f"{worst.metrics.max_abs:.3g} at {worst.reference}; {tail}{note}")
         return "\n".join(lines)
+
+    def _no_culprit(self, candidate: str) -> str:
+        """Why tensors are over tolerance but no op is named: the isolated errors all pass
+        (each op is within tolerance on its own; the accumulated error builds up, and
+        where it first exceeds tolerance is said), or only tensors not exactly related fail."""
+        acc = [r for r in self.records if r.candidate == candidate and r.exact
+               and r.mode == "accumulated" and not r.metrics.passed]
+        if acc and self.isolated_available.get(candidate):
+            r = min(acc, key=lambda r: r.order)
+            return (f"no op over tolerance on its own (isolated); the accumulated error first "
+                    f"exceeds it at {r.reference} ({r.op_type} {r.name}, max abs "
+                    f"{r.metrics.max_abs:.3g}): errors within tolerance before it grow "
+                    "past it")
+        return "over tolerance only where not exactly related; no op named"
 
     def __str__(self) -> str:
         return self.summary()
