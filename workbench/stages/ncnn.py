@@ -518,6 +518,8 @@ def _wide_pools(param: Path, args: tuple) -> str:
         kw = int(float(str(la.params.get(1, "0"))))
         kh = int(float(str(la.params.get(11, kw))))
         shape = blobs[la.bottoms[0]].shape
+        if len(shape) < 2:
+            continue
         h, w = shape[-2:]
         if kh > h or kw > w:
             top = blobs.get(la.tops[0])
