@@ -155,18 +155,25 @@ _LAYERS = {
 }
 
 
+def sized_as_ncnn_reads(line: str, tmp_path: Path) -> tuple[list, Path, bytes]:
+    """(blob_specs, .param, weights) of one layer after an Input, the weights laid out as the
+    specs say (fp32 under flag 0, which ncnn quantizes at load for an int8 layer; raw fp32;
+    raw int8 padded to 4 bytes), held against what ncnn's load_model reads of them."""
+    param = tmp_path / "one.ncnn.param"
+    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{line}\n")
+    specs = blob_specs(parse_ncnn_param(param).layers[1])
+    assert specs is not None, line
+    data = b"".join(np.ones(count, "i1").tobytes() + b"\0" * (-count % 4) if how == "int8"
+                    else (FP32_TAG.to_bytes(4, "little") if how else b"")
+                    + np.ones(count, "<f4").tobytes() for _, count, how in specs)
+    ret, read = ncnn_reads(param, data + b"\0" * 64)  # room to read past the layout
+    assert ret == 0 and read == len(data), (line, specs, read)
+    return specs, param, data
+
+
 @pytest.mark.parametrize("name", list(_LAYERS))
 def test_each_int8_term_is_sized_as_ncnn_reads_it(name, tmp_path):
-    param = tmp_path / "one.ncnn.param"
-    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{_LAYERS[name]}\n")
-    layer = parse_ncnn_param(param).layers[1]
-    specs = blob_specs(layer)
-    assert specs is not None
-    # fp32 weights (flag 0; ncnn quantizes them at load when the layer is int8), scales 1.0
-    data = b"".join((FP32_TAG.to_bytes(4, "little") if tagged else b"")
-                    + np.ones(count, "<f4").tobytes() for _, count, tagged in specs)
-    ret, read = ncnn_reads(param, data + b"\0" * 64)  # room to read past the layout
-    assert ret == 0 and read == len(data), (name, specs)
+    specs, _, _ = sized_as_ncnn_reads(_LAYERS[name], tmp_path)
     roles = [r for r, _, _ in specs]
     if "term 102" in name or "term 101" in name:
         assert ("output_scale" in roles) == name.startswith(("conv", "dw"))
@@ -209,16 +216,7 @@ _OTHER_LAYERS = {
 
 @pytest.mark.parametrize("name", list(_OTHER_LAYERS))
 def test_each_layer_s_blobs_are_sized_as_ncnn_reads_them(name, tmp_path):
-    param = tmp_path / "one.ncnn.param"
-    param.write_text(f"7767517\n2 2\nInput in0 0 1 in0\n{_OTHER_LAYERS[name]}\n")
-    layer = parse_ncnn_param(param).layers[1]
-    specs = blob_specs(layer)
-    assert specs is not None, name
-    data = b"".join(np.ones(count, "i1").tobytes() + b"\0" * (-count % 4) if how == "int8"
-                    else (FP32_TAG.to_bytes(4, "little") if how else b"")
-                    + np.ones(count, "<f4").tobytes() for _, count, how in specs)
-    ret, read = ncnn_reads(param, data + b"\0" * 64)
-    assert ret == 0 and read == len(data), (name, specs, read)
+    _, param, data = sized_as_ncnn_reads(_OTHER_LAYERS[name], tmp_path)
     bin_path = tmp_path / "one.ncnn.bin"
     bin_path.write_bytes(data)
     layout = walk_bin(parse_ncnn_param(param), bin_path)
