@@ -474,25 +474,26 @@ def describe(rep: Any, rec: Any) -> dict[str, Any] | None:
 
 def output_deviation(model: Any, path: Path, x: tuple) -> str:
     """How the candidate's outputs, from a plain run (no wb.compare), differ from torch's at
-    the same positions: other elements, or values beyond the default tolerance; '' if none."""
+    the same positions, by to_ncnn's own output check (shapes.fit, max_errors, each output
+    against its own range at the default tolerance); '' if they do not."""
     import numpy as np
     import torch
 
     from workbench.comparison.metrics import DEFAULT_ATOL, DEFAULT_RTOL
     from workbench.runtime import runner_for
-    from workbench.shapes import same_elements
+    from workbench.shapes import fit
+    from workbench.tolerances import failing_output, max_errors
 
     with torch.no_grad():
         ref = model(*x)
     refs = [np.asarray(r) for r in (ref if isinstance(ref, (tuple, list)) else (ref,))]
     got = [np.asarray(g) for g in runner_for(path).run(x).values()]
-    for k, (r, g) in enumerate(zip(refs, got, strict=False)):
-        if not same_elements(r.shape, g.shape):
-            return f"output {k} has shape {list(g.shape)}, torch's {list(r.shape)}"
-        err = float(np.abs(r.reshape(-1) - g.reshape(-1)).max()) if r.size else 0.0
-        if err > DEFAULT_ATOL + DEFAULT_RTOL * float(np.abs(r).max()):
-            return f"output {k} differs by max abs {err:.3g}"
-    return ""
+    errs = max_errors(refs, [fit(g, r.shape) for r, g in zip(refs, got, strict=False)]
+                      + got[len(refs):])
+    if errs["shape_mismatch"]:
+        return "; ".join(errs["shape_mismatch"])
+    bad = failing_output(errs, DEFAULT_ATOL, DEFAULT_RTOL, refs)
+    return f"output {bad[0]} differs by max abs {bad[1]:.3g}" if bad else ""
 
 
 def alignment_figures(rep: Any) -> dict[str, Any]:
