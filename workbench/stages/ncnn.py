@@ -10,6 +10,7 @@ holds layers ncnn cannot load.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -412,6 +413,8 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
     if reference is None:
         return metrics, diags
     runs: dict[str, list] = {}
+    # the wide-pool hint takes a capture run of its own: looked for once, for fp32 and fp16
+    wide_pools = functools.cache(lambda: _wide_pools(param, args))
     for precision in ("fp32", "fp16"):
         key = "max_abs" if precision == "fp32" else "max_abs_fp16"
         metrics[key] = None
@@ -438,7 +441,7 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
-                                    _wide_pools(param, args) or _shape_hint(reference, fitted)))
+                                    wide_pools() or _shape_hint(reference, fitted)))
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
