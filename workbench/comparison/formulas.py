@@ -80,9 +80,7 @@ def formula_notes(cand: Any, al: Alignment, tensors: list[CandidateTensor],
     gelus = [t for t in tensors if t.op_type == "GELU" and t.name in al.pairs and t.node]
     if not gelus:
         return []
-    from ..params import parse_ncnn_param
-
-    param = parse_ncnn_param(cand.runner.param)
+    param = cand.runner.graph  # parsed when the runner was made
     modules = dict(model.named_modules())
     forms: dict[int, str | None] = {}  # id(module) -> its form, probed once
     found: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (layer form, module form)

@@ -118,6 +118,11 @@ class NcnnRunner(Runner):
                                         custom_ops=ship)
 
     @property
+    def graph(self) -> Any:
+        """The parsed ``.param`` (an NcnnParam), as checked when the runner was made."""
+        return self._graph
+
+    @property
     def net(self):
         if self._net is None:
             import ncnn
