@@ -505,12 +505,11 @@ def _wide_pools(param: Path, args: tuple) -> str:
     """The hint when a Pooling's kernel is larger than its input: torch pools what there is
     (transformers' EfficientNet pooler, AvgPool2d(1280, ceil_mode=True), averages its whole
     map); ncnn returns the input unpooled. '' when no such layer (or the run fails)."""
-    from ..params import parse_ncnn_param
     from ..runtime.ncnn_runner import NcnnRunner
 
     try:
-        blobs = NcnnRunner(param, isolated=True).run(args, capture="all")
-        layers = parse_ncnn_param(param).layers
+        runner = NcnnRunner(param, isolated=True)
+        blobs, layers = runner.run(args, capture="all"), runner.graph.layers
     except Exception:  # noqa: BLE001 - a hint only: the generic one is given instead
         return ""
     wide = []
