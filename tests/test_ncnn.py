@@ -321,3 +321,88 @@ def test_a_pool_kernel_larger_than_its_map_is_named_in_the_shape_mismatch(tmp_pa
     fixed = nn.Sequential(model[0], nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
     ok = wb.to_ncnn(fixed, (x,), workspace=wb.Workspace(tmp_path / "ws2"))
     assert not [d for d in ok.diagnostics if d.level == "error"]
+
+
+class _MaskedAttention(nn.Module):
+    """One head pair of self-attention with a causal mask, boolean (as transformers' "sdpa"
+    attention passes it) or additive float (0 / -inf)."""
+
+    def __init__(self, boolean: bool) -> None:
+        super().__init__()
+        self.boolean = boolean
+        self.q, self.o = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x):
+        n = x.shape[1]
+        q = self.q(x).view(1, n, 2, 8).transpose(1, 2)
+        keep = torch.ones(n, n, dtype=torch.bool).tril()
+        mask = keep if self.boolean else torch.zeros(n, n).masked_fill(~keep, float("-inf"))
+        a = nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        return self.o(a.transpose(1, 2).reshape(1, n, 16))
+
+
+def test_a_boolean_attention_mask_stored_as_bytes_is_named_before_the_run_it_crashes(tmp_path):
+    """pnnx folds a boolean mask into a MemoryData of raw bytes (21=3); ncnn's SDPA reads
+    its mask as float: the run crashes (or, on GPT-NeoX, computes garbage). to_ncnn names
+    the SDPA and the MemoryData from the graph, and the failed run's hint points there.
+    The same model with a float mask converts clean."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 16)
+    art = wb.to_ncnn(_MaskedAttention(True).eval(), (x,), workspace=tmp_path / "ws")
+    [mask] = art.diagnostics_with("ncnn-sdpa-byte-mask")
+    sdpa = next(la for la in open(art.path) if la.startswith("SDPA")).split()[1]
+    memory = next(la for la in open(art.path) if la.startswith("MemoryData")).split()[1]
+    assert f"{sdpa} (SDPA) takes its mask from {memory} (MemoryData 6x6, 21=3" in mask.message
+    assert "attn_implementation=\"eager\"" in mask.hint and "-inf" in mask.hint
+    assert not art.ok
+    failed = [d for d in art.diagnostics if d.code in ("ncnn-run-failed",
+                                                       "ncnn-numeric-mismatch")]
+    assert failed and all("likely cause: ncnn-sdpa-byte-mask" in d.hint for d in failed)
+    fine = wb.to_ncnn(_MaskedAttention(False).eval(), (x,), workspace=tmp_path / "ws2")
+    assert not [d for d in fine.diagnostics if d.level == "error"], [d.message for d in fine.diagnostics]
+    assert fine.metrics["max_abs"] < 1e-5
+
+
+def test_byte_masks_are_followed_through_splits(tmp_path):
+    from workbench.params import parse_ncnn_param
+    from workbench.runtime.ncnn_masks import byte_masks
+
+    param = tmp_path / "m.param"
+    param.write_text("7767517\n6 7\n"
+                     "Input in0 0 1 q\n"
+                     "MemoryData mask 0 1 m 0=5 1=5 21=3\n"
+                     "MemoryData fmask 0 1 f 0=5 1=5\n"
+                     "Split sp 1 2 m m0 m1\n"
+                     "SDPA sdpa_a 4 1 q q q m1 a 5=1\n"
+                     "SDPA sdpa_b 4 1 a a a f out0 5=1\n")
+    [found] = byte_masks(parse_ncnn_param(param))
+    assert (found.layer, found.source, found.shape) == ("sdpa_a", "mask", (5, 5))
+
+
+def test_a_byte_mask_model_runs_in_the_worker_only_and_the_worker_is_replaced_after(tmp_path):
+    """A byte-mask SDPA run may corrupt the heap without killing the process: in this
+    process it is refused (named), in the worker it runs and the worker is replaced before
+    the next call, so no later model runs in a damaged heap."""
+    from workbench.errors import ModelFileError
+    from workbench.runtime import worker as worker_mod
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, 16)
+    art = wb.to_ncnn(_MaskedAttention(True).eval(), (x,), workspace=tmp_path / "ws")
+    with pytest.raises(ModelFileError, match=r"sdpa_\d+ \(SDPA\) takes its mask from .*not "
+                       r"run in this process") as e:
+        NcnnRunner(art, isolated=False).run((x,))
+    assert "isolated=True" in e.value.hint
+    good = _MaskedAttention(False).eval()
+    runner = NcnnRunner(wb.to_ncnn(good, (x,), workspace=tmp_path / "ws2"))
+    runner.run((x,))
+    w = worker_mod.worker()
+    before = w.pid
+    try:  # a crash, or garbage: either may come
+        NcnnRunner(art).run((x,))
+    except wb.errors.BackendCrashed:
+        pass
+    out = runner.run((x,))["out0"]  # in a fresh worker, whatever the byte-mask run did
+    assert w.pid != before
+    with torch.no_grad():
+        np.testing.assert_allclose(out, good(x).numpy(), atol=1e-5)

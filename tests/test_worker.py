@@ -414,3 +414,40 @@ def test_the_workers_kept_output_files_take_runs_from_two_threads_at_once(tmp_pa
     finally:
         w._KEPT.clear()
         w._KEPT.update(before)
+
+
+def test_a_tainted_worker_is_replaced_once_no_call_waits_on_it(sr, fresh_worker):
+    """Worker.taint (a run that may have damaged the heap): the next call with nothing else
+    in flight starts a fresh process; a call still in flight finishes in the old one."""
+    import threading
+
+    _, (x,), onx, nc = sr
+    ort, ncnn = OrtRunner(onx), NcnnRunner(nc)
+    want = ncnn.run((x,))["out0"]
+    first = fresh_worker.pid
+    fresh_worker.taint()
+    assert fresh_worker.pid == first  # nothing killed yet
+    np.testing.assert_array_equal(ncnn.run((x,))["out0"], want)  # its twin is made again
+    second = fresh_worker.pid
+    assert second != first
+    # in flight: a call on another thread keeps the tainted process until it is answered
+    started, release = threading.Event(), threading.Event()
+    real_wait = fresh_worker._wait
+
+    def slow_wait(*args, **kw):
+        started.set()
+        release.wait(30)
+        return real_wait(*args, **kw)
+
+    fresh_worker._wait = slow_wait
+    t = threading.Thread(target=ort.run, args=((x,),))
+    t.start()
+    assert started.wait(30)
+    fresh_worker._wait = real_wait
+    fresh_worker.taint()
+    np.testing.assert_array_equal(ncnn.run((x,))["out0"], want)  # runs in the same process
+    assert fresh_worker.pid == second
+    release.set()
+    t.join(30)
+    ncnn.run((x,))
+    assert fresh_worker.pid not in (first, second)

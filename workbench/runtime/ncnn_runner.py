@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import shapes
 from ..customops import missing_ncnn_hint, register_ncnn_layers
-from ..errors import BackendCrashed, InputError, MissingOpError
+from ..errors import BackendCrashed, InputError, MissingOpError, ModelFileError
 from ..ncnn_bin import walk_bin
 from .base import BlobCapture, ModelIO, Runner, TensorSpec, split_inputs, to_numpy
 from .ncnn_failure import bad_mat
@@ -96,6 +96,10 @@ class NcnnRunner(Runner):
 
         self.emulate = emulate
         self.emulation = check_emulate(emulate, precision, self._graph, self.bin)
+        from .ncnn_masks import byte_masks
+
+        # SDPA layers that read a byte mask as float: a run may corrupt the process's memory
+        self.byte_masks = byte_masks(self._graph)
         self.precision = precision
         self.num_threads = num_threads
         self.check_sizes = check_sizes
@@ -195,16 +199,36 @@ class NcnnRunner(Runner):
 
         self._check_capture(capture)
         feed = self.feed(inputs)
+        if self.byte_masks and not self.isolated:
+            self._refuse_in_process()
         try:  # Runner.run, keeping the feed: a crash is explained from it (ncnn_failure)
             result = (self._remote.execute(feed, capture) if self.isolated
                       else self._execute(feed, capture))
         except BackendCrashed as e:
             raise self._explained(feed, "", crashed=e) from e
+        finally:
+            if self.byte_masks and self.isolated:
+                from .worker import worker
+
+                worker().taint()  # no later run, of any model, in a heap it may have damaged
         outs = self.output_names
         ordered = {n: shapes.fit(result[n], self._out_shape(n)) for n in outs if n in result}
         if capture == "all":
             ordered.update((n, v) for n, v in result.items() if n not in ordered)
         return ordered
+
+    def _refuse_in_process(self) -> None:
+        """A model whose run may corrupt this process's memory runs in the worker only."""
+        from . import worker as worker_mod
+        from .ncnn_masks import HINT, describe
+
+        if worker_mod.SERVING:  # the worker's twin: the parent retires this process after
+            return
+        raise ModelFileError(
+            f"{self.param.name}: {describe(self.byte_masks)}; ncnn's SDPA reads its mask as "
+            "float, past the mask's end: a run may corrupt this process's memory or crash it, "
+            "so it is not run in this process",
+            f"run it with isolated=True (the default: a crash stays in the worker); {HINT}")
 
     def _out_shape(self, name: str) -> tuple[int | None, ...] | None:
         spec = self.out_specs.get(name)

@@ -67,7 +67,12 @@ def _output_file(path: str, keep: bool) -> SharedFile:
         return _KEPT[path]
 
 
+SERVING = False  # True in the worker process itself
+
+
 def _serve(fd: int) -> None:  # pragma: no cover - runs in the child
+    global SERVING
+    SERVING = True
     """Worker main loop: build runners, run them, answer on the socket ``fd``.
 
     A thread receives; each runner's runs go to a thread of its own (ncnn's to the main
@@ -171,6 +176,7 @@ class Worker:
         self._abandoned: dict[int, str] = {}  # generation -> why the workbench killed it
         self._proc = None
         self._conn = None
+        self._tainted = -1  # a generation whose memory a run may have corrupted (taint)
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[Any, str, int]] = {}  # id -> (future, backend, gen)
         self.generation = 0
@@ -223,6 +229,10 @@ class Worker:
 
         future: Future = Future()
         with self._lock:
+            if self._tainted == self.generation and self.alive and not any(
+                    e[2] == self.generation for e in self._waiting.values()):
+                self._proc.kill()  # replaced below, now that no call waits on it
+                self._proc.wait()
             if not self.alive:
                 if self._proc is not None:  # died between calls: a fresh one
                     self._conn.close()
@@ -250,6 +260,16 @@ class Worker:
                               reply["hint"] or "the model or the inputs are not what the "
                               "backend expects", kind=reply["type"])
         return reply
+
+    def taint(self) -> None:
+        """The process ran something that may have corrupted its memory without killing it
+        (ncnn's SDPA over a byte mask, runtime/ncnn_masks.py): it is replaced at the next
+        call that finds no other call waiting on it, so that no later model runs in a
+        damaged heap (seen: an unrelated model then crashed in it, "pool allocator
+        destroyed too early")."""
+        with self._lock:
+            if self.alive:
+                self._tainted = self.generation
 
     def _wait(self, future: Any, proc: Any, generation: int, backend: str,
               timeout: float | None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
 from ..checks import reference_data
 from ..errors import ConversionError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, run_torch
-from ..params import parse_pnnx_param
+from ..params import parse_ncnn_param, parse_pnnx_param
 from ..progress import Progress, Steps
 from ..tolerances import check_tolerance, error_detail, for_precision, max_errors, within
 
@@ -197,15 +197,20 @@ def to_ncnn(
                 f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
                 f"graph is kept as {pnnx_art.id}" + _tail(log), _hint_for(log, bad))
         steps.phase("running ncnn against the reference")
+        from ..runtime.ncnn_masks import byte_mask_diagnostic, byte_masks
         from .ncnn_gelu import fix_gelu_form
 
-        metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol)
+        # a boolean attention mask stored as bytes: named before the run that it may crash
+        masks = byte_masks(parse_ncnn_param(tmp / ncnn_files[0]))
+        known = [byte_mask_diagnostic(masks)] if masks else []
+        metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol, known)
         # pnnx's erf GELU for transformers' tanh GELU, set right when the outputs say so;
         # the check runs again on the param so written
         gelu = fix_gelu_form(tmp / ncnn_files[0], args, ref_out, metrics.get("max_abs"))
         if gelu is not None:
-            metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol)
+            metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol, known)
             checks.insert(0, gelu)
+        checks[:0] = known
         steps.advance(steps.total)
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
@@ -397,11 +402,12 @@ def _hint_for(log: str, bad: list[tuple[str, str]] | None = None) -> str:
 
 
 def _check_numbers(param: Path, args: tuple, reference: list | None,
-                   tol: tuple[float, float] | None = None
+                   tol: tuple[float, float] | None = None, known: list[Diagnostic] = ()
                    ) -> tuple[dict[str, Any], list[Diagnostic]]:
     """ncnn fp32 and fp16 against torch on the example inputs: the fp32 run within ``tol``
     (atol, rtol; default fp32's), the fp16 run within the fp16 default; past it,
-    ``ncnn-numeric-mismatch``.
+    ``ncnn-numeric-mismatch``. ``known``: errors found in the graph before the run (a
+    byte mask, runtime/ncnn_masks.py); a failed or mismatching run points at them.
 
     Outputs are paired by position (out0...outN is the torch model's output order), each in
     the torch shape by ``workbench.shapes`` (a dropped or squeezed size-1 axis). When the fp16
@@ -426,8 +432,9 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             diags.append(Diagnostic("error", "ncnn-run-failed",
                                     f"ncnn ({precision}) cannot run the model on the example "
                                     f"inputs ({', '.join(map(describe, args))}): {message}",
-                                    getattr(e, "hint", "") or "run NcnnRunner on the .param "
-                                    "with the example inputs to see the failing layer"))
+                                    _known(known) or getattr(e, "hint", "") or "run NcnnRunner "
+                                    "on the .param with the example inputs to see the failing "
+                                    "layer"))
             continue
         runs[precision] = got
         if precision == "fp16" and _identical(runs.get("fp32"), got):
@@ -448,7 +455,7 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             atol, rtol = for_precision(precision) if precision == "fp16" or tol is None \
                 else tol
             if not within(errs, atol, rtol, reference):
-                diags.append(_numeric_mismatch(precision, errs, atol, rtol))
+                diags.append(_numeric_mismatch(precision, errs, atol, rtol, _known(known)))
     return metrics, diags
 
 
@@ -469,17 +476,25 @@ def ncnn_errors(param: Path, args: tuple, reference: list, precision: str
 
 
 def _numeric_mismatch(precision: str, errs: dict[str, Any], atol: float,
-                      rtol: float) -> Diagnostic:
+                      rtol: float, cause: str = "") -> Diagnostic:
     """ncnn's outputs have torch's shapes but other values: pnnx converted an op into
-    something that computes otherwise (the comparison finds which)."""
+    something that computes otherwise (the comparison finds which; ``cause``, a hint
+    pointing at an error already found in the graph, says it first)."""
     return Diagnostic(
         "error", "ncnn-numeric-mismatch",
         f"ncnn ({precision}) differs from torch on the example inputs: "
         f"{error_detail(errs, atol, rtol)} (all outputs: max abs {errs['max_abs']:.3g}, "
         f"max rel {errs['max_rel']:.3g})",
-        "the shapes agree but the values do not: a layer computes otherwise than torch (pnnx's "
-        "own converted model does the same). wb.compare(model, [artifact], inputs) names the "
-        "first layer that diverges; pass atol=/rtol= to to_ncnn if the error is expected")
+        cause or "the shapes agree but the values do not: a layer computes otherwise than "
+        "torch (pnnx's own converted model does the same). wb.compare(model, [artifact], "
+        "inputs) names the first layer that diverges; pass atol=/rtol= to to_ncnn if the "
+        "error is expected")
+
+
+def _known(known: list[Diagnostic]) -> str:
+    """The hint of a failed or mismatching run when the graph already showed why."""
+    return " ".join(f"likely cause: {d.code} ({d.message.split(':')[0]}); {d.hint}"
+                    for d in known)
 
 
 def _shape_hint(reference: list, got: list) -> str:
