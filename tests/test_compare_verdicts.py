@@ -594,6 +594,13 @@ def _hf(name):
             num_attention_heads=4, intermediate_size=128, initializer_range=0.2),
             add_pooling_layer=False)
         return _wrap(model, "last_hidden_state"), (torch.rand(1, 3, 32, 32),)
+    if name == "gpt_neox":
+        model = T.GPTNeoXModel(T.GPTNeoXConfig(
+            hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
+            vocab_size=100, max_position_embeddings=64, rotary_pct=0.5,
+            initializer_range=0.2, use_cache=False))
+        return _wrap(model, "last_hidden_state"), (
+            torch.randint(0, 100, (1, 12), generator=torch.Generator().manual_seed(1)),)
     model = T.SegformerModel(T.SegformerConfig(
         num_encoder_blocks=1, depths=[1], sr_ratios=[2], hidden_sizes=[16],
         num_attention_heads=[1], patch_sizes=[7], strides=[4], mlp_ratios=[2],
@@ -887,3 +894,29 @@ def test_a_layer_after_an_unaligned_step_is_isolated_through_the_aligned_blob_be
     want = snr_db(np.asarray(ref["fc2"])[0], np.asarray(direct).reshape(10, 32))
     assert abs(snr[("isolated", "fc2")] - want) < 1.0, (snr, want)
     assert rep.sensitive(1)[0].reference == "fc1"
+
+
+def test_an_sdpa_reading_a_byte_mask_is_the_first_divergence_and_the_note_says_why(tmp_path):
+    """GPT-NeoX in ncnn: pnnx stores the boolean causal mask as bytes, ncnn's SDPA reads it
+    as float (runtime/ncnn_masks.py) and computes garbage. Its output matched no torch
+    tensor by value, was attributed to the next module, and the divergence was named at
+    the attention's output projection (dense), whose weights are fine. The SDPA is now
+    pinned to torch's F.scaled_dot_product_attention call and named first, and the note
+    names the mask and the fix."""
+    model, x = _hf("gpt_neox")
+    nc = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    assert nc.diagnostics_with("ncnn-sdpa-byte-mask")
+    # accumulated: an isolated run of this candidate crashes as often as not (the SDPA
+    # reads past the mask's end), and is then listed as unmeasured
+    rep = wb.compare(model, [nc], x, progress=False)
+    assert not rep.ok
+    div = rep.first_divergence
+    assert div.reference == "model.layers.0.attention/F.scaled_dot_product_attention_0"
+    assert div.op_type == "SDPA"
+    summary = rep.summary()
+    assert "(SDPA) takes its mask from" in summary and "attn_implementation" in summary
+    # with the eager attention the mask is float: no note, and no divergence
+    model.model.config._attn_implementation = "eager"  # read at each forward
+    nc2 = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path / "ws2"))
+    rep2 = wb.compare(model, [nc2], x, progress=False)
+    assert rep2.ok and "takes its mask" not in rep2.summary(), rep2.summary()

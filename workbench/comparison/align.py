@@ -29,6 +29,8 @@ STATES = 20
 TIGHT = 1e-3  # "equal" for a step inside a module: no bias or scale left out (those are >1%)
 SAMPLE = 4096
 CONSTANT_OPS = {"Constant", "ConstantOfShape", "MemoryData"}  # not counted as activations
+# ncnn layers without weights that stand for one torch call each (pnnx's conversion of it)
+ONE_CALL = {"SDPA": "F.scaled_dot_product_attention"}
 # ONNX ops a simplifier folds the weights of a module and of a scale after it into
 WEIGHTED_OPS = {"MatMul", "Gemm", "Conv", "ConvTranspose"}
 
@@ -385,6 +387,19 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 _attribute(out, t, t.hint)
             continue
         window = range(low, min(len(ref_names), low + WINDOW))
+        fn = ONE_CALL.get(t.op_type) if t.hint is None and not t.weights_of else None
+        if fn is not None:
+            # a weightless layer that is one torch call: pinned to the next such call of its
+            # shape, whatever its values, so that a layer computing wrongly is measured
+            # where it is (ncnn's SDPA over a misread mask: GPT-NeoX was blamed on the
+            # attention's output projection, the next tensor pinned by its weights)
+            own = [j for j in window if ref_keys[j] == key and j not in taken
+                   and _call_of(ref_names[j]) == fn]
+            if own:
+                out.pairs[t.name] = ref_names[own[0]]
+                taken.add(own[0])
+                low = max(low, own[0])
+                continue
         flat = (np.size(arr), np.shape(arr)[-1:])
         # the same shape; or the same but for size-1 axes; or leading axes merged (ncnn's
         # Reshape to [H*W, C] before a Gemm): the values decide which, if any, it is
@@ -699,6 +714,12 @@ def _attribute_between(out: Alignment, tensors: list[CandidateTensor],
         module = call_module(name) if call_module(name) in calls else ref_module[after]
         del out.unaligned[t.name]
         _attribute(out, t, module or name)
+
+
+def _call_of(record: str) -> str:
+    """The function a functional record calls: 'a.b/F.scaled_dot_product_attention_0' ->
+    'F.scaled_dot_product_attention'."""
+    return re.sub(r"_\d+$", "", record.rsplit("/", 1)[-1])
 
 
 def _tuple_of(name: str, modules: set[str]) -> str:

@@ -1,4 +1,5 @@
-"""Layers that compute another formula than the module they stand for.
+"""Layers that compute another formula than the module they stand for (and SDPA layers
+that read their mask wrongly, ``mask_note``).
 
 A conversion can keep every weight and still change the function: ncnn's GELU layer
 computes the exact form, 0.5 x (1 + erf(x / sqrt 2)), unless its param 0 (fast_gelu) is 1,
@@ -114,3 +115,12 @@ def formula_notes(cand: Any, al: Alignment, tensors: list[CandidateTensor],
             f"fault); to run the model's form, {fix} on those layers in "
             f"{cand.runner.param.name}")
     return notes
+
+
+def mask_note(cand: Any) -> str:
+    """Why an ncnn candidate's SDPA layers compute garbage: a boolean mask pnnx stored as
+    bytes, which ncnn reads as float (runtime/ncnn_masks.py); '' when it has none."""
+    from ..runtime.ncnn_masks import note
+
+    masks = getattr(getattr(cand, "runner", None), "byte_masks", None)
+    return note(masks) if masks else ""

@@ -68,16 +68,27 @@ def _shape(layer: object) -> tuple[int, ...]:
 
 
 def describe(masks: list[ByteMask]) -> str:
-    """One phrase naming every such layer and its mask."""
-    return "; ".join(f"{m.layer} (SDPA) takes its mask from {m.source} (MemoryData "
-                     f"{'x'.join(map(str, m.shape))}, 21=3: one raw byte per element)"
-                     for m in masks)
+    """One phrase naming every such layer and its mask (layers sharing a mask together)."""
+    by_source: dict[tuple[str, tuple[int, ...]], list[str]] = {}
+    for m in masks:
+        by_source.setdefault((m.source, m.shape), []).append(m.layer)
+    return "; ".join(
+        f"{', '.join(layers)} (SDPA) take{'s' if len(layers) == 1 else ''} "
+        f"{'its' if len(layers) == 1 else 'their'} mask from {source} (MemoryData "
+        f"{'x'.join(map(str, shape))}, 21=3: one raw byte per element)"
+        for (source, shape), layers in by_source.items())
 
 
 HINT = ("give the attention an additive float mask instead of a boolean one: 0 where a "
         "position is attended and -inf where not, e.g. torch.zeros(L, L).masked_fill("
         "~keep, float('-inf')); for a transformers model, load it with "
         "attn_implementation=\"eager\" (its mask is then float), and convert again")
+
+
+def note(masks: list[ByteMask]) -> str:
+    """The cause and the fix in one line: a crash's hint, a comparison's note."""
+    return (f"{describe(masks)}: ncnn's SDPA reads its mask as float, so it computes with "
+            f"garbage scores or crashes; {HINT}")
 
 
 def byte_mask_diagnostic(masks: list[ByteMask]) -> Diagnostic:

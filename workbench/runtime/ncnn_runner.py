@@ -501,7 +501,12 @@ class NcnnRunner(Runner):
 
         batch = {n: s.batch_axis for n, s in self.in_specs.items()}
         if crashed is not None:
-            return explain_crash(self.param, self.bin, feed, self.precision, batch, crashed)
+            err = explain_crash(self.param, self.bin, feed, self.precision, batch, crashed)
+            if self.byte_masks:  # the cause is in the graph: say it, not "check the shapes"
+                from .ncnn_masks import note
+
+                err.hint = note(self.byte_masks)
+            return err
         return explain(self.param, self.bin, feed, self.precision, batch, what)
 
     def _int8_scales(self) -> dict[str, float]:
