@@ -79,7 +79,14 @@ UNBUILT = "candidate could not be built"
 # verdict, not a false alarm (Clean.failed); its trials are not counted, as an unbuilt
 # candidate's
 RUN_FAILED = "candidate's run failed"
-NOT_RUN = (UNBUILT, RUN_FAILED)
+# the clean candidate's outputs are off in a plain run (Clean.explained): a fault put in
+# would be named after a divergence already there; its trials are not counted either
+DEVIATES = "clean candidate deviates"
+# no module's weight is in the candidate as any relation the bench knows (BiT's
+# weight-standardised convolutions: the weight used is computed in forward, and a
+# simplified graph holds only that): no fault can be put in, so no trial
+NO_WEIGHT = "no weight of the model found in the candidate"
+NOT_RUN = (UNBUILT, RUN_FAILED, DEVIATES, NO_WEIGHT)
 NOT_COUNTED = re.compile(r"^a constant|shape or index glue|^not captured")
 
 
@@ -126,8 +133,10 @@ def weighted_modules(model: Any, inputs: tuple) -> list[Target]:
         if mod not in order:
             order.append(mod)
 
-    handles = [m.register_forward_pre_hook(hook) for m in model.modules()
-               if isinstance(m, kinds)]
+    def weighted(m: Any) -> bool:  # transformers' Conv1D (GPT-2) is a Linear by another name
+        return isinstance(m, kinds) or type(m).__name__ == "Conv1D" and hasattr(m, "nf")
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if weighted(m)]
     try:
         with torch.no_grad():
             model(*[t.clone() for t in inputs])
@@ -292,7 +301,9 @@ def ncnn_stores(param_path: Path) -> tuple[list[Store], str]:
                                  if layout.unknown else "")
     if not problem and layout.end != layout.size:
         problem = f"the walk ends at byte {layout.end} of {layout.size}"
-    odd = next((b for b in layout.blobs if b.storage != "float32"), None)
+    # a MemoryData of raw bytes (a boolean mask, 21=3) holds no weight: not a store
+    weights = [b for b in layout.blobs if b.storage != "int8-raw"]
+    odd = next((b for b in weights if b.storage != "float32"), None)
     if not problem and odd is not None:
         problem = f"{odd.layer} ({odd.layer_type}) blob {odd.role}: stored as {odd.storage}"
     data = bin_path.read_bytes()
@@ -301,8 +312,10 @@ def ncnn_stores(param_path: Path) -> tuple[list[Store], str]:
         return [Store("whole .ncnn.bin", whole, 0, "")], f"layer walk failed: {problem}"
     stores = [Store(f"{b.layer} ({b.layer_type}) {b.role}",
                     np.frombuffer(data, np.float32, b.count, b.offset).copy(), b.offset, b.layer)
-              for b in layout.blobs]
-    return stores, f"layer walk: {len(stores)} blobs, {len(data)} bytes, every tag fp32"
+              for b in weights]
+    raw = len(layout.blobs) - len(weights)
+    return stores, (f"layer walk: {len(stores)} blobs, {len(data)} bytes, every tag fp32"
+                    + (f" ({raw} raw-byte MemoryData left out)" if raw else ""))
 
 
 # -- perturbed copies ---------------------------------------------------------------------------
@@ -387,6 +400,8 @@ def readers(kind: str, path: Path, loc: Located) -> tuple[set[str], list[str], s
     if kind == "ncnn":
         from workbench.params import parse_ncnn_param
 
+        if not loc.store.layer:  # the walk failed: found by value in the whole file
+            return set(), [], ""
         layer = parse_ncnn_param(path).layer(loc.store.layer)
         return {layer.name}, list(layer.tops), layer.type
     import onnx
@@ -559,6 +574,7 @@ class Clean:
     # module (ncnn's erf GELU for a tanh GELU), or its verdict naming an output that is not
     # torch's, which a plain run confirms: a true deviation, named; not a false alarm
     explained: str = ""
+    deviates: bool = False  # a plain run shows the outputs off: its trials are not counted
 
 
 def build_candidates(name: str, model: Any, x: tuple, ws: Any, kinds: list[str],
@@ -661,15 +677,19 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
             if div is not None and div.node and "form where" in note \
                     and re.search(rf"\b{re.escape(div.node)}\b", note):
                 clean.explained, clean.false_alarm = note, False
-            if clean.false_alarm and div is None:
-                # not ok only because an output is not torch's: a true deviation when a plain
-                # run of the candidate, outside wb.compare, shows it too
-                reasons = next(iter(clean_rep.verdicts().values())).reasons
-                seen = output_deviation(model, path, x) if reasons and all(
-                    r.startswith("its output ") for r in reasons) else ""
+            if clean.false_alarm:
+                # a true deviation, not a false alarm, when a plain run of the candidate,
+                # outside wb.compare, shows its outputs off too (what compare named is
+                # listed with it: no fault was put in, so the bench cannot score the name)
+                seen = output_deviation(model, path, x)
                 if seen:
-                    clean.explained = f"{reasons[0]} [a plain run shows it: {seen}]"
+                    reasons = next(iter(clean_rep.verdicts().values())).reasons
+                    named = (f"first divergence named at {div.reference} ({div.op_type} "
+                             f"{div.name})" if div is not None else reasons[0] if reasons
+                             else "not ok")
+                    clean.explained = f"{named} [a plain run shows it: {seen}]"
                     clean.false_alarm = False
+                    clean.deviates = True
             clean.named = describe(clean_rep, div)
             if clean.false_alarm:
                 clean.summary = clean_rep.summary()
@@ -679,6 +699,10 @@ def run_model(name: str, factory: Any, kinds: list[str], depths: int, mode: str,
             clean.false_alarm = True
         cleans.append(clean)
         bar.update()
+        if clean.deviates:
+            trials += [Trial(name, kind, d, cause=DEVIATES) for d in picks]
+            bar.update(len(picks))
+            continue
         try:
             if kind == "ncnn":
                 stores, walk = ncnn_stores(path)
@@ -731,7 +755,7 @@ def _one_trial(trial: Trial, model: Any, x: tuple, targets: list[Target],
             target = t
             break
     if target is None or loc is None:
-        trial.cause = "no weight of the model found in the candidate"
+        trial.cause = NO_WEIGHT
         return
     asked = targets[trial.depth].module
     trial.module, trial.module_type = target.module, target.type
@@ -845,15 +869,17 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
         cs = [c for c in cleans if c.kind == kind and c.error != "no candidate"
               and not c.failed]
         alarms = sum(c.false_alarm for c in cs)
-        fr = [c.figures["aligned_fraction"] for c in cs if c.figures]
-        unexpl = sum(c.figures.get("unexplained", 0) for c in cs if c.figures)
+        # past a true deviation the candidate's values match nothing: not an alignment gap
+        fr = [c.figures["aligned_fraction"] for c in cs if c.figures and not c.deviates]
+        unexpl = sum(c.figures.get("unexplained", 0) for c in cs
+                     if c.figures and not c.deviates)
         ver = sum(t.verified == "yes" for t in scored)
         loc = hits / len(ts) if ts else None
         table.append((kind, f"{hits}/{len(ts)}", f"{100 * loc:.1f}%" if loc is not None else "-",
                       f"{acc}/{len(scored)}" if mode != "isolated" else "-",
                       str(len(unbuilt)), f"{alarms}/{len(cs)}", f"{min(fr):.3f}" if fr else "-",
                       f"{statistics.median(fr):.3f}" if fr else "-",
-                      f"{unexpl} in {sum(1 for c in cs if c.figures.get('unexplained'))}"
+                      f"{unexpl} in {sum(1 for c in cs if c.figures.get('unexplained') and not c.deviates)}"
                       f"/{len(fr)}", f"{ver}/{len(scored)}"))
         rows.append((f"localisation {kind} >= {100 * LOCALISATION:.0f}%", loc,
                      f"{hits}/{len(ts)}", loc is not None and loc >= LOCALISATION))
@@ -904,12 +930,18 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
     if unbuilt:
         print(f"\nnot run, the candidate could not be built (see the notes above; not counted "
               f"in hits / trials): {', '.join(f'{k} ({n} trials)' for k, n in unbuilt.items())}")
+    unweighted = Counter(f"{t.model} / {t.kind}" for t in trials if t.cause == NO_WEIGHT)
+    if unweighted:
+        print(f"\nnot run, {NO_WEIGHT} (computed in forward, folded: no fault to put in; not "
+              f"counted): {', '.join(f'{k} ({n} trials)' for k, n in unweighted.items())}")
     explained = [c for c in cleans if c.explained]
     if explained:
         print(f"\nclean candidates that truly deviate, the cause named by wb.compare "
               f"({len(explained)}; not false alarms):")
         for c in explained:
-            print(f"  {c.model} / {c.kind}: {fmt_named(c.named)}\n      note: {c.explained}")
+            print(f"  {c.model} / {c.kind}: {fmt_named(c.named)}\n      note: {c.explained}"
+                  + ("\n      its trials not counted (the candidate already deviates)"
+                     if c.deviates else ""))
     alarms = [c for c in cleans if c.false_alarm]
     print(f"\nfalse alarms on clean comparisons ({len(alarms)}):")
     for c in alarms:
@@ -917,8 +949,8 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
               f"{'' if c.ok or c.error else ' (rep.ok False)'}")
         if c.summary:
             print(f"      summary: {c.summary}")
-    low = [c for c in cleans if c.figures and (c.figures["aligned_fraction"] < ALIGNED
-                                                or c.figures["unexplained"])]
+    low = [c for c in cleans if c.figures and not c.deviates and (
+        c.figures["aligned_fraction"] < ALIGNED or c.figures["unexplained"])]
     print(f"\ncandidates with aligned < {ALIGNED} or tensors unexplained ({len(low)}):")
     for c in low:
         f = c.figures

@@ -35,6 +35,15 @@ def _bn(model: Any, x: tuple) -> tuple[Any, tuple]:
     return _calibrate_batchnorm(model, 4, *x[0].shape[1:]), x
 
 
+def _eager(config: Any) -> Any:
+    """``config`` with the eager attention: its causal mask is float. With the default
+    "sdpa" attention pnnx stores the boolean mask as bytes and ncnn's SDPA crashes on it
+    (runtime/ncnn_masks.py; GPT-NeoX, left at the default, shows the garbage it computes
+    when it does not crash)."""
+    config._attn_implementation = "eager"
+    return config
+
+
 def _build(name: str) -> tuple[Any, tuple]:
     import torch
     import transformers as T  # noqa: N812
@@ -52,9 +61,9 @@ def _build(name: str) -> tuple[Any, tuple]:
                    num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
                    max_position_embeddings=64, initializer_range=INIT, use_cache=False)
     if name == "llama":
-        return _wrap(T.LlamaModel(T.LlamaConfig(**decoder)), last), _tokens()
+        return _wrap(T.LlamaModel(_eager(T.LlamaConfig(**decoder))), last), _tokens()
     if name == "qwen2":
-        return _wrap(T.Qwen2Model(T.Qwen2Config(**decoder)), last), _tokens()
+        return _wrap(T.Qwen2Model(_eager(T.Qwen2Config(**decoder))), last), _tokens()
     if name == "t5_encoder":
         return _wrap(T.T5EncoderModel(T.T5Config(
             d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4, vocab_size=100)),
@@ -121,11 +130,64 @@ def _build(name: str) -> tuple[Any, tuple]:
             image_size=64, hidden_sizes=[32, 48, 64],
             neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64], num_attention_heads=2)), pooled),
             _image())
+    if name == "gpt2":  # transformers' Conv1D (weight [in, out], addmm), not nn.Linear
+        return _wrap(T.GPT2Model(_eager(T.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, n_inner=128, vocab_size=100, n_positions=32,
+            initializer_range=INIT, use_cache=False))), last), _tokens()
+    if name == "bloom":  # ALiBi position bias
+        return _wrap(T.BloomModel(T.BloomConfig(
+            hidden_size=64, n_layer=2, n_head=4, vocab_size=100, initializer_range=INIT,
+            use_cache=False)), last), _tokens()
+    if name == "gpt_neox":  # rotary on a part of each head
+        return _wrap(T.GPTNeoXModel(T.GPTNeoXConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            vocab_size=100, max_position_embeddings=64, rotary_pct=0.5,
+            initializer_range=INIT, use_cache=False)), last), _tokens()
+    if name == "distilbert":
+        return _wrap(T.DistilBertModel(T.DistilBertConfig(
+            dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=100,
+            max_position_embeddings=32, initializer_range=INIT)), last), _tokens()
+    if name == "bit":  # weight-standardised convolutions: the weight is computed in forward
+        return _bn(_wrap(T.BitModel(T.BitConfig(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="preactivation",
+            global_padding="SAME", num_groups=8)), pooled), _image())
+    if name == "convnextv2":  # global response normalisation
+        return _wrap(T.ConvNextV2Model(T.ConvNextV2Config(
+            num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], initializer_range=INIT)),
+            pooled), _image()
+    if name == "mobilenet_v1":  # TensorFlow "SAME" padding: explicit pads before convs
+        return _bn(_wrap(T.MobileNetV1Model(T.MobileNetV1Config(
+            image_size=64, depth_multiplier=0.25)), pooled), _image())
+    if name == "cvt":  # convolutional projections inside attention; 3 stages, and stage k
+        # needs depth > k (transformers indexes its drop-path rates by the stage)
+        three = dict(patch_sizes=[7, 3, 3], patch_stride=[4, 2, 2], patch_padding=[2, 1, 1],
+                     embed_dim=[16, 24, 32], num_heads=[1, 2, 2], depth=[1, 2, 3],
+                     mlp_ratio=[2.0] * 3, attention_drop_rate=[0.0] * 3, drop_rate=[0.0] * 3,
+                     drop_path_rate=[0.0] * 3, qkv_bias=[True] * 3,
+                     cls_token=[False, False, True], qkv_projection_method=["dw_bn"] * 3,
+                     kernel_qkv=[3] * 3, padding_kv=[1] * 3, stride_kv=[2] * 3,
+                     padding_q=[1] * 3, stride_q=[1] * 3)
+        return _bn(_wrap(T.CvtModel(T.CvtConfig(initializer_range=INIT, **three),
+                                    add_pooling_layer=False), last), _image())
+    if name == "yolos":  # detection tokens appended to the patches
+        return _wrap(T.YolosModel(T.YolosConfig(
+            intermediate_size=128, num_detection_tokens=4,
+            **{**vision, "image_size": [32, 32]}),
+            add_pooling_layer=False), last), _image(32)
+    if name == "hubert":
+        model = T.HubertModel(T.HubertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4,
+            initializer_range=INIT))
+        return _wrap(model, last), (torch.randn(1, 1600,
+                                                generator=torch.Generator().manual_seed(1)),)
     raise KeyError(name)
 
 
 NAMES = ("llama", "qwen2", "t5_encoder", "whisper_encoder", "albert", "squeezebert",
          "efficientnet", "levit", "beit", "dinov2", "clip_vision", "focalnet", "segformer",
-         "regnet", "wav2vec2", "poolformer", "mobilevit")
+         "regnet", "wav2vec2", "poolformer", "mobilevit", "gpt2", "bloom", "gpt_neox",
+         "distilbert", "bit", "convnextv2", "mobilenet_v1", "cvt", "yolos", "hubert")
 MODELS: dict[str, Callable[[], tuple[Any, tuple]]] = {
     f"hf_{n}": (lambda n=n: _build(n)) for n in NAMES}
