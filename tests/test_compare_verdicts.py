@@ -920,3 +920,28 @@ def test_an_sdpa_reading_a_byte_mask_is_the_first_divergence_and_the_note_says_w
     nc2 = wb.to_ncnn(model, x, workspace=wb.Workspace(tmp_path / "ws2"))
     rep2 = wb.compare(model, [nc2], x, progress=False)
     assert rep2.ok and "takes its mask" not in rep2.summary(), rep2.summary()
+
+
+def test_a_lowered_module_computing_wrongly_is_named_not_the_linear_after_it(tmp_path):
+    """A module ncnn runs as several layers (here x - 0.1 * pow(x, 3), pow garbage for
+    negative bases) between two Linears: its steps matched nothing and went to the next
+    Linear, whose 'isolated' error then came from them. The last step is now pinned to
+    the one torch record between the Linears (the module), which is named; the Linear
+    after it passes in isolation. The huge values on a few elements are a divergence,
+    not "an earlier state of a tensor written in place" (no state equals torch's)."""
+    from test_ncnn import _Cubic
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 16)
+    model = nn.Sequential(nn.Linear(16, 32), _Cubic(False), nn.Linear(32, 16)).eval()
+    nc = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    rep = wb.compare(model, [nc], (x,), mode="both", progress=False)
+    assert not rep.ok
+    for mode in ("accumulated", "isolated"):
+        div = rep.first_divergence_in(mode) if hasattr(rep, "first_divergence_in") else next(
+            r for r in rep.records if r.mode == mode and not r.metrics.passed)
+        assert div.reference == "1", (mode, rep.summary())
+    linear = next(r for r in rep.records if r.mode == "isolated" and r.reference == "2"
+                  and r.op_type == "Gemm")
+    assert linear.metrics.passed
+    assert "(BinaryOp pow, exponent 3.0) met" in rep.summary()

@@ -406,3 +406,32 @@ def test_a_byte_mask_model_runs_in_the_worker_only_and_the_worker_is_replaced_af
     assert w.pid != before
     with torch.no_grad():
         np.testing.assert_allclose(out, good(x).numpy(), atol=1e-5)
+
+
+class _Cubic(nn.Module):
+    """x - 0.1 x^3, as torch.pow (pnnx: BinaryOp pow, 2=3.0) or as a product."""
+
+    def __init__(self, product: bool) -> None:
+        super().__init__()
+        self.product = product
+
+    def forward(self, x):
+        return x - 0.1 * (x * x * x if self.product else torch.pow(x, 3.0))
+
+
+def test_a_pow_over_negative_bases_is_named_in_the_numeric_mismatch(tmp_path):
+    """ncnn's vectorised pow is exp(y log x): a negative base gives garbage even for a
+    whole exponent (GPT-2's gelu_new). The mismatch's hint names the pow layer, one
+    measured case, and the fix; the same function as a product converts clean."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 16)
+    model = nn.Sequential(nn.Linear(16, 32), _Cubic(False), nn.Linear(32, 16)).eval()
+    art = wb.to_ncnn(model, (x,), workspace=tmp_path / "ws")
+    [fp32] = [d for d in art.diagnostics if d.code == "ncnn-numeric-mismatch"
+              and "(fp32)" in d.message]
+    pow_layer = next(la for la in open(art.path) if " 0=6 " in la).split()[1]
+    assert f"{pow_layer} (BinaryOp pow, exponent 3.0) met " in fp32.hint
+    assert "negative bases of 256: pow(-" in fp32.hint and "x * x * x" in fp32.hint
+    product = nn.Sequential(model[0], _Cubic(True), model[2]).eval()
+    fine = wb.to_ncnn(product, (x,), workspace=tmp_path / "ws2")
+    assert not [d for d in fine.diagnostics if d.level == "error"], fine.diagnostics

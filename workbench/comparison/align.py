@@ -29,6 +29,9 @@ STATES = 20
 TIGHT = 1e-3  # "equal" for a step inside a module: no bias or scale left out (those are >1%)
 SAMPLE = 4096
 CONSTANT_OPS = {"Constant", "ConstantOfShape", "MemoryData"}  # not counted as activations
+# ops that move or relabel values without computing (ncnn and ONNX)
+SHAPE_ONLY = {"Reshape", "Permute", "Flatten", "Squeeze", "Unsqueeze", "ExpandDims",
+              "Transpose", "Identity"}
 # ncnn layers without weights that stand for one torch call each (pnnx's conversion of it)
 ONE_CALL = {"SDPA": "F.scaled_dot_product_attention"}
 # ONNX ops a simplifier folds the weights of a module and of a scale after it into
@@ -503,6 +506,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 out.covers[t.name] = tuple(dict.fromkeys(spans))
         low = max(low, j)  # a named call found behind low leaves the order where it was
     _check_shared(out, reference, candidate)
+    _pin_gaps(out, tensors, candidate, ref_names, ref_keys, calls)
     _attribute_between(out, tensors, ref_names, ref_module, calls)
     _attribute_feeders(out, tensors, ref_module, {n: j for j, n in enumerate(ref_names)})
     _check_outputs(out, tensors, reference, candidate, alias)
@@ -600,8 +604,9 @@ def _check_shared(out: Alignment, reference: dict[str, Any], candidate: dict[str
                   ) -> None:
     """Several candidate tensors paired with one reference tensor by their samples alone
     (successive states of a tensor written in place: each slice assignment a CopyTo in
-    ncnn) may differ where no sample looked. Those are checked on every element; one that
-    differs by more than ACCEPT is unaligned with the reason, not measured as a divergence.
+    ncnn) may differ where no sample looked. Those are checked on every element; when one
+    of them equals the reference, one that differs by more than ACCEPT is unaligned with
+    the reason, not measured as a divergence.
     Only shared pairs are checked, so a comparison pays for this only where it happens."""
     import numpy as np
 
@@ -625,6 +630,11 @@ def _check_shared(out: Alignment, reference: dict[str, Any], candidate: dict[str
         if not worst:
             continue
         closest = min(worst, key=worst.__getitem__)
+        if worst[closest] > ACCEPT:
+            # no state of it equals the reference: not a tensor written in place but a
+            # divergence (ncnn's pow returning 2e38 for negative bases, a few elements the
+            # samples missed): kept, measured, named
+            continue
         for c, w in worst.items():
             if w > ACCEPT:
                 out.unaligned[c] = (f"equal to {ref_name!r} on a sample only: differs by "
@@ -685,6 +695,44 @@ def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
                 del out.unaligned[t.name]
                 _attribute(out, t, owners.pop())
                 changed = True
+
+
+def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], candidate: dict[str, Any],
+              ref_names: list[str], ref_keys: list[tuple], calls: dict[str, list[int]]
+              ) -> None:
+    """Between a tensor aligned to record k and the next aligned to record k + 2, torch
+    computed one tensor, k + 1. When that is a module's call, the candidate's steps in
+    between compute it: the last of them with its shape (back through Reshape/Permute to
+    the op that made it) is pinned to it, whatever its values. A lowered module that
+    computes wrongly is then measured where it is: GPT-2's tanh GELU in ncnn, whose pow
+    layer returns garbage for negative bases, was blamed on the next Linear (c_proj),
+    its input being a step attributed to it."""
+    import numpy as np
+
+    index = {n: j for j, n in enumerate(ref_names)}
+    ordered = sorted(tensors, key=lambda t: t.order)
+    by_name = {t.name: t for t in ordered}
+    aligned = [(t.order, index[out.pairs[t.name]]) for t in ordered if t.name in out.pairs
+               and out.pairs[t.name] in index]
+    pinned = set(out.pairs.values())
+    for (o1, j1), (o2, j2) in zip(aligned, aligned[1:], strict=False):
+        r = j1 + 1
+        if j2 != j1 + 2 or ref_names[r] in pinned or call_module(ref_names[r]) not in calls:
+            continue
+        gap = [t for t in ordered if o1 < t.order < o2 and t.name in out.unaligned
+               and t.name in candidate and unbatched(np.shape(candidate[t.name]))
+               == ref_keys[r]]
+        if not gap:
+            continue
+        t = gap[-1]
+        while t.op_type in SHAPE_ONLY and len(t.inputs) == 1 and (
+                prev := by_name.get(t.inputs[0])) is not None and prev in gap:
+            t = prev
+        del out.unaligned[t.name]
+        out.pairs[t.name] = ref_names[r]
+        out.relations[t.name] = (f"equal: the one record between {ref_names[j1]} and "
+                                 f"{ref_names[j2]} (pinned by place)")
+        pinned.add(ref_names[r])
 
 
 def _attribute_between(out: Alignment, tensors: list[CandidateTensor],

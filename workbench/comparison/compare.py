@@ -31,7 +31,7 @@ from .candidates import (
     precision_not_exercised,
     with_weights,
 )
-from .formulas import formula_notes, mask_note
+from .formulas import formula_notes, mask_note, pow_note
 from .isolated import isolated
 from .metrics import TensorMetrics, Tolerance, resolve_tolerance
 from .report import CompareReport, Record
@@ -183,7 +183,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         why = [precision_not_exercised(cand, copies(args), values),
                                *formula_notes(cand, al, tensors,
                                               getattr(ref_runner, "model", None)),
-                               mask_note(cand)]
+                               mask_note(cand), pow_note(cand, values)]
                         if any(why):
                             notes[cand.name] = "; ".join(w for w in why if w)
                     # accumulated mode captures one ahead: the next candidate is aligned in

@@ -1,5 +1,6 @@
-"""Layers that compute another formula than the module they stand for (and SDPA layers
-that read their mask wrongly, ``mask_note``).
+"""Layers that compute another formula than the module they stand for (and ncnn layers
+whose kernels compute wrongly: SDPA over a byte mask, ``mask_note``; pow over negative
+bases, ``pow_note``).
 
 A conversion can keep every weight and still change the function: ncnn's GELU layer
 computes the exact form, 0.5 x (1 + erf(x / sqrt 2)), unless its param 0 (fast_gelu) is 1,
@@ -124,3 +125,14 @@ def mask_note(cand: Any) -> str:
 
     masks = getattr(getattr(cand, "runner", None), "byte_masks", None)
     return note(masks) if masks else ""
+
+
+def pow_note(cand: Any, values: dict[str, Any]) -> str:
+    """Which ncnn pow layers met negative bases in the candidate's run (``values``): ncnn's
+    vectorised pow returns garbage there (runtime/ncnn_pow.py); '' when none did."""
+    if getattr(cand, "kind", None) != "ncnn":
+        return ""
+    from ..runtime.ncnn_pow import negative_pows, note
+
+    found = negative_pows(cand.runner.graph, values)
+    return note(found) if found else ""

@@ -419,8 +419,8 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
     if reference is None:
         return metrics, diags
     runs: dict[str, list] = {}
-    # the wide-pool hint takes a capture run of its own: looked for once, for fp32 and fp16
-    wide_pools = functools.cache(lambda: _wide_pools(param, args))
+    # the wide-pool and pow hints take a capture run: made once, for fp32 and fp16
+    blobs = functools.cache(lambda: _capture_blobs(param, args))
     for precision in ("fp32", "fp16"):
         key = "max_abs" if precision == "fp32" else "max_abs_fp16"
         metrics[key] = None
@@ -448,14 +448,16 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
-                                    wide_pools() or _shape_hint(reference, fitted)))
+                                    _wide_pools(*blobs()) or _shape_hint(reference,
+                                                                         fitted)))
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
             atol, rtol = for_precision(precision) if precision == "fp16" or tol is None \
                 else tol
             if not within(errs, atol, rtol, reference):
-                diags.append(_numeric_mismatch(precision, errs, atol, rtol, _known(known)))
+                diags.append(_numeric_mismatch(precision, errs, atol, rtol,
+                                               _known(known) or _negative_pows(*blobs())))
     return metrics, diags
 
 
@@ -516,17 +518,35 @@ def _shape_hint(reference: list, got: list) -> str:
             "_ncnn.py pnnx wrote for how each output is read")
 
 
-def _wide_pools(param: Path, args: tuple) -> str:
-    """The hint when a Pooling's kernel is larger than its input: torch pools what there is
-    (transformers' EfficientNet pooler, AvgPool2d(1280, ceil_mode=True), averages its whole
-    map); ncnn returns the input unpooled. '' when no such layer (or the run fails)."""
+def _capture_blobs(param: Path, args: tuple) -> tuple[dict[str, Any], Any]:
+    """(every blob of an fp32 run on ``args``, the parsed graph), for the hints; ({}, None)
+    when the run fails (a hint only: the generic one is given instead)."""
     from ..runtime.ncnn_runner import NcnnRunner
 
     try:
         runner = NcnnRunner(param, isolated=True)
-        blobs, layers = runner.run(args, capture="all"), runner.graph.layers
-    except Exception:  # noqa: BLE001 - a hint only: the generic one is given instead
+        return runner.run(args, capture="all"), runner.graph
+    except Exception:  # noqa: BLE001
+        return {}, None
+
+
+def _negative_pows(blobs: dict[str, Any], graph: Any) -> str:
+    """The hint when a pow layer met negative bases (runtime/ncnn_pow.py); '' when none."""
+    if graph is None:
         return ""
+    from ..runtime.ncnn_pow import negative_pows, note
+
+    found = negative_pows(graph, blobs)
+    return note(found) if found else ""
+
+
+def _wide_pools(blobs: dict[str, Any], graph: Any) -> str:
+    """The hint when a Pooling's kernel is larger than its input: torch pools what there is
+    (transformers' EfficientNet pooler, AvgPool2d(1280, ceil_mode=True), averages its whole
+    map); ncnn returns the input unpooled. '' when no such layer (or the run failed)."""
+    if graph is None:
+        return ""
+    layers = graph.layers
     wide = []
     for la in layers:
         if la.type != "Pooling" or str(la.params.get(4, "0")) != "0" or la.bottoms[0] \
