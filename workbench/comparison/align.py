@@ -506,7 +506,7 @@ def align(reference: dict[str, Any], candidate: dict[str, Any],
                 out.covers[t.name] = tuple(dict.fromkeys(spans))
         low = max(low, j)  # a named call found behind low leaves the order where it was
     _check_shared(out, reference, candidate)
-    _pin_gaps(out, tensors, candidate, ref_names, ref_keys, calls)
+    _pin_gaps(out, tensors, reference, candidate, ref_names, ref_keys, calls)
     _attribute_between(out, tensors, ref_names, ref_module, calls)
     _attribute_feeders(out, tensors, ref_module, {n: j for j, n in enumerate(ref_names)})
     _check_outputs(out, tensors, reference, candidate, alias)
@@ -697,12 +697,12 @@ def _attribute_feeders(out: Alignment, tensors: list[CandidateTensor],
                 changed = True
 
 
-def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], candidate: dict[str, Any],
-              ref_names: list[str], ref_keys: list[tuple], calls: dict[str, list[int]]
-              ) -> None:
+def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], reference: dict[str, Any],
+              candidate: dict[str, Any], ref_names: list[str], ref_keys: list[tuple],
+              calls: dict[str, list[int]]) -> None:
     """Between a tensor aligned to record k and the next aligned to record k + 2, torch
-    computed one tensor, k + 1. When that is a module's call, the candidate's steps in
-    between compute it: the last of them with its shape (back through Reshape/Permute to
+    computed one tensor, k + 1. When that is a module's call (not an identity of k), the
+    candidate's steps in between compute it: the last of them with its shape (back through Reshape/Permute to
     the op that made it) is pinned to it, whatever its values. A lowered module that
     computes wrongly is then measured where it is: GPT-2's tanh GELU in ncnn, whose pow
     layer returns garbage for negative bases, was blamed on the next Linear (c_proj),
@@ -719,9 +719,17 @@ def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], candidate: dict[st
         r = j1 + 1
         if j2 != j1 + 2 or ref_names[r] in pinned or call_module(ref_names[r]) not in calls:
             continue
-        gap = [t for t in ordered if o1 < t.order < o2 and t.name in out.unaligned
-               and t.name in candidate and unbatched(np.shape(candidate[t.name]))
-               == ref_keys[r]]
+        b = reference[ref_names[r]]
+        if any(np.shape(a) == np.shape(b) and np.array_equal(a, b, equal_nan=True)
+               for a in (reference[ref_names[j1]], reference[ref_names[j2]])):
+            # k + 1 equals a neighbour (T5's dropout after the embedding, or the dropout
+            # after its final RMSNorm): the candidate's tensor for it is the one already
+            # aligned, and the steps in the gap are another call's (an RMSNorm's square)
+            continue
+        # a float activation left unmatched (not a constant, not index glue)
+        gap = [t for t in ordered if o1 < t.order < o2 and out.unaligned.get(
+            t.name, "").startswith(("no reference tensor", "nearest reference tensor"))
+            and unbatched(np.shape(candidate[t.name])) == ref_keys[r]]
         if not gap:
             continue
         t = gap[-1]
