@@ -701,12 +701,12 @@ def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], reference: dict[st
               candidate: dict[str, Any], ref_names: list[str], ref_keys: list[tuple],
               calls: dict[str, list[int]]) -> None:
     """Between a tensor aligned to record k and the next aligned to record k + 2, torch
-    computed one tensor, k + 1. When that is a module's call (not an identity of k), the
-    candidate's steps in between compute it: the last of them with its shape (back through Reshape/Permute to
-    the op that made it) is pinned to it, whatever its values. A lowered module that
-    computes wrongly is then measured where it is: GPT-2's tanh GELU in ncnn, whose pow
-    layer returns garbage for negative bases, was blamed on the next Linear (c_proj),
-    its input being a step attributed to it."""
+    computed one tensor, k + 1. When that is a module's call (not equal to either
+    neighbour), the candidate's steps in between compute it: the last of them with its
+    shape (back through Reshape/Permute to the op that made it) is pinned to it, whatever
+    its values. A lowered module that computes wrongly is then measured where it is:
+    GPT-2's tanh GELU in ncnn, whose pow layer returns garbage for negative bases, was
+    blamed on the next Linear (c_proj), its input being a step attributed to it."""
     import numpy as np
 
     index = {n: j for j, n in enumerate(ref_names)}
@@ -715,9 +715,18 @@ def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], reference: dict[st
     aligned = [(t.order, index[out.pairs[t.name]]) for t in ordered if t.name in out.pairs
                and out.pairs[t.name] in index]
     pinned = set(out.pairs.values())
+    # float activations left unmatched (not constants, not index glue), in candidate order
+    loose = [t for t in ordered if out.unaligned.get(t.name, "").startswith(
+        ("no reference tensor", "nearest reference tensor"))]
+    loose_orders = [t.order for t in loose]
     for (o1, j1), (o2, j2) in zip(aligned, aligned[1:], strict=False):
         r = j1 + 1
         if j2 != j1 + 2 or ref_names[r] in pinned or call_module(ref_names[r]) not in calls:
+            continue
+        lo, hi = bisect.bisect_right(loose_orders, o1), bisect.bisect_left(loose_orders, o2)
+        gap = [t for t in loose[lo:hi] if t.name in out.unaligned
+               and unbatched(np.shape(candidate[t.name])) == ref_keys[r]]
+        if not gap:
             continue
         b = reference[ref_names[r]]
         if any(np.shape(a) == np.shape(b) and np.array_equal(a, b, equal_nan=True)
@@ -725,12 +734,6 @@ def _pin_gaps(out: Alignment, tensors: list[CandidateTensor], reference: dict[st
             # k + 1 equals a neighbour (T5's dropout after the embedding, or the dropout
             # after its final RMSNorm): the candidate's tensor for it is the one already
             # aligned, and the steps in the gap are another call's (an RMSNorm's square)
-            continue
-        # a float activation left unmatched (not a constant, not index glue)
-        gap = [t for t in ordered if o1 < t.order < o2 and out.unaligned.get(
-            t.name, "").startswith(("no reference tensor", "nearest reference tensor"))
-            and unbatched(np.shape(candidate[t.name])) == ref_keys[r]]
-        if not gap:
             continue
         t = gap[-1]
         while t.op_type in SHAPE_ONLY and len(t.inputs) == 1 and (
