@@ -972,3 +972,47 @@ def test_an_identity_between_two_aligned_tensors_takes_no_step_of_the_next_call(
     assert rep.ok and rep.first_divergence is None, rep.summary()
     (al,) = rep.alignments.values()
     assert not any("pinned by place" in r for r in al.relations.values())
+
+
+class _ConvGroupNorm(nn.Module):
+    """HuBERT's feature extractor head: a Conv1d, a per-channel GroupNorm, GELU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 8, 10, stride=5, bias=False)
+        self.norm = nn.GroupNorm(8, 8)
+        self.act = nn.GELU()
+        self.out = nn.Conv1d(8, 8, 3)
+
+    def forward(self, x):
+        return self.out(self.act(self.norm(self.conv(x[:, None]))))
+
+
+def test_a_conv_named_for_the_norm_reshape_folded_into_it_is_the_convs(tmp_path):
+    """onnxslim folds the GroupNorm's Reshape into the Conv before it and names the Conv's
+    output '/norm/Reshape_output_0': the Conv read as a step of the norm, attributed, and
+    a damaged conv weight was named at the norm's InstanceNormalization. A Conv is its
+    weight's module (conv.weight -> conv), whatever its output is called."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    torch.manual_seed(0)
+    model, x = _ConvGroupNorm().eval(), torch.randn(1, 400)
+    sim = wb.simplify(wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws")))
+    proto = onnx.load(str(sim.path))
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    assert conv.output[0] == "/norm/Reshape_output_0"  # the renaming this guards against
+    clean = wb.compare(model, [sim], (x,), mode="both", progress=False)
+    assert clean.ok and clean.first_divergence is None, clean.summary()
+    (al,) = clean.alignments.values()
+    assert al.pairs[conv.output[0]] == "conv"
+    w = next(t for t in proto.graph.initializer if t.name == "conv.weight")
+    arr = numpy_helper.to_array(w).copy()
+    arr.reshape(-1)[::4] *= 1.5
+    w.CopyFrom(numpy_helper.from_array(arr, "conv.weight"))
+    bad = tmp_path / "bad.onnx"
+    onnx.save(proto, str(bad))
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    assert rep.first_divergence is not None and rep.first_divergence.reference == "conv", \
+        rep.summary()
+    assert np.isfinite(rep.first_divergence.metrics.max_abs)

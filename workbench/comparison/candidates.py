@@ -194,6 +194,17 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
              is not None), None) for n in model.graph.node]
         inferred = [h is None for h in hints]
         hints = _unscoped_hints(model, hints, modules)
+        # a convolution is its weight's module, whatever its output is called: onnxslim
+        # names HuBERT's first Conv for the GroupNorm Reshape it folded in
+        # ('.../layer_norm/Reshape_output_0'), which made the conv a step of the norm
+        params = {t.name for t in model.graph.initializer}
+        weighted: set[int] = set()
+        for k, node in enumerate(model.graph.node):
+            if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 \
+                    and node.input[1] in params and node.input[1].endswith(".weight") \
+                    and (owner := node.input[1][: -len(".weight")]) in modules:
+                hints[k], inferred[k] = owner, False
+                weighted.add(k)  # its output is that module's, not a step of its readers
         scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
         readers: dict[str, set] = {}
         reader_scopes: dict[str, set] = {}
@@ -217,7 +228,7 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                     internal = (hint is not None and name not in outputs
                                 and readers.get(name, set()) == {hint})
                     own = (hint is not None and scope is not None and name not in outputs
-                           and scope in reader_scopes.get(name, ()))
+                           and scope in reader_scopes.get(name, ()) and i not in weighted)
                     out.append(CandidateTensor(name, i, "Constant" if is_const
                                                else node.op_type, hint, internal,
                                                outputs.get(name), own, node=node.name,
