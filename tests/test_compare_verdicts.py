@@ -637,27 +637,59 @@ def test_a_layer_scale_two_levels_above_the_linear_is_no_divergence(tmp_path):
     assert "model.layers.0.attention.o_proj" in rec.covers
 
 
-def test_a_linear_named_for_the_layer_scale_folded_into_it_covers_the_linear(tmp_path):
-    """DINOv2, simplified: fc2's MatMul, with layer_scale2 folded into its weights, carries
-    layer_scale2's name; fc2 has no tensor of its own. A damaged fc2 was named at
-    layer_scale2 (a later module); the MatMul now covers fc2."""
+def test_a_linear_named_for_the_layer_scale_removed_after_it_is_the_linear(tmp_path):
+    """DINOv2, simplified: layer_scale2 multiplies by ones (its initial value), so onnxslim
+    removes it and fc2's MatMul writes layer_scale2's output name; fc2 has no tensor of its
+    own. A damaged fc2 was named at layer_scale2 (a later module). The node is still named
+    for fc2 ('.../mlp/fc2/MatMul'): it is fc2's output, and a damaged fc2 is named there."""
     model, x = _hf("dinov2")
-    sim = wb.simplify(wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws")))
     layer = "model.encoder.layer.0"
+    sim = wb.simplify(wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws")))
     node = next(n for n in onnx.load(str(sim.path)).graph.node
                 if n.op_type == "MatMul" and n.output[0].startswith("/model/encoder/layer.0/"
                                                                     "layer_scale2/"))
+    assert node.name == "/model/encoder/layer.0/mlp/fc2/MatMul"
     rep = wb.compare(model, [sim], x, mode="both", progress=False)
     assert rep.ok and rep.first_divergence is None, rep.summary()
     rec = next(r for r in rep.records if r.name == node.output[0])
-    assert rec.covers == (f"{layer}.mlp.fc2", f"{layer}.layer_scale2")
-    assert rec.relation == (f"equal up to folding: {layer}.layer_scale2 folded into "
-                            f"{layer}.mlp.fc2")
+    assert (rec.reference, rec.relation) == (f"{layer}.mlp.fc2", "equal")
     bad = _perturb(sim.path, tmp_path / "bad.onnx", node.input[1])
     rep = wb.compare(model, [bad], x, mode="both", progress=False)
     first = rep.first_divergence
     assert first is not None and first.name == node.output[0], rep.summary()
-    assert f"{layer}.mlp.fc2" in first.covers
+    assert first.reference == f"{layer}.mlp.fc2", rep.summary()
+    # nodes without names (another tool wrote the file): the output's name is all there is,
+    # and the MatMul named for layer_scale2 covers fc2, the weighted module before it
+    m = onnx.load(str(bad))
+    for n in m.graph.node:
+        n.name = ""
+    onnx.save(m, str(tmp_path / "nameless.onnx"))
+    rep = wb.compare(model, [tmp_path / "nameless.onnx"], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.name == node.output[0], rep.summary()
+    assert first.covers == (f"{layer}.mlp.fc2", f"{layer}.layer_scale2"), first.covers
+
+
+def test_a_linear_whose_bias_and_unit_scale_were_removed_is_the_linear(tmp_path):
+    """FocalNet, simplified: fc2's bias is zero and its `gamma_2 * x` multiplies by 1.0;
+    onnxslim removes both, and the MatMul, still named '.../mlp/fc2/MatMul', writes the
+    layer's '/layers.0/Mul_1_output_0'. It was taken for a step of the layer: a damaged
+    fc2 was attributed, not measured, and named at the residual Add after it."""
+    model, x = _hf("focalnet")
+    sim = wb.simplify(wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws")))
+    layer = "model.encoder.stages.1.layers.0"
+    node = next(n for n in onnx.load(str(sim.path)).graph.node if n.op_type == "MatMul"
+                and n.name == "/model/encoder/stages.1/layers.0/mlp/fc2/MatMul")
+    assert node.output[0] == "/model/encoder/stages.1/layers.0/Mul_1_output_0"
+    rep = wb.compare(model, [sim], x, mode="both", progress=False)
+    assert rep.ok and rep.first_divergence is None, rep.summary()
+    rec = next(r for r in rep.records if r.name == node.output[0])
+    assert rec.reference == f"{layer}.mlp.fc2" and rec.relation == "equal", rec
+    bad = _perturb(sim.path, tmp_path / "bad.onnx", node.input[1])
+    rep = wb.compare(model, [bad], x, mode="both", progress=False)
+    first = rep.first_divergence
+    assert first is not None and first.name == node.output[0], rep.summary()
+    assert first.reference == f"{layer}.mlp.fc2", rep.summary()
 
 
 def test_scopes_without_the_layer_index_name_the_listed_modules(tmp_path):

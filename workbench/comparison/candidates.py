@@ -205,6 +205,16 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                     and (owner := node.input[1][: -len(".weight")]) in modules:
                 hints[k], inferred[k] = owner, False
                 weighted.add(k)  # its output is that module's, not a step of its readers
+            elif node.op_type in ("MatMul", "Gemm") and any(i in params for i in node.input) \
+                    and (own := module_from_scope(node.name, modules)) not in (None, hints[k]) \
+                    and _is_leaf(own, modules):
+                # a Linear's MatMul keeps its node name when a simplifier removes the ops
+                # after it and gives it the last one's output name: FocalNet's fc2 MatMul,
+                # its zero bias and `gamma_2 * x` (1.0) removed, writes
+                # '/layers.0/Mul_1_output_0'. It is fc2's output (a later record folded in),
+                # not a step of the layer, so that a damaged fc2 is named there
+                hints[k], inferred[k] = own, False
+                weighted.add(k)
         scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
         readers: dict[str, set] = {}
         reader_scopes: dict[str, set] = {}
@@ -338,3 +348,8 @@ def alignment_of(reference: Any, thing: Any, inputs: tuple) -> Any:
     values = cand.runner.run(copies(inputs), "all")
     tensors = with_weights(candidate_tensors(cand, modules), cand, reference)
     return align(ref_values, values, tensors, modules)
+
+
+def _is_leaf(module: str, modules: set[str]) -> bool:
+    """A module with no submodule: one that computes, not one that calls others."""
+    return not any(m.startswith(module + ".") for m in modules) if module else False
