@@ -449,8 +449,10 @@ def tensor_status(rep: Any, name: str) -> str:
 
 # -- the comparison's verdict -------------------------------------------------------------------
 def names_module(ref: str, module: str) -> bool:
-    """Whether a record name is ``module``: itself, one of its calls, one of its outputs."""
-    return bool(re.fullmatch(re.escape(module) + r"(#\d+)?(\.\d+)?", ref or ""))
+    """Whether a record name is ``module``: itself, one of its calls, one of its outputs, or
+    a functional call it made (BiT's WeightStandardizedConv2d standardizes its weight and
+    calls ``F.conv2d``: 'embedder.convolution/F.conv2d_0')."""
+    return bool(re.fullmatch(re.escape(module) + r"((#\d+)?(\.\d+)?|/[^/]+)", ref or ""))
 
 
 def covers_of(rep: Any, rec: Any) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from ..inputs import as_tensor_tuple, copies, describe, run_torch
 from ..onnx_io import ensure_ort_readable, external_data_files
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, error_detail, max_errors, within
 from .export_errors import export_error, warning_diagnostics
+from .torchscript_gaps import cast_bool_cumsum, lent_symbolics
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 MAIN = "model.onnx"
@@ -122,6 +123,8 @@ def export(
                           diags, ref_cap, modules)
         if exporter == "dynamo" and opset < 18:
             _repair_down_converted(path, opset, diags)
+        if exporter == "torchscript":
+            cast_bool_cumsum(path, diags)
         diags += moduleop_diagnostics(path, modules, exporter)
         external = _finalize_external_data(path, external_data_threshold, diags)
         _check_onnx(path, diags)
@@ -224,10 +227,12 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
     with capture() as cap:
         try:
             if exporter == "torchscript":
-                torch.onnx.export(model, args, str(path), dynamo=False, opset_version=opset,
-                                  input_names=input_names, output_names=output_names,
-                                  dynamic_axes=axes or None, do_constant_folding=True,
-                                  export_modules_as_functions=modules or False)
+                with lent_symbolics(opset):  # aten::diff (transformers' decoder masks)
+                    torch.onnx.export(model, args, str(path), dynamo=False,
+                                      opset_version=opset, input_names=input_names,
+                                      output_names=output_names, dynamic_axes=axes or None,
+                                      do_constant_folding=True,
+                                      export_modules_as_functions=modules or False)
             else:
 
                 prog = torch.onnx.export(
