@@ -199,6 +199,8 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
         # ('.../layer_norm/Reshape_output_0'), which made the conv a step of the norm
         params = {t.name for t in model.graph.initializer}
         weighted: set[int] = set()
+        # modules with submodules: the others (leaves) compute, they call no module
+        parents = {m.rsplit(".", 1)[0] for m in modules if "." in m} | {""}
         for k, node in enumerate(model.graph.node):
             if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 \
                     and node.input[1] in params and node.input[1].endswith(".weight") \
@@ -207,7 +209,7 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                 weighted.add(k)  # its output is that module's, not a step of its readers
             elif node.op_type in ("MatMul", "Gemm") and any(i in params for i in node.input) \
                     and (own := module_from_scope(node.name, modules)) not in (None, hints[k]) \
-                    and _is_leaf(own, modules):
+                    and own not in parents:
                 # a Linear's MatMul keeps its node name when a simplifier removes the ops
                 # after it and gives it the last one's output name: FocalNet's fc2 MatMul,
                 # its zero bias and `gamma_2 * x` (1.0) removed, writes
@@ -348,8 +350,3 @@ def alignment_of(reference: Any, thing: Any, inputs: tuple) -> Any:
     values = cand.runner.run(copies(inputs), "all")
     tensors = with_weights(candidate_tensors(cand, modules), cand, reference)
     return align(ref_values, values, tensors, modules)
-
-
-def _is_leaf(module: str, modules: set[str]) -> bool:
-    """A module with no submodule: one that computes, not one that calls others."""
-    return not any(m.startswith(module + ".") for m in modules) if module else False
