@@ -552,6 +552,10 @@ class Trial:
     hit_accumulated: bool = False
     named: dict[str, Any] | None = None
     named_accumulated: dict[str, Any] | None = None
+    # no divergence named, but wb.compare says where the error comes from
+    # (CompareReport.error_sources): reported beside a miss, not counted as a hit
+    source: dict[str, Any] | None = None
+    source_blames: bool = False
     own: list[dict[str, Any]] = field(default_factory=list)  # records naming the module
     reader_op: str = ""  # the op type(s) reading the weight
     reader: str = ""  # how the tensor(s) of the op reading the weight were placed
@@ -788,6 +792,9 @@ def _one_trial(trial: Trial, model: Any, x: tuple, targets: list[Target],
     trial.hit = blames(rep, first, target.module)
     trial.hit_accumulated = blames(rep, acc, target.module) if acc is not None else False
     trial.named, trial.named_accumulated = describe(rep, first), describe(rep, acc)
+    source = next(iter(rep.error_sources().values()), None)
+    trial.source, trial.source_blames = describe(rep, source), blames(rep, source,
+                                                                      target.module)
     trial.aligned_fraction = next(iter(rep.aligned_fraction.values()), 0.0)
     trial.own = [{"tensor": r.name, "reference": r.reference, "mode": r.mode,
                   "passed": r.metrics.passed, "max_abs": r.metrics.max_abs,
@@ -911,6 +918,9 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
             print(f"      named: {fmt_named(t.named)}")
             if t.named_accumulated and t.named_accumulated != t.named:
                 print(f"      accumulated verdict: {fmt_named(t.named_accumulated)}")
+            if t.source:
+                print(f"      error source named (not a divergence): {fmt_named(t.source)}"
+                      f" ({'the perturbed module' if t.source_blames else 'another module'})")
             print(f"      weight: {t.store} ({t.relation}, {t.edited} values edited"
                   f"{f', byte {t.offset}' if t.offset >= 0 else ''}); edit verified: "
                   f"{t.verified}; torch effect {t.torch_effect:.3g}x tolerance")
@@ -918,6 +928,10 @@ def report(trials: list[Trial], cleans: list[Clean], kinds: list[str], mode: str
             print(f"      the {t.reader_op} reading the weight: {t.reader}; clean: "
                   f"{t.reader_clean}")
         print(f"      cause: {t.cause}")
+    sourced = [t for t in misses if t.source_blames]
+    if misses:
+        print(f"\nmisses whose error source wb.compare names at the perturbed module "
+              f"(CompareReport.error_sources, no divergence): {len(sourced)}/{len(misses)}")
     causes = Counter(re.sub(r"named \S+", "named …", t.cause) for t in misses)
     if causes:
         print("\nmisses by cause:")

@@ -284,6 +284,48 @@ def test_an_error_within_tolerance_that_grows_past_it_is_said_not_blamed_on_an_o
     assert not rep.ok and rep.first_divergence is None
     assert "no op over tolerance on its own (isolated); the accumulated error first exceeds " \
            "it at 1 (Mul" in rep.summary()
+    # the one op whose own error stands out is named as where it comes from, not a divergence
+    (source,) = rep.error_sources().values()
+    assert source.reference == "0" and source.mode == "isolated" and source.metrics.passed
+    assert "; it comes from 0 (" in rep.summary()
+
+
+def _drifted(path, out, scales):
+    """A copy with each 2-D weight (in graph order) drifted by its relative ``scales[k]``."""
+    m = onnx.load(str(path))
+    weights = [t for t in m.graph.initializer if len(t.dims) == 2]
+    assert len(weights) == len(scales)
+    for k, (w, scale) in enumerate(zip(weights, scales, strict=True)):
+        a = numpy_helper.to_array(w)
+        noise = np.random.default_rng(k).standard_normal(a.shape)
+        w.CopyFrom(numpy_helper.from_array((a * (1 + scale * noise)).astype(np.float32),
+                                           w.name))
+    onnx.save(m, str(out))
+    return out
+
+
+def test_no_error_source_is_named_when_no_op_stands_out(tmp_path):
+    """Two Linears drifted to the same share of their tolerance (0.4), then x100: the
+    accumulated error breaks tolerance, each op passes on its own, and neither Linear holds
+    most of the error: none is named."""
+    torch.manual_seed(0)
+    lins = [nn.Linear(32, 32) for _ in range(2)]
+    with torch.no_grad():
+        for lin in lins:
+            lin.weight.mul_(0.1)
+            lin.bias.mul_(0.1)
+    model, x = nn.Sequential(*lins, Amplify(), nn.LayerNorm(32)).eval(), torch.randn(1, 32)
+    onx = wb.export(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    bad = _drifted(onx.path, tmp_path / "drifted.onnx", (0.0005, 0.004))
+    shares = [r.metrics.max_abs / r.metrics.tolerance for r in wb.compare(
+        model, [bad], (x,), mode="isolated", progress=False).records if r.op_type == "Gemm"]
+    assert len(shares) == 2 and max(shares) < 3 * min(shares), shares
+    rep = wb.compare(model, [bad], (x,), mode="both", progress=False)
+    assert all(r.metrics.passed for r in rep.records if r.mode == "isolated"), rep.summary()
+    assert not rep.ok and rep.first_divergence is None
+    assert rep.error_sources() == {} and "comes from" not in rep.summary()
+    clean = wb.compare(model, [onx], (x,), mode="both", progress=False)
+    assert clean.ok and clean.error_sources() == {}
 
 
 # -- a model that writes into its input ---------------------------------------------------------

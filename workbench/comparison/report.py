@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from .sensitivity import Sensitivity
     from .verdict import Verdict
 
+# an op that all ops pass on their own but that holds most of the error the accumulated run
+# breaks tolerance with: at least this share of its own tolerance, and this many times the
+# share of any other op before that point (CompareReport.error_sources)
+SOURCE_SHARE, SOURCE_LEAD = 0.05, 10.0
+
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
            "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed",
            "relation"]
@@ -117,6 +122,35 @@ class CompareReport:
                 out[cand.name] = min(failing, key=lambda r: r.order)
         return out
 
+    def error_sources(self) -> dict[str, Record]:
+        """{candidate: the op the accumulated error most likely comes from}, for a candidate
+        whose ops all pass on their own (isolated) while the accumulated error breaks
+        tolerance further on, so that no op is a divergence. Named only when one op before
+        that point stands out: its isolated error at least ``SOURCE_SHARE`` of its tolerance
+        and ``SOURCE_LEAD`` times the next op's share (MobileViT in ncnn with a damaged
+        key: the fused MultiHeadAttention at 0.22 of its tolerance, every other op at 0.004
+        or less). Not a divergence: its error is within tolerance where it is made."""
+        found = {c.name: self._source(c.name) for c in self.candidates}
+        return {name: got[0] for name, got in found.items() if got is not None}
+
+    def _source(self, candidate: str) -> tuple[Record, float, float] | None:
+        """(the error source, its share of its tolerance, the next op's share) or None."""
+        if candidate in self.divergences() or not self.isolated_available.get(candidate):
+            return None
+        mine = [r for r in self.records if r.candidate == candidate and r.exact]
+        over = [r.order for r in mine if r.mode == "accumulated" and not r.metrics.passed]
+        if not over:
+            return None
+        shares = sorted(((r.metrics.max_abs / r.metrics.tolerance, r) for r in mine
+                         if r.mode == "isolated" and r.order <= min(over)
+                         and r.metrics.tolerance > 0), key=lambda x: -x[0])
+        if not shares:
+            return None
+        (top, rec), runner_up = shares[0], (shares[1][0] if len(shares) > 1 else 0.0)
+        if top >= SOURCE_SHARE and top >= SOURCE_LEAD * runner_up:
+            return rec, top, runner_up
+        return None
+
     @property
     def first_divergence(self) -> Record | None:
         """The earliest op (topological order) whose error breaks tolerance, isolated error
@@ -183,10 +217,18 @@ class CompareReport:
                and r.mode == "accumulated" and not r.metrics.passed]
         if acc and self.isolated_available.get(candidate):
             r = min(acc, key=lambda r: r.order)
+            tail = ""
+            found = self._source(candidate)
+            if found is not None:
+                src, share, runner_up = found
+                covers = f" covering {', '.join(src.covers)}" if src.covers else ""
+                tail = (f"; it comes from {src.reference}{covers} ({src.op_type} {src.name}: "
+                        f"isolated max abs {src.metrics.max_abs:.3g}, {share:.2g} of its "
+                        f"tolerance; every other op before it at most {runner_up:.2g} of its own)")
             return (f"no op over tolerance on its own (isolated); the accumulated error first "
                     f"exceeds it at {r.reference} ({r.op_type} {r.name}, max abs "
                     f"{r.metrics.max_abs:.3g}): errors within tolerance before it grow "
-                    "past it")
+                    f"past it{tail}")
         return "over tolerance only where not exactly related; no op named"
 
     def __str__(self) -> str:
