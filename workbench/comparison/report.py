@@ -135,12 +135,12 @@ class CompareReport:
 
     def _source(self, candidate: str) -> tuple[Record, float, float] | None:
         """(the error source, its share of its tolerance, the next op's share) or None."""
-        if candidate in self.divergences() or not self.isolated_available.get(candidate):
+        if not self.isolated_available.get(candidate):
             return None
         mine = [r for r in self.records if r.candidate == candidate and r.exact]
         over = [r.order for r in mine if r.mode == "accumulated" and not r.metrics.passed]
-        if not over:
-            return None
+        if not over or any(r.mode == "isolated" and not r.metrics.passed for r in mine):
+            return None  # within tolerance everywhere, or an op is a divergence
         shares = sorted(((r.metrics.max_abs / r.metrics.tolerance, r) for r in mine
                          if r.mode == "isolated" and r.order <= min(over)
                          and r.metrics.tolerance > 0), key=lambda x: -x[0])
