@@ -40,10 +40,11 @@ every tensor aligned or attributed; aligned fraction >= 0.95 on every candidate.
 are listed with model, module, what was named instead and the figures, and a guessed cause.
 It is a report, not a test: the exit status is 0 whatever the figures say.
 
-``--models hf`` runs the opt-in set of ``bench/hf_models.py`` instead (27 transformers
+``--models hf`` runs the opt-in set of ``bench/hf_models.py`` instead (37 transformers
 architectures beyond the zoo: Llama, Qwen2, T5, Whisper, ALBERT, SqueezeBERT, EfficientNet,
 LeViT, BEiT, DINOv2, CLIP, FocalNet, Segformer, RegNet, Wav2Vec2, PoolFormer, MobileViT,
-GPT-2, BLOOM, GPT-NeoX, DistilBERT, BiT, ConvNeXt V2, MobileNetV1, CvT, YOLOS, HuBERT): where
+GPT-2, BLOOM, GPT-NeoX, DistilBERT, BiT, ConvNeXt V2, MobileNetV1, CvT, YOLOS, HuBERT,
+Mistral, Phi, Gemma, OPT, ELECTRA, DeBERTa-v2, Swin V2, DeiT, WavLM, MobileNetV2): where
 new wrong verdicts are looked for; its misses are open findings, not the issue's targets.
 
 Run:  cd /work/main && .venv/bin/python bench/faults.py [--models a,b|hf] [--kinds export,ncnn]

@@ -182,12 +182,53 @@ def _build(name: str) -> tuple[Any, tuple]:
             initializer_range=INIT))
         return _wrap(model, last), (torch.randn(1, 1600,
                                                 generator=torch.Generator().manual_seed(1)),)
+    if name == "mistral":  # sliding-window causal attention, grouped KV heads
+        return _wrap(T.MistralModel(_eager(T.MistralConfig(sliding_window=8, **decoder))),
+                     last), _tokens()
+    if name == "phi":  # attention and MLP in parallel off one LayerNorm; partial rotary
+        return _wrap(T.PhiModel(_eager(T.PhiConfig(partial_rotary_factor=0.5, **decoder))),
+                     last), _tokens()
+    if name == "gemma":  # RMSNorm scaled by (1 + weight), GeGLU, scaled embeddings
+        return _wrap(T.GemmaModel(_eager(T.GemmaConfig(head_dim=16, **decoder))), last), \
+            _tokens()
+    if name == "opt":  # learned positions with an offset, pre-LayerNorm
+        return _wrap(T.OPTModel(_eager(T.OPTConfig(
+            hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+            vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=64,
+            init_std=INIT, use_cache=False))), last), _tokens()
+    if name == "electra":  # embeddings projected from a smaller size
+        return _wrap(T.ElectraModel(T.ElectraConfig(embedding_size=32, **text)), last), \
+            _tokens()
+    if name == "deberta_v2":  # disentangled attention: relative positions, content x position
+        return _wrap(T.DebertaV2Model(T.DebertaV2Config(
+            relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"],
+            max_relative_positions=16, **text)), last), _tokens()
+    if name == "swinv2":  # cosine attention with a learned scale, log-spaced position MLP
+        return _wrap(T.Swinv2Model(T.Swinv2Config(
+            image_size=32, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
+            window_size=4, initializer_range=INIT)), pooled), _image(32)
+    if name == "deit":  # a distillation token beside the class token
+        return _wrap(T.DeiTModel(T.DeiTConfig(intermediate_size=128, **vision),
+                                 add_pooling_layer=False), last), _image(32)
+    if name == "wavlm":  # gated relative position bias
+        model = T.WavLMModel(T.WavLMConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, num_buckets=32,
+            max_bucket_distance=64, initializer_range=INIT))
+        return _wrap(model, last), (torch.randn(1, 1600,
+                                                generator=torch.Generator().manual_seed(1)),)
+    if name == "mobilenet_v2":  # inverted residuals, ReLU6, TensorFlow padding
+        return _bn(_wrap(T.MobileNetV2Model(T.MobileNetV2Config(
+            image_size=64, depth_multiplier=0.35)), pooled), _image())
     raise KeyError(name)
 
 
 NAMES = ("llama", "qwen2", "t5_encoder", "whisper_encoder", "albert", "squeezebert",
          "efficientnet", "levit", "beit", "dinov2", "clip_vision", "focalnet", "segformer",
          "regnet", "wav2vec2", "poolformer", "mobilevit", "gpt2", "bloom", "gpt_neox",
-         "distilbert", "bit", "convnextv2", "mobilenet_v1", "cvt", "yolos", "hubert")
+         "distilbert", "bit", "convnextv2", "mobilenet_v1", "cvt", "yolos", "hubert",
+         "mistral", "phi", "gemma", "opt", "electra", "deberta_v2", "swinv2", "deit", "wavlm",
+         "mobilenet_v2")
 MODELS: dict[str, Callable[[], tuple[Any, tuple]]] = {
     f"hf_{n}": (lambda n=n: _build(n)) for n in NAMES}
