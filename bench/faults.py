@@ -73,6 +73,9 @@ from typing import Any
 from _common import engine_state, print_figures, print_table  # bench/ is on sys.path
 
 KINDS = ("export", "simplify", "raise", "ncnn")
+# opt-in (--kinds dynamo): the torch.export-based exporter, whose nodes carry their modules in
+# metadata rather than in value names: another path through alignment
+EXTRA_KINDS = ("dynamo",)
 NOISE, FRACTION = 0.10, 0.25
 LOCALISATION, ALIGNED = 0.98, 0.95
 # unaligned reasons of tensors align does not count (parameters, index glue)
@@ -602,6 +605,12 @@ def build_candidates(name: str, model: Any, x: tuple, ws: Any, kinds: list[str],
             out["raise"] = Path(wb.raise_ops(sim, workspace=ws).path)
     except Exception as e:
         notes.append(f"{name}: ONNX stages failed: {type(e).__name__}: {_first(e)}")
+    if "dynamo" in kinds:
+        try:
+            out["dynamo"] = Path(wb.export(model, x, workspace=ws, exporter="dynamo",
+                                           opset=18).path)
+        except Exception as e:
+            notes.append(f"{name}: dynamo export failed: {type(e).__name__}: {_first(e)}")
     if "ncnn" in kinds:
         try:
             out["ncnn"] = Path(wb.to_ncnn(model, x, workspace=ws).path)
@@ -1026,10 +1035,10 @@ def main(argv: list[str] | None = None) -> int:
     factories.update(extra)
     unknown = [n for n in names if n not in factories]
     kinds = args.kinds.split(",")
-    bad_kinds = [k for k in kinds if k not in KINDS]
+    bad_kinds = [k for k in kinds if k not in KINDS + EXTRA_KINDS]
     if unknown or bad_kinds:
         parser.error(f"unknown models {unknown} or kinds {bad_kinds}; models: "
-                     f"{', '.join(factories)}; kinds: {', '.join(KINDS)}")
+                     f"{', '.join(factories)}; kinds: {', '.join(KINDS + EXTRA_KINDS)}")
     depths = 1 if args.quick else max(1, args.depths)
     t_start = time.perf_counter()
     trials: list[Trial] = []
