@@ -8,7 +8,9 @@ separable net with squeeze-excite, causal decoder). Nothing is downloaded.
 Candidate kinds, built once per model in a temporary workspace: ``export`` (``wb.export``,
 TorchScript exporter, opset 17), ``simplify`` (``wb.simplify``, onnxslim), ``raise``
 (``wb.raise_ops`` of the simplified model) and ``ncnn`` (``wb.to_ncnn(model)``, fp32 weights;
-``to_ncnn(onnx artifact)`` if that raises ConversionError).
+``to_ncnn(onnx artifact)`` if that raises ConversionError). Opt-in, ``--kinds dynamo``:
+``wb.export(..., exporter="dynamo", opset=18)``, whose nodes name their modules in metadata,
+not in value names.
 
 A fault: one weight (Conv/ConvTranspose/Linear ``weight``, LSTM/GRU ``weight_ih_l0``) of a
 module picked at evenly spaced depths of the model's weighted modules in execution order
