@@ -85,8 +85,13 @@ def cast_bool_cumsum(path: Path, diags: list[Diagnostic]) -> None:
     tensor (torch's ``bool_tensor.cumsum()`` is int64; the exporter writes a CumSum of
     bools, which no ONNX runtime loads). Rewrites the file only when it has one; external
     data stays where it is."""
+    import mmap
+
     import onnx
 
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data.find(b"CumSum") < 0:  # no such node: the model is not parsed again
+            return
     model = onnx.load(str(path), load_external_data=False)
     if not any(n.op_type == "CumSum" for n in model.graph.node):
         return
