@@ -2,7 +2,8 @@
 
 It reads capture -> align -> measure -> report. Runners capture every tensor (one pass
 each, each backend on its own copy of the inputs), ``align`` maps candidate tensors to the
-reference's modules, ``measure_pair`` measures each aligned pair, and the records make a
+reference's modules, ``measure_pair`` measures each aligned pair, a task metric (task.py), when
+given, scores each candidate's answers over its evaluation set, and the records make a
 CompareReport. Accumulated error: each backend runs end to end. Isolated error: each op run
 on reference inputs (isolated.py). How the work shares the machine (threads, the capture
 ahead of the measuring) is schedule.py's.
@@ -36,6 +37,7 @@ from .isolated import isolated
 from .metrics import TensorMetrics, Tolerance, resolve_tolerance
 from .report import CompareReport, Record
 from .schedule import Schedule
+from .task import check_task, evaluate_candidates, evaluation_set
 from .verdict import MIN_EXPLAINED, measure_pair, shape_relation
 
 MODES = ("accumulated", "isolated", "both")
@@ -54,7 +56,7 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
             tolerance: Any = None, per_op_tolerance: dict[str, Any] | None = None,
             per_tensor_tolerance: dict[str, Any] | None = None,
             progress: Progress = True, min_explained: float = MIN_EXPLAINED,
-            timeout: float | None = None) -> CompareReport:
+            timeout: float | None = None, task: Any = None) -> CompareReport:
     """Compare candidates with a PyTorch reference op by op.
 
     Every backend runs on its own copy of the inputs (the caller's never change). A
@@ -79,6 +81,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
             attributed for its comparison to be ok.
         timeout: seconds each run of a candidate in the worker may take (BackendTimeout past
             it; default: each runner's own, scaled with its model).
+        task: a task metric (``wb.TopK(1)``, ``wb.NearestNeighbour()``, ``wb.PitchCents()``,
+            ``wb.Decision(0.5)``, ``wb.Custom(fn, name)``) scored for each candidate that ran,
+            over its ``data`` (default: ``inputs``), after the op-by-op comparison:
+            ``report.task`` {candidate: TaskScore}, a line each in the summary.
 
     Returns:
         A CompareReport: its records (one per aligned tensor, candidate and mode, the worst
@@ -91,7 +97,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
 
     Raises:
         InputError: an unknown mode, a bad ``min_explained`` or tolerance, no candidates, a
-            candidate that is not ONNX or ncnn, or inputs the candidates do not take.
+            candidate that is not ONNX or ncnn, or inputs the candidates do not take; a task
+            that is none, an evaluation set or output that does not fit (task.py).
     """
     from ..runtime import TorchRunner, runner_for
 
@@ -107,6 +114,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     ref_runner = runner_for(reference)  # an nn.Module becomes a TorchRunner
     cands = _candidates(candidates, mode, timeout)
     sets = input_sets(inputs)
+    # the task's evaluation set, checked before anything runs
+    task_set = None if task is None else evaluation_set(check_task(task), sets)
     base_tol = tolerance if isinstance(tolerance, Tolerance) else (
         Tolerance() if tolerance is None else resolve_tolerance(tolerance, None, None, "", ""))
 
@@ -223,13 +232,23 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         bar.advance()
                     runs = vals = None
                     captures.done(k)
+    # task: each candidate's answers over the evaluation set (the ones that ran)
+    scores = {}
+    if task is not None:
+        bar.phase(f"task: {task.name} over {len(task_set)} sample(s)")
+        scores, not_run = evaluate_candidates(
+            task, ref_runner, [(c.name, c.runner) for c in cands if c.name not in failed],
+            task_set)
+        for name, why in not_run.items():
+            notes[name] = "; ".join(filter(None, [notes.get(name), why]))
     bar.close()
     # report
     records = sorted(worst.values(), key=lambda r: (r.candidate, r.mode, r.order))
     return CompareReport(records=records, alignments=alignments, candidates=cands,
                          isolated_available=isolated_available, tolerance=base_tol,
                          inputs=sets[0], reference=ref_runner, unmeasured=unmeasured,
-                         min_explained=min_explained, notes=notes, failed=failed)
+                         min_explained=min_explained, notes=notes, failed=failed,
+                         task=scores)
 
 
 # a candidate's run that fails so: that candidate is not ok (report.failed says why) and

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .candidates import Candidate
     from .metrics import TensorMetrics, Tolerance
     from .sensitivity import Sensitivity
+    from .task import TaskScore
     from .verdict import Verdict
 
 # an op that all ops pass on their own but that holds most of the error the accumulated run
@@ -81,6 +82,8 @@ class CompareReport:
     notes: dict[str, str] = field(default_factory=dict)
     # {candidate: why its run failed}: it crashed, hung or raised; nothing of it is measured
     failed: dict[str, str] = field(default_factory=dict)
+    # {candidate: its task metric's score} (wb.compare(..., task=...)): the model's answers
+    task: dict[str, TaskScore] = field(default_factory=dict)
     _sensitivity: dict[str, list[Sensitivity]] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
@@ -167,7 +170,8 @@ class CompareReport:
     # -- presenting ---------------------------------------------------------------------------
     def summary(self) -> str:
         """One line per candidate: aligned, worst error and where, first divergence, and
-        why its comparison is not ok when it is not.
+        why its comparison is not ok when it is not; then a line per candidate scored by a
+        task metric (``task_lines``).
 
         Returns:
             The lines, joined by newlines.
@@ -207,7 +211,18 @@ class CompareReport:
                 tail = f"NOT OK: {why}; {tail}"
             lines.append(f"{cand.name}: {aligned}, worst max abs "
                          f"{worst.metrics.max_abs:.3g} at {worst.reference}; {tail}{note}")
-        return "\n".join(lines)
+        return "\n".join(lines + self.task_lines())
+
+    def task_lines(self) -> list[str]:
+        """A line per candidate the task metric scored: "onnxruntime a: top-1 agrees on 47/50"
+        (none without a task)."""
+        return [f"{c.name}: {self.task[c.name].text}" for c in self.candidates
+                if c.name in self.task]
+
+    def task_rows(self) -> list[dict[str, Any]]:
+        """The task scores as table rows: the candidate, then ``TaskScore.as_dict``."""
+        return [{"candidate": c.name, **self.task[c.name].as_dict()} for c in self.candidates
+                if c.name in self.task]
 
     def _no_culprit(self, candidate: str) -> str:
         """Why tensors are over tolerance but no op is named: the isolated errors all pass
@@ -290,7 +305,16 @@ class CompareReport:
                          "report.table('csv')")
 
     def _repr_html_(self) -> str:
-        return f"<pre>{html.escape(self.summary())}</pre>" + self.table("html")
+        return f"<pre>{html.escape(self.summary())}</pre>" + self._task_html() + \
+            self.table("html")
+
+    def _task_html(self) -> str:
+        """The task scores as a table: candidate, task, score, the phrase ('' without)."""
+        rows = "".join(f"<tr><td>{html.escape(r['candidate'])}</td><td>{html.escape(r['task'])}"
+                       f"</td><td>{html.escape(self.task[r['candidate']].cell)}</td><td>"
+                       f"{html.escape(r['text'])}</td></tr>" for r in self.task_rows())
+        return (f'<table class="wb-task"><thead><tr><th>candidate</th><th>task</th><th>score'
+                f"</th><th></th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
 
     def plot(self, metric: str = "max_abs") -> list[Figure]:
         """The figures: error along the graph (accumulated vs isolated, tolerance, first
@@ -437,9 +461,10 @@ class CompareReport:
         return write_repro(self, cand, record, Path(folder))
 
     def to_json(self) -> str:
-        """The summary, aligned fractions and rows as JSON text."""
+        """The summary, aligned fractions, rows and task scores as JSON text."""
         return json.dumps({"summary": self.summary(), "aligned_fraction": self.aligned_fraction,
-                           "records": self.rows()}, default=str)
+                           "records": self.rows(), "task": {r.pop("candidate"): r for r in
+                                                            self.task_rows()}}, default=str)
 
 
 def _fmt(v: Any) -> str:

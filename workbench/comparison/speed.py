@@ -9,6 +9,10 @@ interleaved (each round runs every candidate once, the order rotating), so machi
 all alike; each latency is a median. A row's ``speedup`` is the fp32 candidate of the same
 backend's median over its own: "ncnn int8: 2.1x faster, -0.8 dB vs ncnn fp32".
 
+With ``task=`` (a task metric, task.py), each row also scores the candidate's answers over the
+evaluation set, run through its crash-isolated runner: "ncnn int8: 1.9x faster, -3.1 dB vs
+ncnn fp32, top-1 agrees on 47/50".
+
 Timed in this process, not in the worker: the worker's transfer of inputs and outputs adds a
 constant that blurs the ratios of a small model. The isolated run goes first, so a model
 that crashes its backend is reported (BackendCrashed) before anything runs here.
@@ -24,9 +28,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .task import TaskScore
 
 # emulated storage is ncnn's fp32 kernels run layer by layer from Python: no speed figure
 EMULATED_NOTE = "storage emulated layer by layer from Python: its latency is no device figure"
@@ -38,7 +45,8 @@ class PrecisionRow:
     ``speedup`` the fp32 candidate of the same backend's median over this one's (> 1:
     faster; None without an fp32 candidate); ``snr_db`` the final outputs' SNR against the
     PyTorch reference (the worst output; inf: equal); ``snr_delta_db`` that minus the same
-    backend's fp32 SNR; ``max_abs`` the largest absolute difference of any output."""
+    backend's fp32 SNR; ``max_abs`` the largest absolute difference of any output; ``task``
+    the task metric's score (None: no task given)."""
 
     label: str
     backend: str  # "onnxruntime" | "ncnn"
@@ -50,6 +58,7 @@ class PrecisionRow:
     max_abs: float
     runs: int = 0
     note: str = ""
+    task: TaskScore | None = None
 
 
 @dataclass
@@ -73,7 +82,8 @@ class PrecisionTable:
                          f"labels: {[r.label for r in self.rows]}")
 
     def summary(self) -> str:
-        """One line a candidate: "ncnn int8: 2.1x faster, -0.8 dB vs ncnn fp32"."""
+        """One line a candidate: "ncnn int8: 2.1x faster, -0.8 dB vs ncnn fp32", and its
+        task score when a task was given: ", top-1 agrees on 47/50"."""
         head = (f"{len(self.rows)} candidates, {self.threads} thread(s) each, median of "
                 f"{self.repeat} interleaved runs; load average {self.load_average[0]:.2f} -> "
                 f"{self.load_average[1]:.2f}")
@@ -84,13 +94,16 @@ class PrecisionTable:
                      and r.precision == "fp32"), None)
 
     def table(self) -> list[list[str]]:
-        """The rows as text, a header first."""
+        """The rows as text, a header first; a last column, named for the task, when a task
+        metric was given."""
+        task = next((r.task.task for r in self.rows if r.task is not None), None)
         out = [["candidate", "backend", "precision", "median ms", "speed-up", "SNR dB",
-                "dB vs fp32", "max abs"]]
+                "dB vs fp32", "max abs", *([task] if task else [])]]
         for r in self.rows:
             out.append([r.label, r.backend, r.precision, _num(r.latency_ms, "{:.3f}"),
                         _num(r.speedup, "{:.2f}x"), _num(r.snr_db, "{:.1f}"),
-                        _num(r.snr_delta_db, "{:+.1f}"), f"{r.max_abs:.3g}"])
+                        _num(r.snr_delta_db, "{:+.1f}"), f"{r.max_abs:.3g}",
+                        *([r.task.cell if r.task else "-"] if task else [])])
         return out
 
     def __str__(self) -> str:
@@ -138,6 +151,8 @@ def _line(r: PrecisionRow, fp32: PrecisionRow | None) -> str:
         acc = f"{_num(r.snr_db, '{:.1f}')} dB vs torch, as {fp32.label}"
     else:
         acc = f"{r.snr_delta_db:+.1f} dB vs {fp32.label}"
+    if r.task is not None:
+        acc += f", {r.task.text}"
     return f"{r.label}: {speed}, {acc}" + (f" ({r.note})" if r.note else "")
 
 
@@ -156,7 +171,7 @@ class _Entry:
 
 def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any],
                     inputs: Any, *, repeat: int = 20, warmup: int = 3, threads: int = 1,
-                    progress: bool = True) -> PrecisionTable:
+                    progress: bool = True, task: Any = None) -> PrecisionTable:
     """Latency and final-output accuracy of each candidate precision, side by side.
 
     Args:
@@ -169,9 +184,17 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
         warmup: untimed runs per candidate before.
         threads: intra-op threads of every backend (the same for all, so ratios compare).
         progress: a progress bar over the rounds.
+        task: a task metric (``wb.TopK(1)``, ``wb.PitchCents()``... see task.py) scored for
+            every candidate over its ``data`` (default: ``inputs``), with the candidate's
+            crash-isolated runner: each row's ``task``, a column of ``table()``.
 
     Returns:
         PrecisionTable: ``rows``, ``summary()``, ``table()``; shown as HTML in a notebook.
+
+    Raises:
+        InputError: a reference that is no nn.Module, bad counts, no candidates, a
+            candidate that is not a conversion of the reference; a task that is none, or an
+            evaluation set or output that does not fit it.
     """
     import numpy as np
     import torch
@@ -179,6 +202,7 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
 
     from ..precision.snr import snr_db
     from ..runtime import TorchRunner
+    from .task import check_task, evaluate_candidates, evaluation_set
 
     t0 = time.perf_counter()
     if not isinstance(reference, torch.nn.Module):
@@ -199,6 +223,7 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     args = tuple(a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
                  for a in args)
+    task_set = None if task is None else evaluation_set(check_task(task), args)
     ref = TorchRunner(reference).run(tuple(a.clone() for a in args))
     ref_values = [np.asarray(v) for v in ref.values()]
     feed = tuple(a.numpy() for a in args)  # every backend fed the same numpy arrays
@@ -214,6 +239,12 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
                     for r, g in zip(ref_values, got, strict=True))
         measured.append((snr, worst))
         outputs.append(got)
+    scores: dict[str, TaskScore] = {}
+    if task is not None:  # the answers, by the crash-isolated runners (not the timed ones)
+        scores, not_run = evaluate_candidates(task, TorchRunner(reference),
+                                              [(e.label, e.checked) for e in entries], task_set)
+        for e in entries:
+            e.note = "; ".join(filter(None, [e.note, not_run.get(e.label)]))
 
     load_start = os.getloadavg()[0]
     times = _interleaved([e for e in entries if e.timed is not None], feed, repeat, warmup,
@@ -224,7 +255,7 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
         t = times.get(e.label)
         rows.append(PrecisionRow(e.label, e.backend, e.precision,
                                  statistics.median(t) * 1e3 if t else None, None, snr, None,
-                                 worst, len(t) if t else 0, e.note))
+                                 worst, len(t) if t else 0, e.note, scores.get(e.label)))
     for r in rows:
         fp32 = next((f for f in rows if f.backend == r.backend and f.precision == "fp32"),
                     None)

@@ -6,19 +6,23 @@ from typing import Any
 
 from ...artifact import Artifact, Workspace
 from ...errors import InputError
-from ..code import call
+from ..code import Code, call
 from .base import StagePanel, _esc, _widgets, error_html
 
 
 # -- compare -------------------------------------------------------------------------------
 class ComparePanel(StagePanel):
-    """Op by op, torch against the ONNX and ncnn artifacts: mode, tolerance."""
+    """Op by op, torch against the ONNX and ncnn artifacts: mode, tolerance; with ``task``
+    (a task metric, ``wb.TopK(1, data=...)``) each candidate's answers are scored too."""
 
     stage, title, var = "compare", "6. Compare op by op", "rep"
 
     def __init__(self, model: Any, inputs: Any, candidates: list[Any] | None = None, *,
                  workspace: Workspace | str | None = None, mode: str = "both",
-                 tolerance: float | None = None) -> None:
+                 tolerance: float | None = None, task: Any = None) -> None:
+        from ...comparison.task import check_task
+
+        self.task = None if task is None else check_task(task)
         self.model = model
         self.inputs = inputs
         self.candidates: list[Any] = list(candidates or [])
@@ -59,7 +63,12 @@ class ComparePanel(StagePanel):
         names = ", ".join(getattr(c, "id", str(c)) for c in self.candidates) or "none yet"
         out = "".join(f"<div class='wb-left-out' style='color:#8d6e00'>not compared: "
                       f"{_esc(i)} (stale: {_esc(why)})</div>" for i, why in self.left_out.items())
-        self.candidates_html.value = f"<div>candidates: {_esc(names)}</div>{out}"
+        task = ""
+        if self.task is not None:
+            over = (f"{len(self.task.data)} sample(s)" if self.task.data is not None
+                    else "the inputs")
+            task = f"<div class='wb-task-setting'>task: {_esc(self.task.name)} over {over}</div>"
+        self.candidates_html.value = f"<div>candidates: {_esc(names)}</div>{out}{task}"
 
     def settings(self) -> dict[str, Any]:
         text = self.tolerance.value.strip()
@@ -71,7 +80,10 @@ class ComparePanel(StagePanel):
                 raise InputError(f"tolerance {text!r} is not a number",
                                  "write an absolute tolerance such as 1e-4, or leave it "
                                  "empty for the default") from None
-        return {"mode": self.mode.value, "tolerance": tolerance}
+        out: dict[str, Any] = {"mode": self.mode.value, "tolerance": tolerance}
+        if self.task is not None:
+            out["task"] = self.task
+        return out
 
     def _execute(self, settings: dict[str, Any]) -> Any:
         from ...comparison.compare import compare
@@ -85,7 +97,12 @@ class ComparePanel(StagePanel):
 
     def _render(self, report: Any) -> None:
         w = _widgets()
-        self.result_html.value = (f"<pre class='wb-summary'>{_esc(report.summary())}</pre>")
+        lines = report.summary().splitlines()
+        task = report.task_lines()  # the summary's last lines: shown as the task's
+        head = lines[:len(lines) - len(task)]
+        self.result_html.value = (f"<pre class='wb-summary'>{_esc(chr(10).join(head))}</pre>"
+                                  + "".join(f"<div class='wb-task'>{_esc(t)}</div>"
+                                            for t in task))
         try:
             from ..compareview import CompareView
 
@@ -134,10 +151,20 @@ class ComparePanel(StagePanel):
         return lines + [self._body_for(names, settings), f"print({self.var}.summary())"], True
 
     def _body_for(self, names: list[str], settings: dict[str, Any] | None = None) -> str:
-        """The compare call on the candidates held in variables ``names``."""
-        settings = self.settings() if settings is None else settings
-        return call(self.var, "wb.compare", ["model", f"[{', '.join(names)}]", "inputs"],
-                    settings)
+        """The compare call on the candidates held in variables ``names`` (a task's data and
+        Custom fn as variables, a comment line saying so)."""
+        settings = dict(self.settings() if settings is None else settings)
+        head = []
+        task = settings.get("task")
+        if task is not None:
+            settings["task"] = Code(task.code("task_data", "task_fn"))
+            if task.data is not None:
+                head.append(f"# task_data: the evaluation set given to the task "
+                            f"({len(task.data)} sample(s))")
+            if getattr(task, "fn", None) is not None or getattr(task, "decode", None):
+                head.append("# task_fn: the function given to the task")
+        return "\n".join([*head, call(self.var, "wb.compare",
+                                      ["model", f"[{', '.join(names)}]", "inputs"], settings)])
 
     def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:
         return []
