@@ -41,6 +41,8 @@ _LAZY = {
     "PitchCents": ("workbench.comparison.task", "PitchCents"),
     "Decision": ("workbench.comparison.task", "Decision"),
     "Custom": ("workbench.comparison.task", "Custom"),
+    "task_for": ("workbench.comparison.task", "task_for"),
+    "trained": ("workbench.trained", None),
     "ConversionError": ("workbench.errors", "ConversionError"),
     "Pipeline": ("workbench.pipeline", "Pipeline"),
     "summarize": ("workbench.graph", "summarize"),

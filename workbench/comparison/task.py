@@ -41,6 +41,32 @@ TASKS_HINT = ("e.g. task=wb.TopK(1), wb.NearestNeighbour(), wb.PitchCents(), wb.
 RUN_FAILURES = (BackendCrashed, BackendTimeout, RunError, RemoteError)
 
 
+# a trained zoo model's task, by its TaskSpec's kind (workbench.trained)
+_KINDS = {"top-k": TopK, "nearest-neighbour": NearestNeighbour, "pitch": PitchCents,
+          "decision": Decision}
+
+
+def task_for(model: Any, data: Any = None) -> Task:
+    """The task metric a trained zoo model is for, over its held-out evaluation set.
+
+    Args:
+        model: a ``workbench.trained.TrainedModel`` (or its ``TaskSpec``).
+        data: the samples to score over (default: the model's ``evaluation`` set).
+
+    Returns:
+        e.g. ``NearestNeighbour(data=tm.evaluation)`` for the MobileNetV2 embedder.
+    """
+    spec = getattr(model, "task", model)
+    kind = getattr(spec, "kind", None)
+    if kind not in _KINDS:
+        raise InputError(f"task_for({type(model).__name__}): expected a trained zoo model or "
+                         f"its TaskSpec, with a kind of {sorted(_KINDS)}; got kind {kind!r}",
+                         "tm = workbench.trained.get('mobilenet_v2'); wb.task_for(tm)")
+    if data is None:
+        data = getattr(model, "evaluation", None)
+    return _KINDS[kind](**dict(spec.options), data=data, output=spec.output)
+
+
 def check_task(task: Any) -> Task:
     """``task`` if it is a task metric, else an InputError saying what came."""
     if isinstance(task, Task):

@@ -212,6 +212,10 @@ def _encoder_class() -> Any:
             # no boolean mask ops reach the graph (pnnx writes those as layers ncnn lacks);
             # -10000 (not float32's min) stays finite in fp16
             additive = (1.0 - mask[:, None, None, :]) * -10000.0
+            # spelled out over the query axis: ncnn's SDPA misreads a mask broadcast along it
+            # (1x1x1xL: the output 0.14 off; 1x1xLxL: 1.8e-7)
+            length = input_ids.shape[1]
+            additive = additive.expand(-1, 1, length, length)
             hidden = self.bert(input_ids=input_ids, attention_mask=additive,
                                return_dict=True).last_hidden_state
             mask = mask.unsqueeze(-1)
