@@ -27,9 +27,6 @@ Facts from onnxruntime 1.32's sources (``onnxruntime/quantization/quantize.py``,
 
 from __future__ import annotations
 
-import difflib
-import logging
-import os
 import platform
 import tempfile
 import time
@@ -39,10 +36,17 @@ from typing import Any
 
 from ..errors import InputError, QuantizationError
 from .calibration import Calibration
+from .ort_checks import (
+    WEIGHTED_OPS,
+    _check_exclude,
+    _check_float32,
+    _check_op_types,
+    _check_out,
+    _check_quantizable,
+)
+from .ort_failures import run_ort as _run_ort
 
 METHODS = ("minmax", "entropy", "percentile")
-# ops whose weights int8 quantization stores in int8: the ones it pays to quantize
-WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 PERCENTILE = 99.999  # onnxruntime's default for the percentile method
 # Histogram bins of the entropy search. quantize_static (1.32) builds its EntropyCalibrater
 # with 128 bins and 128 quantized bins and passes no bin count through, so its KL search has
@@ -178,7 +182,8 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
             reader = None
         logged += _run_ort("quantize_static", src, lambda: _quantize_static(
             pre, q, reader, QuantFormat.QDQ, calib_method, per_channel, reduce_range, act,
-            weight, exclude, op_types, extra, cache))
+            weight, exclude, op_types, extra, cache),
+            {"per_channel": per_channel, "method": method, "model": model})
         qmodel, data = _read_output(q)
         from .qdq import float_outputs
 
@@ -260,108 +265,6 @@ def _onnx_load(path: Path) -> Any:
     from ..onnx_io import load_onnx
 
     return load_onnx(path)
-
-
-def _check_out(out_path: str | Path, src: Path) -> Path:
-    out = Path(out_path)
-    if out.suffix != ".onnx":
-        raise InputError(f"out_path {str(out)!r}: expected a .onnx file name",
-                         "e.g. runs/model.int8.onnx")
-    if out.resolve() == src.resolve():
-        raise InputError(f"out_path {str(out)!r} is the model being quantized",
-                         "write the int8 model beside it under a new name: nothing written "
-                         "before is overwritten")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"out_path {str(out)!r}: its folder cannot be made ({e.strerror})",
-                         "choose a folder you can write, e.g. inside the workspace") from e
-    if not os.access(out.parent, os.W_OK | os.X_OK) or out.is_dir():
-        raise InputError(f"out_path {str(out)!r}: "
-                         + ("is a folder" if out.is_dir() else "its folder is not writable"),
-                         "choose a file name in a folder you can write, e.g. inside the "
-                         "workspace")
-    return out
-
-
-def _check_exclude(exclude: Any, model: Any, src: Path) -> list[str]:
-    if isinstance(exclude, str):
-        exclude = [exclude]
-    names = [n.name for n in model.graph.node]
-    known = set(names)
-    out = []
-    for e in exclude:
-        name = e if isinstance(e, str) else getattr(e, "name", None)
-        if not isinstance(name, str):
-            raise InputError(f"exclude holds a {type(e).__name__}; expected node names",
-                             f"name nodes of {src.name} as the graph does, e.g. {names[:2]}")
-        if name not in known:
-            close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
-            raise InputError(
-                f"exclude names {name!r}, which is not a node of {src.name}",
-                f"close matches: {close}" if close else
-                f"node names look like {names[:5]} (wb.ui.netron or the GraphSummary show "
-                "them all)")
-        out.append(name)
-    return list(dict.fromkeys(out))
-
-
-def _check_op_types(op_types: Any) -> list[str] | None:
-    if op_types is None:
-        return None
-    from onnxruntime.quantization.registry import QDQRegistry, QLinearOpsRegistry
-
-    op_types = [op_types] if isinstance(op_types, str) else list(op_types)
-    supported = sorted(set(QDQRegistry) | set(QLinearOpsRegistry))
-    for op in op_types:
-        if op not in supported:
-            close = difflib.get_close_matches(op, supported, n=3)
-            raise InputError(f"op_types names {op!r}, which onnxruntime does not quantize",
-                             f"close matches: {close}" if close else
-                             f"onnxruntime quantizes {supported}")
-    return op_types
-
-
-def _check_float32(model: Any, src: Path) -> None:
-    from onnx import TensorProto
-
-    low = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
-    g = model.graph
-    inits = {t.name for t in g.initializer}
-    found = [f"input {v.name!r}" for v in g.input if v.name not in inits
-             and v.type.tensor_type.elem_type in low]
-    found += [f"initializer {t.name!r}" for t in g.initializer if t.data_type in low][:3]
-    if found:
-        raise InputError(
-            f"{src.name} is a float16/bfloat16 model ({', '.join(found[:3])}); int8 "
-            "quantization starts from float32",
-            "quantize the fp32 model (the export before any fp16 conversion): int8 scales are "
-            "computed from float32 weights and activations")
-
-
-def _check_quantizable(model: Any, src: Path, exclude: list[str], op_types: Any,
-                       dynamic: bool) -> None:
-    g = model.graph
-    inits = {t.name for t in g.initializer}
-    inits |= {o for n in g.node if n.op_type == "Constant" for o in n.output}
-    wanted = [op for op in WEIGHTED_OPS if op_types is None or op in op_types]
-    nodes = [n for n in g.node if n.op_type in wanted
-             and (not dynamic or (len(n.input) > 1 and n.input[1] in inits))]
-    if not nodes:
-        from collections import Counter
-
-        hist = dict(Counter(n.op_type for n in g.node).most_common())
-        what = ("a MatMul or Gemm with a constant weight" if dynamic else
-                f"an op with weights ({', '.join(wanted) or 'none among op_types'})")
-        raise InputError(f"{src.name} has no op int8 quantization applies to: it needs "
-                         f"{what}, the model has {hist}",
-                         "int8 pays on layers with weights; keep this model in float (or "
-                         "fp16)" + ("" if op_types is None else ", or widen op_types"))
-    if all(n.name in exclude for n in nodes):
-        raise InputError(f"exclude keeps every quantizable node of {src.name} in float "
-                         f"({[n.name for n in nodes][:5]})",
-                         "leave at least one Conv/Gemm/MatMul out of exclude, or skip "
-                         "quantization")
 
 
 # -- quantizing ---------------------------------------------------------------------------
@@ -453,43 +356,6 @@ def _preprocess(src: Path, tmp: Path, exclude: list[str]) -> tuple[Path, str]:
         if all(e in names for e in exclude):
             return pre, how
     return src, "none"
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(level=logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _run_ort(what: str, src: Path, call: Any) -> list[str]:
-    """Run onnxruntime's quantizer; its exceptions become a QuantizationError naming it.
-    Its warnings (logged on the root logger) are returned instead of printed; the
-    calibrators' print() lines ("Collecting tensor data ...") are dropped: the progress bar
-    says the same."""
-    import contextlib
-    import io
-
-    root = logging.getLogger()
-    handler, saved = _Lines(), root.handlers[:]
-    root.handlers[:] = [handler]  # while quantizing only: ORT's lines go to the result
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            call()
-        return handler.lines
-    except InputError:
-        raise
-    except Exception as e:  # noqa: BLE001 - onnxruntime raises plain exceptions of any kind
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise QuantizationError(f"onnxruntime's {what} failed on {src.name}: "
-                                f"{type(e).__name__}: {first}",
-                                "run onnxruntime.quantization.quant_pre_process on the model "
-                                "and check it loads in onnxruntime; exclude the node the "
-                                "error names, or narrow op_types") from e
-    finally:
-        root.handlers[:] = saved
 
 
 # -- checks after -------------------------------------------------------------------------

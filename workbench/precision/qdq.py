@@ -76,3 +76,39 @@ def float_name(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def parent_node(child: Any, parent: Any, tensor: str, node: str = "") -> str | None:
+    """The node of the float ``parent`` graph that a tensor of its quantized ``child`` graph
+    (written by ``node``) stands for, or None.
+
+    Names the parent has are taken as they are, or with onnxruntime's Q/DQ suffixes dropped
+    (``x_DequantizeLinear_Output`` -> ``x``: its producer). onnxruntime's optimizer renames
+    what it fuses: a MatMul + Add becomes ``<MatMul>/MatMulAddFusion``, a Gemm between two
+    Reshapes whose tensors are called ``gemm_output_reshape_arg``...; such a tensor is followed
+    forward through Q/DQ and moves to the first value the parent has (the Add's output: its
+    producer, whose weighted op the quantize stage keeps float with it)."""
+    nodes = {n.name for n in parent.node}
+    writer = {o: n.name for n in parent.node for o in n.output if o}
+    for name in (node, float_name(node)):
+        if name and name in nodes:
+            return name
+    for name in (float_name(tensor), tensor, float_name(node)):
+        if name in writer:
+            return writer[name]
+    readers: dict[str, list[Any]] = {}
+    for n in child.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    t, seen = tensor, set()
+    while t not in seen:
+        seen.add(t)
+        nxt = readers.get(t, [])
+        if len(nxt) != 1 or nxt[0].op_type not in (
+                "QuantizeLinear", "DequantizeLinear", *MOVES) or not nxt[0].output:
+            break
+        t = nxt[0].output[0]
+        if t in writer:
+            return writer[t]
+    fused = node.rsplit("/MatMulAddFusion", 1)[0] if "/MatMulAddFusion" in node else ""
+    return fused if fused in nodes else None

@@ -98,6 +98,9 @@ def quantize(
     ws = source.workspace if workspace is None and source.workspace else \
         as_workspace(workspace)
     cal = None
+    # before any calibration or quantizing work: what stays float, and that something won't
+    names = _exclude_names(exclude, source, backend)
+    _refuse_all_float(exclude, names, source, backend, dynamic)
     # a callback hears the phases; progress=True keeps the calibration's own bars (per sample)
     bars = progress is True
     with Steps(progress if callable(progress) else False, "quantize", 3) as steps:
@@ -109,7 +112,6 @@ def quantize(
             steps.phase("reading calibration samples")
             cal = _calibration(calibration, source, backend, limit, seed, transform, bars)
         steps.advance()
-        names = _exclude_names(exclude, source, backend)
         steps.phase(f"{backend} int8: " + ("dynamic, no calibration" if dynamic else
                                            f"calibrating on {len(cal.samples)} samples ({method})"))
         if backend == "onnxruntime":
@@ -174,6 +176,13 @@ def _input_specs(source: Artifact, backend: str) -> list[Any]:
             for i, (name, spec) in enumerate(runner.in_specs.items())]
 
 
+def exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> list[str]:
+    """The node (ONNX) or layer (ncnn) names of ``source`` that ``wb.quantize(source, ...,
+    exclude=exclude, backend=backend)`` keeps in float (checked: an unknown name is an
+    InputError)."""
+    return _exclude_names(exclude, source, backend)
+
+
 def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> list[str]:
     """Node (ONNX) or layer (ncnn) names from names, tensor names, or compare records."""
     if isinstance(exclude, (str, bytes)):
@@ -225,18 +234,90 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
             out.append(name)
         elif name in producer:
             out.append(producer[name])
-        elif name in records:
-            continue  # a ranked record with no float counterpart (a Q/DQ step): nothing to keep
         else:
-            import difflib
-
-            close = difflib.get_close_matches(name, nodes + list(producer), n=3)
-            what = "node" if backend == "onnxruntime" else "layer"
-            raise InputError(f"exclude={name!r} is no {what} or tensor of {source.id}",
-                             f"did you mean {close}?" if close else
-                             f"names are listed by wb.summarize({source.id!r}) or "
-                             "`workbench inspect`")
+            _unknown(name, name in records, nodes + list(producer), source, backend)
     return list(dict.fromkeys(out))
+
+
+def _unknown(name: str, record: bool, known: list[str], source: Artifact, backend: str
+             ) -> None:
+    """The InputError for an exclude name ``source`` has no node/layer or tensor of."""
+    import difflib
+
+    what = "node" if backend == "onnxruntime" else "layer"
+    if record:  # a record of a comparison of another model: it would keep nothing float
+        raise InputError(f"exclude record {name!r} names nothing in {source.id}: no {what} or "
+                         "tensor of it is called so, so nothing would be kept float",
+                         f"pass the ranking of a comparison of {source.id}'s own int8 child "
+                         "(wb.quantize(parent, exclude=rep.sensitive(k)) with the parent that "
+                         "was quantized), or name its nodes as strings")
+    close = difflib.get_close_matches(name, known, n=3)
+    raise InputError(f"exclude={name!r} is no {what} or tensor of {source.id}",
+                     f"did you mean {close}?" if close else
+                     f"names are listed by wb.summarize({source.id!r}) or `workbench inspect`")
+
+
+def _int8_count(names: list[str], source: Artifact, backend: str, dynamic: bool
+                ) -> tuple[int, int]:
+    """(how many layers would run in int8 with ``names`` kept float, how many could): ONNX
+    Runtime's weighted nodes (dynamic: MatMul/Gemm with a constant weight), ncnn's
+    quantizable layers."""
+    keep = set(names)
+    if backend == "ncnn":
+        from ..params import parse_ncnn_param
+        from ..precision.ncnn_table import quantizable
+
+        layers = [ly.name for ly in quantizable(parse_ncnn_param(source.path).layers)]
+    else:
+        from ..onnx_io import load_onnx
+
+        g = load_onnx(source.path, external_data=False).graph
+        consts = {t.name for t in g.initializer}
+        consts |= {o for n in g.node if n.op_type == "Constant" for o in n.output}
+        layers = [n.name for n in g.node if n.op_type in WEIGHTED and not (
+            dynamic and (n.op_type not in ("MatMul", "Gemm") or len(n.input) < 2
+                         or n.input[1] not in consts))]
+    return sum(name not in keep for name in layers), len(layers)
+
+
+def _refuse_all_float(exclude: Any, names: list[str], source: Artifact, backend: str,
+                      dynamic: bool) -> None:
+    """An InputError, before any calibration or quantizing, when ``exclude`` keeps every
+    layer that would run in int8 in float (the result would be the float model): naming how
+    many would stay int8 (0), and the largest leading part of ``exclude`` that leaves some."""
+    if not names:
+        return
+    stay, total = _int8_count(names, source, backend, dynamic)
+    if stay:
+        return
+    items = [exclude] if isinstance(exclude, (str, bytes)) else list(exclude)
+    best, lo, hi = None, 1, len(items) - 1  # fewer kept float, more int8: a binary search
+    while lo <= hi:
+        j = (lo + hi) // 2
+        n = _int8_count(_exclude_names(items[:j], source, backend), source, backend,
+                        dynamic)[0]
+        if n:
+            best, lo = (j, n), j + 1
+        else:
+            hi = j - 1
+    ranked = not any(isinstance(i, str) for i in items)
+    readers = (" (a ranked ncnn layer keeps the int8 layers that read its output float too: "
+               "ncnn rounds a tensor inside each int8 layer that reads it)"
+               if backend == "ncnn" and ranked else "")
+    if best is None:
+        hint = ("exclude fewer layers (at least one Conv/Gemm/MatMul must stay int8), or keep "
+                "the float model: quantizing nothing gives nothing to measure")
+    elif ranked:
+        hint = (f"use a smaller k: exclude=rep.sensitive({best[0]}) leaves {best[1]} of "
+                f"{total} in int8")
+    else:
+        hint = (f"drop names from exclude: its first {best[0]} leave {best[1]} of {total} in "
+                "int8")
+    what = "layers" if backend == "ncnn" else "Conv/Gemm/MatMul nodes"
+    raise InputError(f"exclude keeps all {total} {what} {backend} would run in int8 in float "
+                     f"({len(names)} kept float: {', '.join(names[:6])}"
+                     f"{' ...' if len(names) > 6 else ''}){readers}: 0 would stay int8, "
+                     "so quantizing would give the float model back", hint)
 
 
 ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
@@ -394,4 +475,4 @@ def _check(parent: Any, child: Any, sample: tuple, source: Artifact
     return diags, metrics
 
 
-__all__ = ["quantize", "BACKENDS", "METHODS"]
+__all__ = ["quantize", "exclude_names", "BACKENDS", "METHODS"]

@@ -189,18 +189,44 @@ class QuantizePanel(StagePanel):
         options: dict[str, str] = {}  # node -> label; a node listed once, at its highest rank
         for s in self.ranking:
             final = "-" if s.final_snr_db is None else f"{s.final_snr_db:.1f} dB"
-            node = s.record.node or s.record.name
+            node = self._parent_node(s)
             options.setdefault(node, f"{node} ({s.reference}): output {final}, own "
                                      f"{s.isolated_snr_db:.1f} dB")
         self.exclude_pick.value = ()
         self.exclude_pick.options = [(label, node) for node, label in options.items()]
-        if self.ranking:
-            cand = self.ranking[0].record.candidate
-            self.rank_html.value = (f"<div class='wb-ranking'>{len(self.ranking)} layers of "
-                                    f"<code>{_esc(cand)}</code>, most costly first: pick the "
-                                    "ones to keep in float</div>")
+        if self.ranking or getattr(ranking, "candidate", ""):
+            cand = getattr(ranking, "candidate", "") or self.ranking[0].record.candidate
+            precision = getattr(ranking, "precision", "") or "low-precision"
+            lines = [f"{len(self.ranking)} {precision} layers of <code>{_esc(cand)}</code>, "
+                     "most costly first: pick the ones to keep in float"]
+            line = getattr(ranking, "input_rounding", None)
+            if line is not None:
+                lines.append(_esc(line.line()))
+            unmeasurable = getattr(ranking, "unmeasurable", [])
+            if unmeasurable:
+                lines.append("unmeasurable, not ranked: " + _esc(", ".join(
+                    f"{s.reference} ({s.reason})" for s in unmeasurable[:4])))
+            floats = getattr(ranking, "floats", [])
+            if floats:
+                lines.append(f"{len(floats)} layers ran in float, not ranked")
+            self.rank_html.value = f"<div class='wb-ranking'>{'<br>'.join(lines)}</div>"
         elif self.report is not None:
             self.rank_html.value = "<i>a comparison is there: Rank layers to list its layers</i>"
+
+    def _parent_node(self, s: Any) -> str:
+        """The float model's node a ranked entry keeps float (an int8 ONNX model's
+        ``x_DequantizeLinear`` is the node writing ``x`` in the float one); ncnn's layers
+        keep their names."""
+        node = s.record.node or s.record.name
+        if self.backend.value != "onnxruntime" or self.source is None:
+            return node
+        from ...stages.quantize import exclude_names
+
+        try:
+            names = exclude_names([s.record], self.source, "onnxruntime")
+        except InputError:
+            return node
+        return names[0] if names else node
 
     # -- the stage ------------------------------------------------------------------------
     def settings(self) -> dict[str, Any]:
