@@ -1,5 +1,8 @@
-"""Precision: what int8, fp16 and bf16 cost ResNet-50, MobileNetV2 and a ViT, how fast they run,
-and whether the sensitivity ranking finds a layer planted to break int8 (issue 18).
+"""Precision on seeded random weights, and the planted-outlier check: what int8, fp16 and bf16
+cost ResNet-50, MobileNetV2 and a ViT, how fast they run, and whether the sensitivity ranking
+finds a layer planted to break int8 (issue 18). A labelled check of the ranking with a known
+culprit; what precision costs *trained* models, in dB and in their answer, without any plant,
+is ``bench/precision_trained.py`` (issue 31).
 
 Models: ``workbench.zoo`` ``resnet50`` (1x3x224x224), ``mobilenet_v2`` (1x3x64x64) and ``vit``
 (1x3x32x32); seeded random weights, nothing downloaded. Each is exported to ONNX

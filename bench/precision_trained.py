@@ -9,7 +9,7 @@ photographs, tones, speech, sentences; ``wb.quantize`` defaults: ORT static QDQ 
 per-channel weights, ncnn KL).
 
 1. Accuracy, answer and speed (``wb.precision_table(..., task=wb.task_for(tm))``): for ORT
-   fp32 / int8 and ncnn fp32 / fp16 (native, as it runs on this x86) / fp16 storage emulated as
+   fp32 / int8 (and dynamic MatMul int8, ``dynamic=True``, for a model with MatMuls) and ncnn fp32 / fp16 (native, as it runs on this x86) / fp16 storage emulated as
    on ARM (not timed) / int8: the final-output SNR against torch on the model's example
    (held out from calibration), the task metric over the held-out evaluation set (nearest
    neighbour agreement of embeddings, pitch error in cents, speech decision agreement), and
@@ -92,6 +92,11 @@ def build(tm: Any, ws: Any) -> Candidates:
     table: dict[str, Any] = {"ORT fp32": onx}
     if q_ort is not None:
         table["ORT int8"] = q_ort
+    if "MatMul" in onx.graph.op_histogram:  # a transformer: onnxruntime's dynamic MatMul int8
+        q_dyn = _try("ORT int8 dynamic", missing,
+                     lambda: wb.quantize(onx, tm.calibration, dynamic=True, progress=False))
+        if q_dyn is not None:
+            table["ORT int8 dynamic"] = q_dyn
     if nc is not None:
         table["ncnn fp32"] = nc
         table["ncnn fp16"] = NcnnRunner(nc, precision="fp16")
