@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .align import Alignment
     from .candidates import Candidate
     from .metrics import TensorMetrics, Tolerance
-    from .sensitivity import Sensitivity
+    from .sensitivity import Ranking
     from .task import TaskScore
     from .verdict import Verdict
 
@@ -84,7 +84,7 @@ class CompareReport:
     failed: dict[str, str] = field(default_factory=dict)
     # {candidate: its task metric's score} (wb.compare(..., task=...)): the model's answers
     task: dict[str, TaskScore] = field(default_factory=dict)
-    _sensitivity: dict[str, list[Sensitivity]] = field(default_factory=dict, repr=False)
+    _sensitivity: dict[str, Ranking] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
     @property
@@ -361,17 +361,21 @@ class CompareReport:
 
     # -- which layers cost a low-precision candidate most --------------------------------------
     def sensitivity(self, candidate: str | None = None,
-                    progress: bool = True) -> list[Sensitivity]:
+                    progress: bool = True) -> Ranking:
         """Every exactly aligned layer of ``candidate`` (default: the one furthest from the
-        reference) with the final-output SNR its own isolated error costs, most costly
-        first (comparison/sensitivity.py). Needs mode "both" or "isolated"; computed once.
+        reference) that ran in low precision, with the final-output SNR its own isolated
+        error costs, most costly first (comparison/sensitivity.py). Needs mode "both" or
+        "isolated"; computed once.
 
         Args:
             candidate: the candidate's name (None: the one furthest from the reference).
             progress: show a progress bar.
 
         Returns:
-            Sensitivity entries (record, final-output SNR, isolated SNR), most costly first.
+            A Ranking: the measured low-precision layers (Sensitivity: record, final-output
+            SNR, isolated SNR), most costly first, with ``.floats`` (layers that ran in fp32,
+            not ranked), ``.unmeasurable`` (with the reason), ``.input_rounding`` and
+            ``.summary()``.
         """
         from .sensitivity import _pick, sensitivity
 
