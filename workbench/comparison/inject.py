@@ -118,7 +118,7 @@ def _run_replacing(runner: Any, name: str, value: Any, args: tuple
 @functools.cache
 def _replacer() -> type:
     """The TorchRunner's recorder, keeping nothing, swapping one named call's result."""
-    from ..runtime.torch_runner import _SHORT, _Recorder, _short, _writes_first
+    from ..runtime.torch_runner import _Recorder, _writes_first
 
     class Replacer(_Recorder):
         def __init__(self, model: Any, name: str, value: Any) -> None:
@@ -134,13 +134,7 @@ def _replacer() -> type:
             return None
 
         def functional(self, func: Any, result: Any) -> None:
-            scope = self.stack[-1] if self.stack else ""
-            short = _SHORT.get(func)
-            if short is None:
-                short = _SHORT[func] = _short(func)
-            k = self.counts[(scope, short)]
-            self.counts[(scope, short)] += 1
-            if (f"{scope}/{short}_{k}" if scope else f"{short}_{k}") != self.name or self.done:
+            if self.call_name(func) != self.name or self.done:
                 return
             import torch
 

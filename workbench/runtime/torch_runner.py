@@ -278,15 +278,21 @@ class _Recorder:
         while self.off:
             self.off.pop().__exit__(None, None, None)
 
-    def functional(self, func: Any, result: Any) -> None:
+    def call_name(self, func: Any) -> str:
+        """The record name of this call of ``func`` in the current scope (``layer1/F.relu_0``),
+        counted: the next call of it there gets the next index."""
         scope = self.stack[-1] if self.stack else ""
         short = _SHORT.get(func)
         if short is None:
             short = _SHORT[func] = _short(func)
         k = self.counts[(scope, short)]
         self.counts[(scope, short)] += 1
+        return f"{scope}/{short}_{k}" if scope else f"{short}_{k}"
+
+    def functional(self, func: Any, result: Any) -> None:
+        name = self.call_name(func)
         with self._disable():  # a tensor subclass's own __torch_function__ is not the model's
-            self.keep(f"{scope}/{short}_{k}" if scope else f"{short}_{k}", result)
+            self.keep(name, result)
 
     def keep(self, name: str, value: Any) -> None:
         if isinstance(value, self._tensor):
