@@ -16,7 +16,7 @@ per-channel weights, ncnn KL).
    the latency ratio against the same backend's fp32 (median of ``--repeat`` interleaved
    runs, one thread each). A precision a model cannot take is printed with the reason.
 2. The ranking against chance (``--sensitivity``, default: mobilenet_v2): for ORT int8 and
-   ncnn int8, ``rep = wb.compare(model, [int8], evaluation[0], mode="both")``,
+   ncnn int8, ``rep = wb.compare(model, [int8], example, mode="both")``,
    ``exclude=rep.sensitive(3)`` re-quantized, against ``--draws`` re-quantizations that keep 3
    random int8-capable layers (Conv/Gemm/MatMul nodes; Convolution, ConvolutionDepthWise,
    InnerProduct, Gemm layers) in float. Each is measured over the whole evaluation set: SNR
@@ -166,7 +166,9 @@ def ranking_vs_random(tm: Any, parent: Any, q8: Any, backend: str, draws: int,
     import workbench as wb
 
     t0 = time.perf_counter()
-    rep = wb.compare(tm.model, [q8], tm.evaluation[0], mode="both", progress=False)
+    # ranked on the model's example (held out; for the VAD a speech chunk: on a silent one
+    # int8 rounds the whole input to zero and every layer's cost is the input's)
+    rep = wb.compare(tm.model, [q8], tm.inputs, mode="both", progress=False)
     ranked = rep.sensitivity(progress=False)
     top = rep.sensitive(TOP_K)
     rank_s = time.perf_counter() - t0
@@ -197,9 +199,13 @@ def print_ranking(name: str, backend: str, res: dict[str, Any], passed: list[str
     print(f"\n{name}, {backend} int8: ranking took {res['rank_seconds']:.1f} s; "
           f"top {TOP_K}: {res['top']} -> kept float {res['kept_float']} "
           f"({res['candidates']} int8-capable layers)")
-    for s in res["ranked"][:6]:
+    ranking = res["ranked"]
+    for s in ranking[:6]:
         final = "-" if s.final_snr_db is None else f"{s.final_snr_db:.1f}"
         print(f"  {s.reference:<40} final {final:>6} dB   own {s.isolated_snr_db:6.1f} dB")
+    print(f"  ranked {len(ranking)}, ran in float {len(ranking.floats)}, unmeasurable "
+          f"{len(ranking.unmeasurable)}"
+          + (f"; {ranking.input_rounding.line()}" if ranking.input_rounding else ""))
     rows = [[f"{name} {backend}", "full int8", f"{full_snr:.1f}", full_task.text],
             [f"{name} {backend}", f"top {TOP_K} float", f"{top_snr:.1f}", top_task.text]]
     for i, (pick, (snr, task)) in enumerate(res["randoms"]):
