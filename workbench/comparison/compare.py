@@ -36,7 +36,7 @@ from .formulas import formula_notes, mask_note, pow_note
 from .isolated import isolated
 from .metrics import TensorMetrics, Tolerance, resolve_tolerance
 from .report import CompareReport, Record
-from .schedule import Schedule
+from .schedule import Schedule, torch_threads
 from .task import check_task, evaluate_candidates, evaluation_set
 from .verdict import MIN_EXPLAINED, measure_pair, shape_relation
 
@@ -236,9 +236,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     scores = {}
     if task is not None:
         bar.phase(f"task: {task.name} over {len(task_set)} sample(s)")
-        scores, not_run = evaluate_candidates(
-            task, ref_runner, [(c.name, c.runner) for c in cands if c.name not in failed],
-            task_set)
+        with torch_threads(1):
+            scores, not_run = evaluate_candidates(
+                task, ref_runner, [(c.name, c.runner) for c in cands if c.name not in failed],
+                task_set)
         for name, why in not_run.items():
             notes[name] = "; ".join(filter(None, [notes.get(name), why]))
     bar.close()

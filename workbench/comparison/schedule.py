@@ -39,7 +39,7 @@ class Schedule:
 
     def __init__(self) -> None:
         self._restore = contextlib.ExitStack()  # the caller's torch threads, on close
-        self._restore.enter_context(_torch_threads(1))
+        self._restore.enter_context(torch_threads(1))
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="wb-compare-measure")
         self.pool.submit(_warm_metrics)  # numba loads or compiles its kernel meanwhile
 
@@ -151,8 +151,13 @@ class Captures:
 
 
 @contextlib.contextmanager
-def _torch_threads(n: int) -> Any:
-    """torch's intra-op threads set to ``n`` for the block (process-wide), then restored."""
+def torch_threads(n: int) -> Any:
+    """torch's intra-op threads set to ``n`` for the block (process-wide), then restored.
+
+    The comparison's torch runs take one thread (``Schedule``), and so do the runs made after
+    it from its report (the task step, the sensitivity ranking): on a loaded 2-core machine a
+    2-thread torch run of a small model waits on its busy second thread (eight MobileNetV2
+    forwards at load 3.3: 12 s with two threads, 0.17 s with one)."""
     import torch
 
     before = torch.get_num_threads()

@@ -31,6 +31,7 @@ from ..errors import InputError
 from .candidates import copies as _copies
 from .isolated import fit_reference as _fit
 from .isolated import isolated as _isolated
+from .schedule import torch_threads
 
 STATUSES = ("ranked", "unmeasurable", "float")
 
@@ -119,12 +120,7 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
     """The layers of ``candidate`` (default: the candidate whose outputs are furthest from
     the reference) that ran in low precision, most costly first, with the float,
     unmeasurable and input-rounding lines beside them (``Ranking``)."""
-    import numpy as np
-    from tqdm.auto import tqdm
-
-    from ..precision.lowprec import lowering
     from ..runtime import TorchRunner
-    from .inject import TorchInjector
 
     ref_runner = report.reference
     if not isinstance(ref_runner, TorchRunner):
@@ -132,6 +128,18 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
                          f"comparison's reference is a {type(ref_runner).__name__}",
                          "compare against the nn.Module: wb.compare(model, [...], inputs)")
     cand = _pick(report, candidate)
+    with torch_threads(1):  # as the comparison's own torch runs (schedule.py)
+        return _rank(report, cand, ref_runner, progress)
+
+
+def _rank(report: Any, cand: Any, ref_runner: Any, progress: bool) -> Ranking:
+    """sensitivity()'s work, on checked arguments."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from ..precision.lowprec import lowering
+    from .inject import TorchInjector
+
     al, records, fixed = _records(report, cand)
     args = report.inputs
     ref_values = ref_runner.run(_copies(args), capture="all")
