@@ -296,6 +296,85 @@ def test_ranked_exclusions_name_the_float_parents_nodes(tmp_path, backend):
     assert kept.metrics["quantized"] < q.metrics["quantized"]
 
 
+# -- a quantized candidate paired as its float parent pairs ----------------------------------
+class InvertedResidual(nn.Module):
+    """MobileNetV2's pattern: a block input ``act1``, an expansion whose channel 3 is
+    ``outlier`` times the others (``conv`` divides it back: the float function is
+    unchanged), a projection ``conv`` + ``bn`` that export folds into one Conv, and the
+    residual Add of the two. Per-tensor int8 rounds the expansion coarsely, so the folded
+    Conv's int8 output is too far from both torch tensors for values to tell ``conv`` from
+    ``bn``."""
+
+    def __init__(self, outlier: float = 30.0) -> None:
+        super().__init__()
+        self.inp, self.bn1, self.act1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), \
+            nn.ReLU()
+        self.expand, self.bn0, self.act = nn.Conv2d(8, 16, 1), nn.BatchNorm2d(16), nn.ReLU()
+        self.conv, self.bn = nn.Conv2d(16, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.head = nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            for bn in (self.bn1, self.bn0, self.bn):
+                bn.running_mean.uniform_(-2, 2)
+                bn.running_var.uniform_(0.05, 0.2)  # BN scales by ~3: conv and BN far apart
+            self.bn0.running_mean[3], self.bn0.running_var[3] = -10, 1  # kept by the ReLU
+            self.bn0.weight[3], self.bn0.bias[3] = outlier, 2 * outlier
+            self.conv.weight[:, 3] /= outlier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = self.act1(self.bn1(self.inp(x)))
+        return self.head(u + self.bn(self.conv(self.act(self.bn0(self.expand(u))))))
+
+
+def test_a_residual_add_is_fed_the_batchnorm_its_float_parent_pairs(tmp_path):
+    """The int8 projection conv (BatchNorm folded in) pairs with ``conv`` in the quantized
+    candidate's own alignment, with ``bn`` in its float parent's. The Add reading it was
+    ranked with the comparison's isolated figure, whose run fed it ``conv``'s value: its
+    "own" error was the BatchNorm (4.5 dB; 20 dB and less on the trained MobileNetV2's
+    Adds). Its own SNR is measured on the ranking's run, fed as the parent pairs: equal to
+    torch's ``act1 + bn`` through onnxruntime's Add and its output's Q/DQ."""
+    import onnx
+    from onnx import numpy_helper
+
+    from workbench.comparison.candidates import parent_pairing
+    from workbench.precision.snr import snr_db
+    from workbench.runtime import TorchRunner
+
+    torch.manual_seed(0)
+    model = InvertedResidual().eval()
+    samples = _samples(8)
+    x = (samples[0],)
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    q = wb.quantize(onx, samples, progress=False)
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    ranking = rep.sensitivity(progress=False)
+    print("\n" + ranking.summary())
+    graph = onnx.load(str(q.path)).graph
+    add = next(n for n in graph.node if n.op_type == "Add")
+    # the Add reads the DequantizeLinear copies: paired as the parent pairs the tensors
+    cand = rep.candidates[0]
+    al, changed, _ = parent_pairing(model, cand, rep.alignments[cand.name], x)
+    assert [al.pairs.get(i) for i in add.input] == ["act1", "bn"], changed
+    assert all(i.endswith("_DequantizeLinear_Output") for i in add.input)
+    # the conv's own output, read only by its QuantizeLinear, takes no pair: fed from the
+    # reference, its copy would hold the reference rounded, not the conv's error
+    conv_out = add.input[1][: -len("_DequantizeLinear_Output")]
+    assert conv_out not in al.pairs
+    entry = next(s for s in ranking if s.reference == "Tensor.add_0")
+    projection = next(s for s in ranking if s.reference == "bn")
+    # by hand: torch's act1 + bn through the Add and its output's Q/DQ (uint8)
+    ref = TorchRunner(model).run(x, capture="all")
+    qnode = next(n for n in graph.node
+                 if n.op_type == "QuantizeLinear" and n.input[0] == add.output[0])
+    init = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    scale, zero = init[qnode.input[1]], init[qnode.input[2]].astype(np.float32)
+    want = (np.clip(np.round((ref["act1"] + ref["bn"]) / scale) + zero, 0, 255) - zero) \
+        * scale
+    by_hand = snr_db(ref["Tensor.add_0"], want)
+    assert entry.isolated_snr_db > 15 and projection.isolated_snr_db > 15, \
+        (entry.isolated_snr_db, projection.isolated_snr_db)
+    assert abs(entry.isolated_snr_db - by_hand) < 0.5, (entry.isolated_snr_db, by_hand)
+
+
 # -- onnxruntime's own failures ---------------------------------------------------------------
 class RowBias(nn.Module):
     """``torch.addmm`` with a (1, N) bias row, then a Linear: exports as a Gemm whose bias

@@ -1,5 +1,6 @@
 """The candidates of a comparison: each one's runner and display name, the tensors it
-produces (with the module hints alignment starts from), and each backend's own inputs."""
+produces (with the module hints alignment starts from), and each backend's own inputs; a
+quantized candidate paired as its float parent pairs (``parent_pairing``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, WorkbenchError
-from .align import CandidateTensor
+from .align import Alignment, CandidateTensor
 
 
 @dataclass
@@ -350,3 +351,90 @@ def alignment_of(reference: Any, thing: Any, inputs: tuple) -> Any:
     values = cand.runner.run(copies(inputs), "all")
     tensors = with_weights(candidate_tensors(cand, modules), cand, reference)
     return align(ref_values, values, tensors, modules)
+
+
+def float_parent(path: Any) -> Any:
+    """The float Artifact a quantize artifact's main file ``path`` was made from (None for
+    another file, or when the parent's files are gone)."""
+    import json
+
+    from ..artifact import Artifact
+
+    folder = Path(path).parent
+    try:
+        rec = json.loads((folder / "artifact.json").read_text())
+        if rec.get("stage") != "quantize" or not rec.get("parent"):
+            return None
+        pfolder = folder.parent / rec["parent"]
+        prec = json.loads((pfolder / "artifact.json").read_text())
+    except (OSError, ValueError):
+        return None
+    parent = Artifact.from_record(prec, pfolder)
+    return parent if parent.path.exists() else None
+
+
+def parent_pairing(reference: Any, cand: Candidate, al: Alignment, inputs: tuple,
+                   floats: Any = None
+                   ) -> tuple[Alignment, dict[str, str], dict[str, tuple[str, ...]]]:
+    """A quantized candidate's alignment ``al`` with its tensors paired as its float parent
+    pairs them (the rule: a quantized candidate's tensor takes its float parent's pair).
+
+    The quantized graph is its parent's modulo QuantizeLinear/DequantizeLinear (ONNX Runtime:
+    ``x`` becomes ``x_DequantizeLinear_Output``) or with the same blob names (ncnn), but its
+    values are off by the int8 error, and where a folding leaves two reference tensors close
+    in order (a conv and the BatchNorm folded into it) its own values can no longer tell them
+    apart: the quantized conv pairs with the conv, and feeding its readers the conv's value
+    (or putting its output in place of the conv's) applies the BatchNorm never (or twice).
+    The parent's values are exact: its pairs decide. A tensor takes the parent's pair of the
+    tensor it stands for: its own name, or the tensor its Q/DQ copy copies
+    (``x_DequantizeLinear_Output`` -> ``x``), with the parent's relation, layout and scale.
+    A tensor the candidate left unpaired (too far from every torch tensor, or attributed)
+    takes the parent's pair too, so that its readers' isolated runs read the reference and
+    not its own accumulated value; not ``x`` itself when a Q/DQ copy of it is there (only its
+    QuantizeLinear reads it: fed from the reference, the copy would hold the reference
+    rounded, not the layer's error), nor a tensor that is not in ``floats`` (the candidate's
+    float tensors; None: any).
+
+    Returns:
+        (the alignment re-paired, {candidate tensor: reference} for the pairs that changed
+        or were added, the parent's ``covers`` of every tensor the parent pairs). ``al`` as
+        it is, and nothing changed, for a candidate that is not a quantize artifact or whose
+        parent does not align.
+    """
+    parent = float_parent(cand.path)
+    if parent is None:
+        return al, {}, {}
+    from ..precision.qdq import float_name
+
+    try:  # the parent's alignment alone (compare() here would be an import cycle)
+        pal = alignment_of(reference, parent, inputs)
+    except InputError:
+        return al, {}, {}
+    names = [*al.pairs, *al.unaligned, *al.attributed]
+    copied = {f for n in names if (f := float_name(n)) != n}  # x, when x's Q/DQ copy is here
+    out = dataclasses.replace(al, pairs=dict(al.pairs), relations=dict(al.relations),
+                              layouts=dict(al.layouts), scales=dict(al.scales),
+                              unaligned=dict(al.unaligned), attributed=dict(al.attributed))
+    changed, covers = {}, {}
+    for name in names:
+        pname = name if name in pal.pairs else float_name(name)
+        want = pal.pairs.get(pname)
+        if want is None:
+            continue
+        if name in al.pairs:
+            covers[name] = pal.covers.get(pname, ())
+            if want == al.pairs[name]:
+                continue
+        elif name in copied or (floats is not None and name not in floats):
+            continue
+        else:
+            out.considered += name in al.attributed  # counted as aligned now
+            out.unaligned.pop(name, None)
+            out.attributed.pop(name, None)
+        changed[name] = out.pairs[name] = want
+        for mine, theirs in ((out.relations, pal.relations), (out.layouts, pal.layouts),
+                             (out.scales, pal.scales)):
+            mine.pop(name, None)
+            if pname in theirs:
+                mine[name] = theirs[pname]
+    return out, changed, covers
