@@ -307,19 +307,22 @@ def test_each_output_is_judged_against_its_own_range(tmp_path):
 
 def test_a_pool_kernel_larger_than_its_map_is_named_in_the_shape_mismatch(tmp_path):
     """transformers' EfficientNet pooler, AvgPool2d(hidden_dim, ceil_mode=True): torch
-    averages the whole (smaller) map, ncnn returns it unpooled. The shape-mismatch error
-    names the Pooling layer and what to write instead, not a size pnnx evaluated."""
+    averages the whole (smaller) map, ncnn returns it unpooled. At a fixed size to_ncnn
+    writes it as ncnn's global pool (tests/test_conversion_hints.py); with a dynamic map
+    (inputs2) it cannot, and the shape-mismatch error names the Pooling layer and what to
+    write instead, not a size pnnx evaluated."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1),
                           nn.AvgPool2d(16, ceil_mode=True), nn.Flatten()).eval()
-    x = torch.rand(1, 3, 4, 4)
-    art = wb.to_ncnn(model, (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    x, x2 = torch.rand(1, 3, 4, 4), torch.rand(1, 3, 8, 8)
+    art = wb.to_ncnn(model, (x,), inputs2=(x2,), workspace=wb.Workspace(tmp_path / "ws"))
+    assert not art.diagnostics_with("ncnn-global-pool")
     (mismatch,) = [d for d in art.diagnostics if d.code == "ncnn-shape-mismatch"]
     assert "[1, 4] vs [1, 16]" in mismatch.message
     assert "(kernel 16x16 over a 2x2 input) returns its input unpooled" in mismatch.hint
     assert "AdaptiveAvgPool2d(1)" in mismatch.hint
     fixed = nn.Sequential(model[0], nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
-    ok = wb.to_ncnn(fixed, (x,), workspace=wb.Workspace(tmp_path / "ws2"))
+    ok = wb.to_ncnn(fixed, (x,), inputs2=(x2,), workspace=wb.Workspace(tmp_path / "ws2"))
     assert not [d for d in ok.diagnostics if d.level == "error"]
 
 

@@ -64,6 +64,7 @@ def load_onnx(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
         raise _not_onnx(path, head, size, str(e)) from None
     if not model.HasField("graph") or not model.opset_import:
         raise _not_onnx(path, head, size, "parsed, but it has no graph or no opset_import")
+    check_readable(model, path)
     if external_data:
         load_external_data(model, path)
     return model
@@ -93,6 +94,82 @@ def _not_onnx(path: Path, head: bytes, size: int, why: str) -> ModelFileError:
     return ModelFileError(
         f"{str(path)!r} is not an ONNX model: expected an ONNX protobuf, found {what}",
         "pass a .onnx file; ncnn models are .ncnn.param and pnnx graphs .pnnx.param")
+
+
+_DAMAGED = ("the file is damaged (a flipped bit, a cut or a bad edit: the protobuf still "
+            "parses); write it again: export it again, or copy it again from its source")
+# what ONNX allows as a map's key type: integers and strings (onnx.proto, TypeProto.Map)
+_MAP_KEYS = frozenset({2, 3, 4, 5, 6, 7, 8, 12, 13})
+
+
+def check_readable(model: onnx.ModelProto, path: str | Path) -> None:
+    """Refuse, naming the file, what protobuf parses but no reader can use; each failed
+    later with an error naming no file (onnx's checker, onnx-ir, a JSON record, numpy):
+
+    - text that is not UTF-8 (a name, an op type, the producer): protobuf hands it back
+      as bytes;
+    - an element type that is no ONNX data type (0, undefined, or a number past the last);
+    - a graph input or output with no type, or a malformed one (a map keyed by floats, a
+      sequence of nothing)."""
+    import onnx
+
+    name = str(path)
+    bad = _not_text(model)
+    if bad is not None:
+        raise ModelFileError(f"{name!r}: model{bad[0]} is not UTF-8 text ({bad[1][:40]!r}), as "
+                             "ONNX stores every name and op type", _DAMAGED)
+    g = model.graph
+    for kind, values in (("input", g.input), ("output", g.output)):
+        for v in values:
+            why = _type_problem(v.type)
+            if why:
+                raise ModelFileError(f"{name!r}: graph {kind} {v.name!r} {why}", _DAMAGED)
+    known = set(onnx.TensorProto.DataType.values()) - {0}
+    for t in g.initializer:
+        if t.data_type not in known:
+            raise ModelFileError(f"{name!r}: initializer {t.name!r} has data type "
+                                 f"{t.data_type}, which is no ONNX data type", _DAMAGED)
+
+
+def _not_text(msg: object) -> tuple[str, bytes] | None:
+    """The first string field of ``msg`` (recursively) that is not UTF-8: (its path, as
+    ``.graph.node[2].op_type``, and its bytes). Number and bytes fields are not read."""
+    for fd, value in msg.ListFields():  # type: ignore[attr-defined]
+        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+            continue
+        for i, item in enumerate(value if fd.is_repeated else (value,)):
+            if fd.type == fd.TYPE_STRING:
+                found = ("", item) if isinstance(item, bytes) else None
+            else:
+                found = _not_text(item)
+            if found is not None:
+                at = f".{fd.name}" + (f"[{i}]" if fd.is_repeated else "")
+                return at + found[0], found[1]
+    return None
+
+
+def _type_problem(t: object) -> str:
+    """Why a TypeProto of a graph input or output is unusable, or ''."""
+    import onnx
+
+    kind = t.WhichOneof("value")  # type: ignore[attr-defined]
+    if kind is None:
+        return "has no type"
+    inner = getattr(t, kind)
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        known = set(onnx.TensorProto.DataType.values()) - {0}
+        return "" if inner.elem_type in known else (
+            f"has element type {inner.elem_type}, which is no ONNX data type")
+    if kind == "map_type":
+        if inner.key_type not in _MAP_KEYS:
+            return (f"is a map keyed by element type {inner.key_type}: a map's keys are "
+                    "integers or strings")
+        return _type_problem(inner.value_type) if inner.HasField("value_type") else (
+            "is a map with no value type")
+    if kind in ("sequence_type", "optional_type"):
+        return _type_problem(inner.elem_type) if inner.HasField("elem_type") else (
+            f"is a {kind.split('_')[0]} of no type")
+    return ""
 
 
 def external_data_files(path: str | Path) -> list[str]:

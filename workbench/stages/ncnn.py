@@ -29,6 +29,9 @@ from ..inputs import as_tensor_tuple, describe, run_torch
 from ..params import parse_ncnn_param, parse_pnnx_param
 from ..progress import Progress, Steps
 from ..tolerances import check_tolerance, error_detail, for_precision, max_errors, within
+from .ncnn_hints import capture_blobs, negative_pows, pnnx_param_of, rnn_hidden_state, shape_hint
+from .ncnn_pooling import global_pools, wide_pools
+from .pnnx_preflight import check_onnx_graph, check_second_shapes, input_names, opset_causes
 
 _PNNX_TYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32",
                "int64": "i64", "int8": "i8", "uint8": "u8", "bool": "u8"}
@@ -95,7 +98,9 @@ def to_ncnn(
         past the tolerance; ``ncnn-shape-mismatch``; ``fp16-not-exercised``...), and
         ``ncnn-gelu-tanh`` when pnnx wrote GELU layers in erf form for the model's tanh
         GELU (transformers' gelu_new) and they were set to ncnn's tanh form (0=1), the
-        outputs 10x nearer the reference so (stages/ncnn_gelu.py).
+        outputs 10x nearer the reference so (stages/ncnn_gelu.py), and ``ncnn-global-pool``
+        (info) when a Pooling whose kernel reaches past its map, which torch takes whole, was
+        written as ncnn's whole-map pooling (stages/ncnn_pooling.py).
 
     Raises:
         ConversionError: pnnx failed (the tail of its log in the message).
@@ -133,7 +138,9 @@ def to_ncnn(
             inputs = tuple(torch.from_numpy(v) for v in reference[0].values())
         args = as_tensor_tuple(inputs)
         kind = "onnx"
+        check_onnx_graph(parent)  # no nodes: nothing to convert (pnnx segfaults)
     args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
+    check_second_shapes(args, args2, input_names(source, parent))  # pnnx aborts on others
 
     with Steps(progress, "ncnn", 2 + len(PNNX_PASSES)) as steps, \
             tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir:
@@ -168,7 +175,8 @@ def to_ncnn(
         pnnx_files = [f"{stem}.pnnx.param", f"{stem}.pnnx.bin", f"{stem}_pnnx.py"]
         ncnn_files = [f"{stem}.ncnn.param", f"{stem}.ncnn.bin", f"{stem}_ncnn.py"]
         (tmp / "pnnx.log").write_text(log)
-        _check_exit(rc, log, cmd, [d for d in diags if d.code == "unused-module-output"])
+        _check_exit(rc, log, cmd, [d for d in diags if d.code == "unused-module-output"]
+                    + opset_causes(parent, log))
         ncnn_finish(tmp / ncnn_files[0], custom, [tmp / pnnx_files[0]])  # named custom layers
         params = {"source": kind, "fp16": fp16, "optlevel": optlevel, "moduleop": moduleop,
                   "inputshape": _shape_arg(args),
@@ -195,7 +203,8 @@ def to_ncnn(
             listing = ", ".join(f"{t} ({n})" for t, n in bad[:8])
             raise ConversionError(
                 f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
-                f"graph is kept as {pnnx_art.id}" + _tail(log), _hint_for(log, bad))
+                f"graph is kept as {pnnx_art.id}" + _tail(log),
+                rnn_hidden_state(tmp / pnnx_files[0]) or _hint_for(log, bad))
         steps.phase("running ncnn against the reference")
         from ..runtime.ncnn_masks import byte_mask_diagnostic, byte_masks
         from .ncnn_gelu import fix_gelu_form
@@ -203,6 +212,8 @@ def to_ncnn(
         # a boolean attention mask stored as bytes: named before the run that it may crash
         masks = byte_masks(parse_ncnn_param(tmp / ncnn_files[0]))
         known = [byte_mask_diagnostic(masks)] if masks else []
+        # a pool whose kernel reaches past its map, which torch takes whole: ncnn's global pool
+        pooled = global_pools(tmp / ncnn_files[0], tmp / pnnx_files[0])
         metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol, known)
         # pnnx's erf GELU for transformers' tanh GELU, set right when the outputs say so;
         # the check runs again on the param so written
@@ -210,7 +221,7 @@ def to_ncnn(
         if gelu is not None:
             metrics, checks = _check_numbers(tmp / ncnn_files[0], args, ref_out, tol, known)
             checks.insert(0, gelu)
-        checks[:0] = known
+        checks[:0] = known + ([pooled] if pooled else [])
         steps.advance(steps.total)
         return _commit(ws, tmp, ncnn_files, stage="ncnn", format="ncnn", main=ncnn_files[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
@@ -420,7 +431,8 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
         return metrics, diags
     runs: dict[str, list] = {}
     # the wide-pool and pow hints take a capture run: made once, for fp32 and fp16
-    blobs = functools.cache(lambda: _capture_blobs(param, args))
+    blobs = functools.cache(lambda: capture_blobs(param, args))
+    rnn = functools.cache(lambda: rnn_hidden_state(pnnx_param_of(param)))  # h_n read
     for precision in ("fp32", "fp16"):
         key = "max_abs" if precision == "fp32" else "max_abs_fp16"
         metrics[key] = None
@@ -448,8 +460,8 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
-                                    _wide_pools(*blobs()) or _shape_hint(reference,
-                                                                         fitted)))
+                                    rnn() or wide_pools(*blobs())
+                                    or shape_hint(reference, fitted)))
         else:  # max_rel too: an absolute error alone hides a vanishing output
             metrics[key] = errs["max_abs"]
             metrics[key.replace("abs", "rel")] = errs["max_rel"]
@@ -457,7 +469,8 @@ def _check_numbers(param: Path, args: tuple, reference: list | None,
                 else tol
             if not within(errs, atol, rtol, reference):
                 diags.append(_numeric_mismatch(precision, errs, atol, rtol,
-                                               _known(known) or _negative_pows(*blobs())))
+                                               _known(known) or rnn()
+                                               or negative_pows(*blobs())))
     return metrics, diags
 
 
@@ -497,79 +510,6 @@ def _known(known: list[Diagnostic]) -> str:
     """The hint of a failed or mismatching run when the graph already showed why."""
     return " ".join(f"likely cause: {d.code} ({d.message.split(':')[0]}); {d.hint}"
                     for d in known)
-
-
-def _shape_hint(reference: list, got: list) -> str:
-    """Why ncnn's outputs have other shapes than torch's: another rank is a batch or layout
-    axis handled differently; the same rank with one size off is a size pnnx computed
-    differently (a slice end or a view written as an expression of the input's size)."""
-    import numpy as np
-
-    pairs = [(np.shape(r), np.shape(g)) for r, g in zip(reference, got, strict=False)
-             if np.shape(r) != np.shape(g)]
-    if pairs and all(len(a) == len(b) for a, b in pairs):
-        axes = sorted({k for a, b in pairs for k, (x, y) in enumerate(zip(a, b, strict=True))
-                       if x != y})
-        return (f"same rank, other size on axis {', '.join(map(str, axes))}: pnnx evaluated "
-                "a size (a slice end, a view or reshape computed from the input's shape) "
-                "differently from torch; pnnx's own converted model does the same. Write "
-                "that size as a constant, or slice with explicit bounds, and convert again")
-    return ("a batch or layout axis was handled differently (another rank); see the "
-            "_ncnn.py pnnx wrote for how each output is read")
-
-
-def _capture_blobs(param: Path, args: tuple) -> tuple[dict[str, Any], Any]:
-    """(every blob of an fp32 run on ``args``, the parsed graph), for the hints; ({}, None)
-    when the run fails (a hint only: the generic one is given instead)."""
-    from ..runtime.ncnn_runner import NcnnRunner
-
-    try:
-        runner = NcnnRunner(param, isolated=True)
-        return runner.run(args, capture="all"), runner.graph
-    except Exception:  # noqa: BLE001
-        return {}, None
-
-
-def _negative_pows(blobs: dict[str, Any], graph: Any) -> str:
-    """The hint when a pow layer met negative bases (runtime/ncnn_pow.py); '' when none."""
-    if graph is None:
-        return ""
-    from ..runtime.ncnn_pow import negative_pows, note
-
-    found = negative_pows(graph, blobs)
-    return note(found) if found else ""
-
-
-def _wide_pools(blobs: dict[str, Any], graph: Any) -> str:
-    """The hint when a Pooling's kernel is larger than its input: torch pools what there is
-    (transformers' EfficientNet pooler, AvgPool2d(1280, ceil_mode=True), averages its whole
-    map); ncnn returns the input unpooled. '' when no such layer (or the run failed)."""
-    if graph is None:
-        return ""
-    layers = graph.layers
-    wide = []
-    for la in layers:
-        if la.type != "Pooling" or str(la.params.get(4, "0")) != "0" or la.bottoms[0] \
-                not in blobs:
-            continue
-        kw = int(float(str(la.params.get(1, "0"))))
-        kh = int(float(str(la.params.get(11, kw))))
-        shape = blobs[la.bottoms[0]].shape
-        if len(shape) < 2:
-            continue
-        h, w = shape[-2:]
-        if kh > h or kw > w:
-            top = blobs.get(la.tops[0])
-            got = ("its input unpooled" if top is not None and top.shape == shape
-                   else f"shape {list(top.shape)}" if top is not None else "no blob")
-            wide.append(f"{la.name} (kernel {kh}x{kw} over a {h}x{w} input) returns {got}")
-    if not wide:
-        return ""
-    return (f"ncnn's Pooling {'; '.join(wide)}: ncnn does not pool as torch does when the "
-            "kernel is larger than the map (torch, with ceil_mode, pools what there is). Give "
-            "the pool a kernel no larger than the map at this input size, or use "
-            "AdaptiveAvgPool2d(1) / AdaptiveMaxPool2d(1) for a pool over the whole map, and "
-            "convert again")
 
 
 def _identical(a: list | None, b: list) -> bool:
