@@ -115,11 +115,20 @@ class Runner:
             InputError: inputs of the wrong count, name, dtype or shape (with a hint).
             RunError / BackendCrashed / BackendTimeout: the backend failed, crashed or hung.
         """
+        from .memory import said_as_input_error
+
         self._check_capture(capture)
         feed = self.feed(inputs)
-        if self.isolated:
-            return self._remote.execute(feed, capture)
-        return self._execute(feed, capture)
+        with said_as_input_error(feed, self.model_label):
+            if self.isolated:
+                return self._remote.execute(feed, capture)
+            return self._execute(feed, capture)
+
+    @property
+    def model_label(self) -> str:
+        """The model as messages name it: its file's name (the backend's name without one)."""
+        where = getattr(self, "path", None) or getattr(self, "param", None)
+        return getattr(where, "name", None) or self.name
 
     def _describe_local(self) -> ModelIO:
         raise NotImplementedError

@@ -14,6 +14,7 @@ convolution fed another channel count, shapes a BinaryOp cannot broadcast...).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ class LayerFailure:
     output: tuple[int, ...] | None = None
     log: list[str] = field(default_factory=list)
     cause: str = ""
+    needs: int = 0  # bytes its output needs at the least (0: not estimated)
 
     def describe(self) -> str:
         """One paragraph: the layer, its inputs, what went wrong, ncnn's own words."""
@@ -192,7 +194,33 @@ def locate(param: Path, bin_path: Path, feed: dict[str, Any], precision: str = "
     found = LayerFailure(layer.name, layer.type, inputs, failed["ret"], sig, out,
                          logs.get(failed["i"], []))
     found.cause = likely_cause(layer, inputs, out)
+    found.needs = output_bytes_at_least(layer, inputs, 4 if precision == "fp32" else 2)
     return found
+
+
+def output_bytes_at_least(layer: Any, inputs: list[tuple[int, ...]], elemsize: int) -> int:
+    """A lower bound of the bytes ``layer``'s output takes on ``inputs`` (ncnn's shapes),
+    for the layers whose output can outgrow their input: a convolution (num_output channels
+    of at least the unpadded output size) and an Interp (its output size or scales); 0 for
+    the others."""
+    p, t, first = layer.params, layer.type, (inputs[0] if inputs else ())
+    if t.startswith("Convolution") and first:
+        spatial = {"1D": 1, "3D": 3}.get(t[-2:], 2)
+        if len(first) < spatial + 1:
+            return 0
+        size = _int(p, 0, 0)  # num_output
+        for axis, dim in enumerate(reversed(first[-spatial:])):  # w, h, d: keys 1-3, 11-13...
+            kernel, dilation, stride = (_int(p, key + 10 * axis, _int(p, key, 1))
+                                        for key in (1, 2, 3))
+            span = dilation * (kernel - 1) + 1  # padding only adds to the output
+            size *= max((dim - span) // max(stride, 1) + 1, 0)
+        return size * elemsize
+    if t == "Interp" and len(first) >= 2:
+        h, w = first[-2], first[-1]
+        oh = _int(p, 3, 0) or int(h * float(p.get(1, 1) or 1))
+        ow = _int(p, 4, 0) or int(w * float(p.get(2, 1) or 1))
+        return math.prod(first[:-2]) * oh * ow * elemsize
+    return 0
 
 
 def _logs_by_layer(stderr: str) -> dict[int, list[str]]:
@@ -325,6 +353,13 @@ def explain(param: Path, bin_path: Path, feed: dict[str, Any], precision: str,
     if found is None:
         return NcnnRunError(f"{what} ({param.name}); running it layer by layer found no "
                             "failing layer", failure_hint(None, param.name))
+    from .memory import available_bytes, show, too_large
+
+    avail = available_bytes()
+    if found.needs and avail is not None and found.needs > avail:  # ncnn's -100: no memory
+        return too_large(feed, param.name, found.needs, f"{what}: {found.describe()}",
+                         asked=f"layer {found.layer} ({found.type}) failed; its output "
+                         f"alone needs at least {show(found.needs)}")
     return NcnnRunError(f"{what} ({param.name}): {found.describe()}",
                         failure_hint(found, param.name))
 

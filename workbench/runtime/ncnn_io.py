@@ -130,3 +130,42 @@ def declare_shapes(pnnx_param: Path | None, ins: dict[str, BlobSpec],
                 continue  # no note (unknown, or a 0-d scalar): keep what _ncnn.py says
             spec.shape = tuple(d if isinstance(d, int) else None for d in note)
             spec.rank = len(note)
+
+
+def recorded_input_shapes(source: Any, param: Path, names: list[str]
+                          ) -> tuple[dict[str, tuple[int | None, ...]], str]:
+    """The torch shape of each ncnn input (``names``, the Input layers' tops in order) as the
+    conversion saw it, without the ``_ncnn.py``: the ``.pnnx.param``'s input operands (dynamic
+    axes as None), else the ``inputshape`` the artifact's record holds (axes ``inputshape2``
+    changes as None). Returns ({name: shape}, where they come from); ({}, "") when unknown."""
+    pnnx = pnnx_param_for(source, param)
+    if pnnx is not None:
+        try:
+            p = parse_pnnx_param(pnnx)
+        except WorkbenchError:
+            p = None
+        notes = [p.operands[o].shape for o in p.inputs] if p is not None else []
+        if notes and len(notes) == len(names) and all(n is not None for n in notes):
+            return ({n: tuple(d if isinstance(d, int) else None for d in note)
+                     for n, note in zip(names, notes, strict=True)}, f"the pnnx graph {pnnx.name}")
+    params = getattr(source, "params", None)
+    if params is None:
+        from .recorded import artifact_at
+
+        art = artifact_at(param)
+        params = art.params if art is not None else None
+    if not isinstance(params, dict) or not isinstance(params.get("inputshape"), str):
+        return {}, ""
+    first = _shapes_of(params["inputshape"])
+    second = _shapes_of(params.get("inputshape2") or "") or first
+    if len(first) != len(names) or len(second) != len(first):
+        return {}, ""
+    return ({n: tuple(d if d == d2 else None for d, d2 in zip(a, b, strict=False))
+             for n, a, b in zip(names, first, second, strict=True)
+             if len(a) == len(b)}, "the inputshape its artifact.json records")
+
+
+def _shapes_of(text: str) -> list[tuple[int, ...]]:
+    """pnnx's ``inputshape=[1,3,224,224]f32,[1,16]i64`` -> [(1, 3, 224, 224), (1, 16)]."""
+    return [tuple(int(d) for d in re.findall(r"\d+", dims))
+            for dims in re.findall(r"\[([^\]]*)\]", text)]

@@ -23,23 +23,10 @@ from ..errors import BackendCrashed, InputError, MissingOpError, ModelFileError
 from ..ncnn_bin import walk_bin
 from .base import BlobCapture, ModelIO, Runner, TensorSpec, split_inputs, to_numpy
 from .ncnn_failure import bad_mat
-from .ncnn_io import INT_DTYPES, BlobSpec, declare_shapes, parse_ncnn_py, pnnx_param_for
+from .ncnn_feed import check_input
+from .ncnn_io import INT_DTYPES, declare_shapes, parse_ncnn_py, pnnx_param_for
 
 PRECISIONS = ("fp32", "fp16", "bf16")
-# layers whose weights fix the size of one axis of their input (see NcnnRunner._bound_axes)
-_PER_CHANNEL = frozenset((
-    "Convolution", "ConvolutionDepthWise", "Deconvolution", "DeconvolutionDepthWise",
-    "Convolution1D", "ConvolutionDepthWise1D", "Deconvolution1D", "DeconvolutionDepthWise1D",
-    "Convolution3D", "ConvolutionDepthWise3D", "Deconvolution3D", "DeconvolutionDepthWise3D",
-    "BatchNorm", "Scale", "InstanceNorm", "GroupNorm", "PReLU"))
-_PER_FEATURE = frozenset(("InnerProduct", "LayerNorm", "RMSNorm", "MultiHeadAttention", "Gemm"))
-# layers that keep every axis of their input (the walk to a weighted layer goes on through
-# them), and those that keep its channels only (they resize w, h)
-_SAME_SHAPE = frozenset((
-    "Split", "ReLU", "Sigmoid", "TanH", "Clip", "Dropout", "Noop", "HardSigmoid", "HardSwish",
-    "Swish", "Mish", "GELU", "ELU", "SELU", "Erf", "UnaryOp", "BinaryOp", "Eltwise", "Power",
-    "Exp", "Log", "AbsVal", "BNLL", "Threshold", "Softmax", "ReLU6"))
-_SAME_CHANNELS = frozenset(("Interp", "Pooling", "Pooling1D", "Pooling3D"))
 
 
 class NcnnRunner(Runner):
@@ -78,6 +65,7 @@ class NcnnRunner(Runner):
             raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
                              "fp32 for accuracy checks; fp16 is what ncnn does by default")
         self.param = Path(getattr(source, "path", source))
+        self.source = source  # an Artifact's record tells the input shapes (ncnn_feed)
         if not self.param.name.endswith(".ncnn.param"):
             raise InputError(f"NcnnRunner needs a .ncnn.param file, got {self.param.name!r}",
                              "pass the artifact wb.to_ncnn returned, or its .ncnn.param path")
@@ -87,9 +75,9 @@ class NcnnRunner(Runner):
                 raise InputError(f"ncnn model file {str(f)!r} does not exist",
                                  "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
         from .ncnn_model import check_model_files
+        from .recorded import check_recorded
 
-        if hasattr(source, "check_files"):  # an Artifact: its files as its stage wrote them
-            source.check_files()
+        check_recorded(source, self.param)  # as its stage wrote it: an Artifact, or a path in one
         # what ncnn itself would run wrongly; the parsed graph serves every later check
         self._graph = check_model_files(self.param, self.bin)
         from .ncnn_emulate import check_emulate
@@ -201,9 +189,12 @@ class NcnnRunner(Runner):
         feed = self.feed(inputs)
         if self.byte_masks and not self.isolated:
             self._refuse_in_process()
+        from .memory import said_as_input_error
+
         try:  # Runner.run, keeping the feed: a crash is explained from it (ncnn_failure)
-            result = (self._remote.execute(feed, capture) if self.isolated
-                      else self._execute(feed, capture))
+            with said_as_input_error(feed, self.param.name):
+                result = (self._remote.execute(feed, capture) if self.isolated
+                          else self._execute(feed, capture))
         except BackendCrashed as e:
             raise self._explained(feed, "", crashed=e) from e
         finally:
@@ -262,7 +253,13 @@ class NcnnRunner(Runner):
                                  "not numeric", "pass a float32 array (int32 for an index "
                                  "input such as an embedding's)")
             spec = self.in_specs.get(name)
-            shape = self._check_input(name, arr, spec)
+            shape = check_input(self, name, arr, spec)
+            from .memory import check_fits
+
+            # ncnn holds 4-byte values; its Mat is a copy (and the worker's file another)
+            check_fits({name: arr}, self.param.name, copies=1 + self.isolated, itemsize=4,
+                       what="the run copies it" + (" to the worker and into ncnn"
+                                                   if self.isolated else " into ncnn"))
             integers = spec is not None and spec.dtype in INT_DTYPES
             if integers and arr.dtype.kind == "f":
                 raise InputError(
@@ -277,113 +274,6 @@ class NcnnRunner(Runner):
                 arr = arr.astype(want)
             out[name] = np.ascontiguousarray(arr.reshape(shape))
         return out
-
-    def _check_input(self, name: str, arr: Any, spec: BlobSpec | None) -> tuple[int, ...]:
-        """The shape ``arr`` is handed to ncnn in, or an InputError naming the input, what
-        the conversion declared, what came, and what to do about it."""
-        got = list(arr.shape)
-        where = f"input {name!r} of {self.param.name}"
-        if any(d == 0 for d in got):
-            raise InputError(f"{where}: shape {got} has an empty axis",
-                             "ncnn cannot hold an empty tensor; feed at least one element "
-                             "on every axis")
-        if spec is None or spec.rank is None:  # no _ncnn.py: only ncnn's own limits
-            if len(got) == 4 and got[0] == 1:
-                # (1, c, h, w) with its batch axis, or ncnn's 4-D (c, d, h, w) with c = 1?
-                # Guessing fed image models as 3-D volumes: wrong values, no error
-                raise InputError(
-                    f"{where}: shape {got} is ambiguous without the _ncnn.py pnnx writes "
-                    "beside the param (a batch of 1, or a 4-D ncnn blob?)",
-                    "keep the _ncnn.py with the model (wb.to_ncnn writes it), or feed "
-                    "ncnn's own layout: x[0], shape (c, h, w), for an image model")
-            fits = shapes.feed_shape(got, None)
-            if fits is None:
-                raise InputError(f"{where}: ncnn holds 1 to {shapes.MAX_AXES} axes, got shape "
-                                 f"{got}", "without the _ncnn.py pnnx writes beside the "
-                                 "param the batch axis is unknown: feed ncnn's own layout "
-                                 "(c, h, w), or keep the _ncnn.py with the model")
-            self._check_input_layer(where, name, fits)
-            return fits
-        declared = list(spec.shape or spec.example_shape or ())
-        shown = [("?" if d is None else d) for d in declared]
-        batch = spec.batch_axis
-        batch_note = (f"batch axis {batch}" if batch is not None else "no batch axis")
-        if arr.ndim != spec.rank:
-            raise InputError(f"{where}: expected rank {spec.rank} (converted with shape "
-                             f"{shown}, {batch_note}), got shape {got}",
-                             _rank_hint(got, declared, batch))
-        fits = shapes.feed_shape(got, batch)
-        if fits is None:
-            raise InputError(f"{where}: ncnn cannot hold shape {got} ({batch_note}): at most "
-                             f"{shapes.MAX_AXES} axes besides the batch, and a 5-D input "
-                             "without a batch axis must start with 1",
-                             f"feed the shape it was converted with, {shown}")
-        for axis, why in self._bound_axes(name, spec.rank, batch):
-            want = declared[axis] if axis < len(declared) else None
-            if want is None or got[axis] == want:
-                continue
-            hint = (f"{why} has weights for {want} on axis {axis}; ncnn reads another count "
-                    "without failing (garbage or a crash)")
-            if why.startswith("per-channel") and got[-1] == want and spec.rank >= 3:
-                order = (0, spec.rank - 1, *range(1, spec.rank - 1))
-                hint += (f". This input looks channels-last: x.permute{order} (torch) or "
-                         f"x.transpose{order} (numpy)")
-            what = "channels" if why.startswith("per-channel") else "features"
-            raise InputError(f"{where}: expected {want} {what} on axis {axis} (converted with "
-                             f"shape {shown}), got shape {got}", hint)
-        other = [a for a, (d, g) in enumerate(zip(declared, got, strict=False))
-                 if a != batch and d is not None and d != g]
-        if other and self.check_sizes and (baked := self._size_baked()):
-            raise InputError(
-                f"{where}: converted with shape {shown}, got {got} ("
-                + (f"axis {other[0]} differs" if len(other) == 1 else
-                   f"axes {', '.join(map(str, other))} differ")
-                + "), and layers hold sizes from the conversion: " + "; ".join(baked[:3])
-                + (f"; {len(baked) - 3} more" if len(baked) > 3 else "")
-                + ". ncnn would compute garbage or crash, without an error",
-                f"feed the converted shape {shown}; or convert with wb.to_ncnn(..., inputs2=...) "
-                "at a second size so pnnx makes the axis dynamic; NcnnRunner(..., "
-                "check_sizes=False) feeds it anyway")
-        return fits
-
-    def _size_baked(self) -> list[str]:
-        """Layers that hold a size from the conversion (see ncnn_model.size_baked_layers)."""
-        if not hasattr(self, "_baked"):
-            from .ncnn_model import size_baked_layers
-
-            self._baked = size_baked_layers(self._graph)
-        return self._baked
-
-    def _bound_axes(self, name: str, rank: int, batch: int | None) -> list[tuple[int, str]]:
-        """(torch axis, which layer) for each axis of input ``name`` whose size the weights
-        of a layer reading it fix: channels for per-channel layers, features for
-        InnerProduct-like ones. Other axes (spatial, sequence) take any size, as ncnn does."""
-        if not hasattr(self, "_readers"):
-            self._readers = {inp: _weighted_readers(self._graph, inp)
-                             for inp in self._graph.inputs}
-        axes = []
-        for kind, layer in self._readers.get(name, ()):
-            if kind in _PER_CHANNEL:
-                axis, why = shapes.channel_axis(rank, batch), f"per-channel layer {layer} ({kind})"
-            else:
-                axis, why = shapes.feature_axis(rank, batch), f"layer {layer} ({kind})"
-            if axis is not None and all(a != axis for a, _ in axes):
-                axes.append((axis, why))
-        return axes
-
-    def _check_input_layer(self, where: str, name: str, fits: tuple[int, ...]) -> None:
-        """Channels against an ncnn Input layer that declares them (``2=c``; pnnx writes
-        none, a hand-written param may)."""
-        if not hasattr(self, "_input_channels"):
-            self._input_channels = {ly.tops[0]: ly.params.get(2) for ly in self._graph.layers
-                                    if ly.type == "Input" and ly.tops}
-        declared = self._input_channels.get(name)
-        if isinstance(declared, str) and declared.isdigit() and int(declared) > 0 and len(
-                fits) >= 3 and fits[0] != int(declared):
-            raise InputError(f"{where}: the Input layer declares {declared} channels, got "
-                             f"shape {list(fits)} ({fits[0]} on ncnn's channel axis)",
-                             "ncnn's layout is (c, h, w) or (c, d, h, w), channels first")
-
 
     def run_blobs(self, blobs: dict[str, Any], wanted: list[str]) -> dict[str, Any]:
         """Feed any blobs (model inputs or intermediate ones, e.g. reference values) and
@@ -538,42 +428,6 @@ class NcnnRunner(Runner):
             self._aliases = {top: layer.bottoms[0] for layer in self._graph.layers
                              if layer.type == "Split" for top in layer.tops}
         return self._aliases
-
-
-def _weighted_readers(p: Any, blob: str) -> list[tuple[str, str]]:
-    """(layer type, name) of the weighted layers that read ``blob`` (the channel or feature
-    count they were built for), directly or through layers that keep that axis."""
-    found: list[tuple[str, str]] = []
-    todo, seen = [(blob, True)], set()  # (blob, features still the input's)
-    while todo:
-        b, features = todo.pop()
-        if (b, features) in seen:
-            continue
-        seen.add((b, features))
-        for layer_name in p.consumers.get(b, ()):
-            layer = p.layer(layer_name)
-            if layer.type in _PER_CHANNEL or (features and layer.type in _PER_FEATURE):
-                found.append((layer.type, layer.name))
-            elif layer.type in _SAME_SHAPE:
-                todo += [(t, features) for t in layer.tops]
-            elif layer.type in _SAME_CHANNELS:
-                todo += [(t, False) for t in layer.tops]
-    return found
-
-
-def _rank_hint(got: list[int], declared: list[int | None], batch: int | None) -> str:
-    """What to do about an input of the wrong rank, by how it differs from the declared one."""
-    shown = [("?" if d is None else d) for d in declared]
-    if len(got) == len(declared) - 1:
-        for axis in (batch, 0):
-            if axis is not None and declared[axis] in (1, None):
-                return (f"add the missing axis {axis} of size 1: x.unsqueeze({axis}) (torch) or "
-                        f"np.expand_dims(x, {axis}) (numpy)")
-    if len(got) == len(declared) + 1 and got[0] == 1:
-        return "drop the extra leading axis of size 1: x[0] or x.squeeze(0)"
-    return (f"reshape to the converted shape {shown}, or convert again (wb.to_ncnn) with an "
-            f"example input of the rank you will feed: ncnn lays each rank out differently, "
-            "so the rank is fixed at conversion")
 
 
 def _narrow(a: Any) -> Any:

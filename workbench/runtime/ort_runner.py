@@ -45,8 +45,9 @@ class OrtRunner(Runner):
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
-        if hasattr(source, "check_files"):  # an Artifact: its files as its stage wrote them
-            source.check_files()
+        from .recorded import check_recorded
+
+        check_recorded(source, self.path)  # as its stage wrote it: an Artifact, or a path in one
         self.isolated = isolated
         self.num_threads = num_threads  # intra-op threads; 0: ONNX Runtime's default
         self.libraries = [str(x) for x in ([libraries] if isinstance(libraries, (str, Path))
@@ -122,6 +123,11 @@ class OrtRunner(Runner):
                     "named or '?' axes may vary; the others are fixed by the export "
                     "(declare them in dynamic_axes to free them)")
             feed[name] = arr
+        from .memory import check_fits
+
+        # copied to the worker, or by ONNX Runtime to contiguous memory
+        copied = {n: a for n, a in feed.items() if self.isolated or not a.flags.c_contiguous}
+        check_fits(copied, self.path.name, what="the run copies it")
         return feed
 
     def _execute(self, feed: dict[str, Any], capture: str,
@@ -146,7 +152,10 @@ class OrtRunner(Runner):
 
             if isinstance(e, WorkbenchError):
                 raise
+            from .memory import allocation_failure, too_large
 
+            if (tried := allocation_failure(e)) is not None:
+                raise too_large(feed, self.path.name, tried, str(e)) from None
             raise explain_ort_run_error(str(e), self.path) from None
         if arena is not None and key not in layouts:
             layouts[key] = [(n, out[n].shape, out[n].dtype) for n in names]

@@ -81,8 +81,12 @@ class TorchRunner(Runner):
     def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         import torch
 
+        from .memory import allocation_failure, check_fits, too_large
+
+        model = type(self.model).__name__
         # the model's own copy: a forward that writes into its input (x.mul_(2), x += y)
         # must not change the caller's tensor or array, nor the inputs other backends get
+        check_fits(feed, model, what="the run copies it, as a forward may write into it")
         args = tuple(t.clone() for t in feed.values())
         was_training = self.model.training
         self.model.eval()
@@ -99,6 +103,8 @@ class TorchRunner(Runner):
 
             if isinstance(e, WorkbenchError):
                 raise
+            if (tried := allocation_failure(e)) is not None:  # not the inputs' form: size
+                raise too_large(feed, model, tried, str(e)) from e
             raise rejected(self.model, args, "inputs", e,
                            "give inputs of the dtype, rank and shape the model's forward() "
                            "expects (the same as the ONNX or ncnn model's inputs: float32, "

@@ -331,7 +331,8 @@ def _run_pnnx(cmd: list[str], cwd: Path, timeout: float, steps: Steps | None = N
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, errors="replace")
     killed: list[bool] = []
-    timer = threading.Timer(timeout, lambda: (killed.append(True), proc.kill()))
+    timer = threading.Timer(timeout, lambda: proc.poll() is None and (  # exited: not a timeout
+        killed.append(True), proc.kill()))
     timer.start()
     lines = []
     try:
