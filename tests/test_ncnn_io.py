@@ -326,7 +326,7 @@ def _convert_at(tmp_path, model, x):
 
 
 def test_a_shape_mismatch_hint_says_which_kind_of_axis_went_wrong():
-    from workbench.stages.ncnn import _shape_hint
+    from workbench.stages.ncnn_hints import shape_hint as _shape_hint
 
     same_rank = _shape_hint([np.zeros((1, 20)), np.zeros((3,))], [np.zeros((1, 21)), np.zeros(3)])
     assert "axis 1" in same_rank and "pnnx evaluated a size" in same_rank
