@@ -10,6 +10,7 @@ option that avoids it. Small seeded models, a few samples each.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -373,6 +374,148 @@ def test_a_residual_add_is_fed_the_batchnorm_its_float_parent_pairs(tmp_path):
     assert entry.isolated_snr_db > 15 and projection.isolated_snr_db > 15, \
         (entry.isolated_snr_db, projection.isolated_snr_db)
     assert abs(entry.isolated_snr_db - by_hand) < 0.5, (entry.isolated_snr_db, by_hand)
+
+
+# -- what the candidate's own alignment misses; a module's tuple output ---------------------
+class SpectralFrontEnd(nn.Module):
+    """silero-vad's front end, small: a Fourier transform as a fixed-size conv, its
+    magnitude (two squares, an Add and a Sqrt: a power spectrum's range is wide), two
+    Conv1d + F.relu, a mean and a Linear. int8 through the magnitude leaves the convs'
+    accumulated values too noisy for the int8 model's own alignment, which attributes
+    ``/Relu_output_0`` and its Q/DQ copy; the fp32 parent pairs them with ``F.relu_k``."""
+
+    def __init__(self, bins: int = 33, ch: int = 32) -> None:
+        super().__init__()
+        self.bins = bins
+        self.stft = nn.Conv1d(1, 2 * bins, 64, stride=32, bias=False)
+        self.conv1 = nn.Conv1d(bins, ch, 3, padding=1)
+        self.conv2 = nn.Conv1d(ch, ch, 3, padding=1)
+        self.head = nn.Linear(ch, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stft(x.unsqueeze(1))
+        x = torch.sqrt(x[:, :self.bins] ** 2 + x[:, self.bins:] ** 2)
+        x = F.relu(self.conv1(x))
+        x = F.relu(self.conv2(x))
+        return self.head(x.mean(2))
+
+
+def _tones(n: int = 6, seed: int = 1) -> list:
+    """Chunks of 512 samples: three sines of random pitch and loudness, a little noise."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.linspace(0, 1, 512)
+    out = []
+    for _ in range(n):
+        f = torch.rand(3, generator=g) * 200
+        x = sum(torch.sin(2 * np.pi * fi * 16 * t) for fi in f) * torch.rand(1, generator=g)
+        out.append(x[None] + 0.01 * torch.randn(1, 512, generator=g))
+    return out
+
+
+def test_a_layer_its_own_alignment_leaves_unpaired_is_ranked_as_its_float_parent_pairs_it(
+        tmp_path):
+    """The rule: a quantized candidate's layer is ranked when its float parent pairs its
+    tensor, whether or not the candidate's own values let the comparison pair it. The
+    ranking used to be built from the comparison's records alone: both int8 convs went
+    unranked (silero-vad's four convs did)."""
+    from workbench.comparison.candidates import parent_pairing
+
+    torch.manual_seed(0)
+    model, samples = SpectralFrontEnd().eval(), _tones()
+    x = (samples[0],)
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    q = wb.quantize(onx, samples, progress=False)
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    cand = rep.candidates[0]
+    own = rep.alignments[cand.name]
+    relus = [f"/Relu{s}_output_0_DequantizeLinear_Output" for s in ("", "_1")]
+    # the misalignment, as the comparison leaves it: no record for either conv
+    assert not set(relus) & set(own.pairs), own.pairs
+    assert not {"F.relu_0", "F.relu_1"} & {r.reference for r in rep.records}
+    al, changed, _ = parent_pairing(model, cand, own, x)
+    assert [changed.get(r) for r in relus] == ["F.relu_0", "F.relu_1"], changed
+    ranking = rep.sensitivity(progress=False)
+    print("\n" + ranking.summary(top=20))
+    entries = {s.reference: s for s in ranking}
+    for k, name in enumerate(relus):
+        e = entries[f"F.relu_{k}"]
+        assert e.status == "ranked" and e.final_snr_db is not None
+        assert e.record.name == name and e.reason.startswith("int8")
+        assert 20 < e.isolated_snr_db < 80  # an int8 rounding: neither fp32 nor noise
+    assert not ranking.unmeasurable
+
+
+class OneStep(nn.Module):
+    """A recurrent step as silero-vad runs it: a Conv1d + F.relu on one frame, one
+    ``nn.LSTM`` step from (h, c), a head reading h_n; (answer, h_n, c_n) returned. The
+    LSTM's input is re-rounded by the exporter's own Transpose's Q/DQ (its own step: torch
+    holds no such tensor), so the LSTM's own computation holds an int8 step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 16, 1)
+        self.lstm = nn.LSTM(16, 16, batch_first=True)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple:
+        x = F.relu(self.conv(x))
+        _out, (h, c) = self.lstm(x.transpose(1, 2), (h, c))
+        return self.head(h[-1]), h, c
+
+
+def test_one_tensor_of_a_modules_tuple_output_is_put_back():
+    """``out, (h_n, c_n) = lstm(...)``: the TorchRunner names its tensors lstm.0, lstm.1,
+    lstm.2 (``flatten_outputs`` order); replacing lstm.1 replaces h_n and keeps the rest."""
+    from workbench.comparison.inject import TorchInjector
+    from workbench.runtime import TorchRunner
+
+    torch.manual_seed(0)
+    model = OneStep().eval()
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(1, 8, 3, generator=g), torch.randn(1, 1, 16, generator=g),
+         torch.randn(1, 1, 16, generator=g))
+    runner = TorchRunner(model)
+    ref = runner.run(x, capture="all")
+    assert {"lstm.0", "lstm.1", "lstm.2"} <= set(ref) and "lstm" not in ref
+    inj = TorchInjector(runner, x)
+    h = np.asarray(ref["lstm.1"]) * 0.5
+    got, why = inj.run("lstm.1", h)
+    assert why == ""
+    with torch.no_grad():
+        want = model.head(torch.from_numpy(h)[-1]).numpy()
+    np.testing.assert_allclose(got["output_0"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["output_1"], h)  # h_n is an output too
+    np.testing.assert_array_equal(got["output_2"], inj.clean["output_2"])  # c_n kept
+    got, _ = inj.run("lstm.0", np.asarray(ref["lstm.0"]) * 0.5)  # the head reads h_n
+    np.testing.assert_array_equal(got["output_0"], inj.clean["output_0"])
+    none, why = inj.run("lstm.3", h)
+    assert none is None and "no tensor 3" in why
+    none, why = inj.run("lstm", h)
+    assert none is None and "returns 3 tensors" in why
+
+
+def test_an_lstm_whose_h_n_feeds_the_head_is_measured(tmp_path):
+    """silero-vad's LSTM was listed "lstm.1 is neither a module call nor a functional
+    call": one tensor of a tuple output could not be put back. It is measured now."""
+    torch.manual_seed(0)
+    model = OneStep().eval()
+    g = torch.Generator().manual_seed(1)
+    samples = [(torch.randn(1, 8, 1, generator=g), torch.randn(1, 1, 16, generator=g) * 0.5,
+                torch.randn(1, 1, 16, generator=g) * 0.5) for _ in range(6)]
+    x = samples[0]
+    onx = wb.export(model, x, workspace=wb.Workspace(tmp_path / "ws"))
+    q = wb.quantize(onx, samples, progress=False)
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    ranking = rep.sensitivity(progress=False)
+    print("\n" + ranking.summary())
+    assert not ranking.unmeasurable, ranking.summary()
+    entries = {s.reference: s for s in ranking}
+    assert {"lstm.1", "lstm.2"} <= set(entries), ranking.summary()
+    h_n = entries["lstm.1"]
+    assert h_n.status == "ranked" and h_n.reason.startswith("int8")
+    assert h_n.final_snr_db is not None and math.isfinite(h_n.final_snr_db)
+    # h_n feeds the head and leaves the model: its cost is no less than its own error
+    assert h_n.final_snr_db <= h_n.isolated_snr_db + 0.5, h_n
 
 
 # -- onnxruntime's own failures ---------------------------------------------------------------

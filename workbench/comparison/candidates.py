@@ -397,7 +397,8 @@ def parent_pairing(reference: Any, cand: Candidate, al: Alignment, inputs: tuple
 
     Returns:
         (the alignment re-paired, {candidate tensor: reference} for the pairs that changed
-        or were added, the parent's ``covers`` of every tensor the parent pairs). ``al`` as
+        or were added, the parent's ``covers`` of every tensor it pairs as the parent does:
+        the pairs it had and the pairs it takes). ``al`` as
         it is, and nothing changed, for a candidate that is not a quantize artifact or whose
         parent does not align.
     """
@@ -428,6 +429,7 @@ def parent_pairing(reference: Any, cand: Candidate, al: Alignment, inputs: tuple
         elif name in copied or (floats is not None and name not in floats):
             continue
         else:
+            covers[name] = pal.covers.get(pname, ())
             out.considered += name in al.attributed  # counted as aligned now
             out.unaligned.pop(name, None)
             out.attributed.pop(name, None)

@@ -1,10 +1,12 @@
 """Put one tensor's value back into a PyTorch run: what the sensitivity ranking measures with.
 
 A reference record is a leaf module's call (``layer1.0.conv1``, ``relu#1``: a forward hook
-returns the value), a functional call made outside leaf modules (``F.relu_2``,
-``layer1/Tensor.add_0``: the TorchRunner's own recording mode names the calls, and the named
-call returns the value instead of its result), or a model output (``output_0``: replaced
-after the run). What cannot be put back says why, so it is listed as unmeasurable rather than
+returns the value), one tensor of a leaf module's tuple output (``lstm.1``, h_n of
+``out, (h_n, c_n) = lstm(...)``: the hook rebuilds the output around it), a functional call
+made outside leaf modules (``F.relu_2``, ``layer1/Tensor.add_0``: the TorchRunner's own
+recording mode names the calls, and the named call returns the value instead of its result),
+or a model output (``output_0``: replaced after the run). One tensor of a functional call
+that returns several (``Tensor.chunk_0.1``) is not put back yet. What cannot be put back says why, so it is listed as unmeasurable rather than
 ranked by a guess.
 """
 
@@ -14,10 +16,14 @@ import functools
 import re
 from typing import Any
 
+from ..inputs import flatten_outputs
 from .align import call_module
 from .candidates import copies as _copies
 
 _FUNCTIONAL = re.compile(r"^(?:(?P<scope>.*)/)?(?P<short>[^/]+)_(?P<k>\d+)$")
+# one tensor of a module call that returns several (``lstm.1``: the TorchRunner names the
+# tensors of a call's output ``<call>.<i>``, i in ``flatten_outputs`` order)
+_PART = re.compile(r"^(?P<call>[^/]+)\.(?P<i>\d+)$")
 
 
 class TorchInjector:
@@ -43,10 +49,10 @@ class TorchInjector:
         args = self.args if args is None else args
         target = call_module(reference)
         if target and target in self.modules:
-            k = int(reference.split("#", 1)[1]) if "#" in reference else 0
-            got = _run_with(self.runner, self.modules[target], k, value, args)
-            return (got, "") if got is not None else (
-                None, f"module {target}'s call {k} returns no single tensor to replace")
+            return self._module_run(reference, None, value, args)
+        part = _PART.match(reference)
+        if part and call_module(part["call"]) in self.modules:  # one of a module's tensors
+            return self._module_run(part["call"], int(part["i"]), value, args)
         if reference in self.clean:  # a model output: replaced as it leaves the model
             return {**self.plain(args), reference: value}, ""
         if re.search(r"_\d+\.\d+$", reference):
@@ -55,29 +61,92 @@ class TorchInjector:
             return None, f"{reference} is neither a module call nor a functional call"
         return _run_replacing(self.runner, reference, value, args)
 
+    def _module_run(self, call: str, index: int | None, value: Any, args: tuple
+                    ) -> tuple[dict[str, Any] | None, str]:
+        """The outputs with the module call ``call``'s output (``index``: its index-th
+        tensor, as the TorchRunner numbers a call's tensors) replaced by ``value``."""
+        target = call_module(call)
+        k = int(call.split("#", 1)[1]) if "#" in call else 0
+        got, why = _run_with(self.runner, self.modules[target], k, value, args, index)
+        return (got, "") if got is not None else (None, f"module {target}'s call {k} {why}")
 
-def _run_with(runner: Any, module: Any, call: int, value: Any, args: tuple
-              ) -> dict[str, Any] | None:
-    """The reference's outputs with ``module``'s ``call``-th output replaced by ``value``
-    (None when that call returns no single tensor)."""
+
+def _run_with(runner: Any, module: Any, call: int, value: Any, args: tuple,
+              index: int | None = None) -> tuple[dict[str, Any] | None, str]:
+    """(The reference's outputs with ``module``'s ``call``-th output replaced by ``value``,
+    "") or (None, why not). ``index``: the output's index-th tensor (``flatten_outputs``
+    order, as the TorchRunner numbers them: ``lstm.1`` is h_n of ``out, (h_n, c_n)``) is
+    replaced, the rest of the (nested) tuple, list or dict kept; None: the output is one
+    tensor (or a container holding one, which the TorchRunner names as the call)."""
     import torch
 
-    seen = {"n": 0, "ok": False}
+    seen = {"n": 0, "why": "was never made"}
 
     def hook(_m: Any, _i: Any, output: Any) -> Any:
         n = seen["n"]
         seen["n"] += 1
-        if n != call or not isinstance(output, torch.Tensor):
+        if n != call:
             return None
-        seen["ok"] = True
-        return torch.from_numpy(value).to(output.dtype).reshape(output.shape)
+        count = len(flatten_outputs(output))
+        if (count > 1) != (index is not None) or (index or 0) >= count:
+            seen["why"] = (f"returns {count} tensors" if index is None else
+                           f"returns no tensor {index} (it returns {count})")
+            return None
+
+        def swap(t: Any) -> Any:
+            return torch.from_numpy(value).to(t.dtype).reshape(t.shape)
+
+        try:
+            out = _replaced(output, index or 0, swap)
+        except TypeError as e:
+            seen["why"] = f"returns a {type(output).__name__} that cannot be rebuilt ({e})"
+            return None
+        seen["why"] = ""
+        return out
 
     handle = module.register_forward_hook(hook)
     try:
         got = runner.run(_copies(args))
     finally:
         handle.remove()
-    return got if seen["ok"] else None
+    return (None, seen["why"]) if seen["why"] else (got, "")
+
+
+def _replaced(output: Any, index: int, swap: Any) -> Any:
+    """``output`` with its ``index``-th tensor (``flatten_outputs`` order) replaced by
+    ``swap(tensor)``: tuples, lists, namedtuples and dicts rebuilt around it (TypeError: a
+    container that cannot be rebuilt holds it)."""
+    import copy
+
+    import torch
+
+    left = [index]
+
+    def walk(o: Any) -> Any:
+        if left[0] < 0:
+            return o
+        if isinstance(o, torch.Tensor):
+            left[0] -= 1
+            return swap(o) if left[0] < 0 else o
+        if isinstance(o, dict):
+            items = {k: walk(v) for k, v in o.items()}
+            if all(items[k] is o[k] for k in o):
+                return o
+            new = copy.copy(o)
+            new.update(items)
+            return new
+        if isinstance(o, (tuple, list)):
+            items = [walk(v) for v in o]
+            if all(x is y for x, y in zip(items, o, strict=True)):
+                return o
+            return type(o)(*items) if hasattr(o, "_fields") else type(o)(items)
+        n = len(flatten_outputs(o))
+        if n and left[0] < n:
+            raise TypeError("its tensors are held as attributes")
+        left[0] -= n
+        return o
+
+    return walk(output)
 
 
 def _run_replacing(runner: Any, name: str, value: Any, args: tuple
@@ -90,8 +159,6 @@ def _run_replacing(runner: Any, name: str, value: Any, args: tuple
         register_module_forward_hook,
         register_module_forward_pre_hook,
     )
-
-    from ..inputs import flatten_outputs
 
     model = runner.model
     rec = _replacer()(model, name, value)

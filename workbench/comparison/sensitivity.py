@@ -9,7 +9,9 @@ PyTorch run (``inject.py``: a module's forward hook, or the functional call the 
 names, returning it), and the final outputs are measured against the clean run. The layers
 whose own error costs the final output most come first: the ones to keep in float
 (``wb.quantize(..., exclude=rep.sensitive(k))``). This is PPQ's layerwise analysis carried to
-the model's output, with the module named.
+the model's output, with the module named. A quantized candidate's layer is ranked when its
+float parent pairs its tensor, whether or not the candidate's own (noisy) values let the
+comparison pair it: the records the comparison lacks are made from the parent's pairs.
 
 Not ranked, and listed apart in the ``Ranking``: layers that ran in float (their isolated
 error is fp32's rounding, ~140 dB: a BatchNorm ncnn keeps float ranked first while the int8
@@ -149,9 +151,10 @@ def _rank(report: Any, cand: Any, ref_runner: Any, progress: bool) -> Ranking:
     values = cand.runner.run(_copies(args), capture="all")
     layout = {n: (np.shape(v), np.asarray(v).dtype) for n, v in values.items()}
     values = None
-    al, records = _parent_paired(report, cand, records, {
-        n for n, (_, dtype) in layout.items() if dtype.kind == "f"})
+    floats = {n for n, (_, dtype) in layout.items() if dtype.kind == "f"}
+    al, records, covers = _parent_paired(report, cand, records, floats)
     iso = _isolated(cand, al, ref_values, layout, _copies(args)) or {}
+    records += _unrecorded(report, cand, al, records, floats, covers, iso, ref_values)
     cut = set(al.pairs) if cand.kind == "ncnn" else set(al.pairs) & set(layout)
     low = lowering(cand.path, cand.kind, cand.precision, cut)
     inj = TorchInjector(ref_runner, args)
@@ -178,16 +181,59 @@ def _records(report: Any, cand: Any) -> list[Any]:
 
 
 def _parent_paired(report: Any, cand: Any, records: list[Any], floats: set[str]
-                   ) -> tuple[Any, list[Any]]:
+                   ) -> tuple[Any, list[Any], dict[str, tuple[str, ...]]]:
     """The candidate's alignment and ``records`` paired as its float parent pairs them
     (``candidates.parent_pairing``, for a quantize artifact; ``floats``: the candidate's
     float tensors): each record takes its tensor's pair and the parent's ``covers``, and
-    the ranking's isolated run is fed from those pairs."""
+    the ranking's isolated run is fed from those pairs. Also returned: the parent's
+    ``covers`` of each tensor it pairs."""
     al, fixed, covers = parent_pairing(report.reference.model, cand,
                                        report.alignments[cand.name], report.inputs, floats)
     return al, [dataclasses.replace(r, reference=fixed.get(r.name, r.reference),
                                     covers=covers[r.name]) if r.name in covers else r
-                for r in records]
+                for r in records], covers
+
+
+def _unrecorded(report: Any, cand: Any, al: Any, records: list[Any], floats: set[str],
+                covers: dict[str, tuple[str, ...]], iso: dict[str, Any],
+                ref_values: dict[str, Any]) -> list[Any]:
+    """Isolated records, measured on the ranking's isolated run (``iso``), for the float
+    tensors ``al`` pairs exactly that have none in ``records``: the rule is that a quantized
+    candidate's layer is ranked when its float parent pairs its tensor, whether or not the
+    candidate's own values let the comparison pair it (silero-vad's int8 convs are too
+    noisy for the int8 model's own alignment, which attributes them; the fp32 parent pairs
+    them with ``F.relu_0`` .. ``F.relu_3``). A tensor with no value in that run is left out:
+    there is nothing to put back."""
+    import numpy as np
+
+    from .candidates import candidate_tensors
+    from .metrics import Tolerance
+    from .report import Record
+    from .verdict import measure_pair
+
+    have = {r.name for r in records} | set(cand.runner.input_names)
+    todo = {n for n, ref in al.pairs.items() if n in floats and n not in have
+            and n in iso and ref in ref_values and al.relation(n).startswith("equal")}
+    if not todo:
+        return []
+    modules = {n for n, _ in report.reference.model.named_modules()}
+    tol = report.tolerance or Tolerance()
+    out = []
+    for t in candidate_tensors(cand, modules):
+        if t.name not in todo:
+            continue
+        value = np.asarray(iso[t.name], dtype=np.float32)
+        try:
+            ref = reference_of(al, t.name, ref_values, np.shape(value))
+        except InputError:
+            continue  # its value does not fit the pair: nothing to put back
+        m = measure_pair(ref, value, tol)
+        if isinstance(m, str):
+            continue
+        out.append(Record(cand.name, "isolated", t.order, t.name, al.pairs[t.name],
+                          t.op_type, m, al.relation(t.name), covers.get(t.name, ()),
+                          t.node))
+    return out
 
 
 def _entry(rec: Any, low: Any, iso: dict[str, Any], ref_values: dict[str, Any],
