@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..shapes import unbatched
+from .record import Record
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ..runtime import Runner
     from .align import Alignment
     from .candidates import Candidate
-    from .metrics import TensorMetrics, Tolerance
+    from .metrics import Tolerance
     from .sensitivity import Ranking
     from .task import TaskScore
     from .verdict import Verdict
@@ -33,34 +34,6 @@ SOURCE_SHARE, SOURCE_LEAD = 0.05, 10.0
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
            "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed",
            "relation"]
-
-
-@dataclass
-class Record:
-    """One aligned tensor of one candidate in one mode, with its metrics."""
-
-    candidate: str
-    mode: str
-    order: int
-    name: str
-    reference: str
-    op_type: str
-    metrics: TensorMetrics
-    relation: str = "equal"  # how the candidate tensor relates to the reference tensor
-    covers: tuple[str, ...] = ()  # the reference records a folded tensor spans
-    node: str = ""  # the candidate's node (ONNX) or layer (ncnn) that wrote it
-
-    @property
-    def exact(self) -> bool:
-        """Related to its reference tensor exactly (equal, or equal up to a known folding or
-        a reshape): its error is the op's own, so it may be named as a divergence."""
-        return self.relation.startswith("equal")
-
-    def as_dict(self) -> dict[str, Any]:
-        """The record as a table row: its fields and its metrics' (``TensorMetrics.as_dict``)."""
-        return {"candidate": self.candidate, "mode": self.mode, "order": self.order,
-                "name": self.name, "reference": self.reference, "op_type": self.op_type,
-                **self.metrics.as_dict(), "relation": self.relation}
 
 
 @dataclass

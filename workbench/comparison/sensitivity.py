@@ -208,7 +208,7 @@ def _unrecorded(report: Any, cand: Any, al: Any, records: list[Any], floats: set
 
     from .candidates import candidate_tensors
     from .metrics import Tolerance
-    from .report import Record
+    from .record import Record
     from .verdict import measure_pair
 
     have = {r.name for r in records} | set(cand.runner.input_names)
