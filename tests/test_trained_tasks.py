@@ -40,3 +40,19 @@ def test_int8_pitch_is_judged_in_cents_against_the_float_model(tmp_path):
     assert int8.task.unit == "cents" and int8.task.agree >= 0.8 * int8.task.total
     assert int8.snr_db < fp32.snr_db - 20
     assert "cents" in table.summary()
+
+
+def test_a_transformer_whose_static_int8_collapses_is_told_to_quantize_dynamically(tmp_path):
+    """MiniLM's static QDQ int8 loses the embedding (-1.3 dB against its fp32 parent): a
+    warning names it and points at dynamic MatMul quantization, which keeps 12 dB; the
+    dynamic model gets no such warning."""
+    tm = trained.get("minilm")
+    onx = wb.export(tm.model, tm.inputs, workspace=tmp_path / "ws",
+                    input_names=list(tm.input_names), output_names=list(tm.output_names))
+    static = wb.quantize(onx, tm.calibration[:4], progress=False)
+    (warning,) = static.diagnostics_with("int8-static-collapsed")
+    assert static.metrics["min_snr_db_vs_parent"] < 3 and warning.level == "warning"
+    assert "dynamic=True" in warning.hint
+    dynamic = wb.quantize(onx, dynamic=True, progress=False)
+    assert dynamic.metrics["min_snr_db_vs_parent"] > 6
+    assert not dynamic.diagnostics_with("int8-static-collapsed")
