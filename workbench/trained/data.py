@@ -117,26 +117,16 @@ SPEECH_TEXTS = (
 
 def vad_stream(texts: tuple[str, ...], seed: int = 0) -> Any:
     """Speech and silence: each text spoken, with 0.4-0.8 s of quiet noise before and after,
-    concatenated (16 kHz float32), and a per-sample truth (1 where speech is louder than
-    -35 dB of its peak over a 32 ms window)."""
+    concatenated (16 kHz float32)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    parts, truth = [], []
+    parts = []
     for text in texts:
-        for seg in (None, speech(text)):
-            if seg is None:
-                n = int(SAMPLE_RATE * rng.uniform(0.4, 0.8))
-                parts.append(rng.normal(0, 1e-3, n).astype(np.float32))
-                truth.append(np.zeros(n, dtype=bool))
-            else:
-                env = np.convolve(np.abs(seg), np.ones(512) / 512, mode="same")
-                parts.append(seg)
-                truth.append(env > env.max() * 10 ** (-35 / 20))
-    n = int(SAMPLE_RATE * 0.5)
-    parts.append(rng.normal(0, 1e-3, n).astype(np.float32))
-    truth.append(np.zeros(n, dtype=bool))
-    return np.concatenate(parts), np.concatenate(truth)
+        n = int(SAMPLE_RATE * rng.uniform(0.4, 0.8))
+        parts += [rng.normal(0, 1e-3, n).astype(np.float32), speech(text)]
+    parts.append(rng.normal(0, 1e-3, int(SAMPLE_RATE * 0.5)).astype(np.float32))
+    return np.concatenate(parts)
 
 
 # Paraphrase pairs (written for this project): a sentence encoder should put each next to its

@@ -123,7 +123,7 @@ def _vad_chunks(model: Any, texts: tuple[str, ...], count: int, seed: int) -> li
     import numpy as np
     import torch
 
-    wav, _truth = data.vad_stream(texts, seed=seed)
+    wav = data.vad_stream(texts, seed=seed)
     wav = torch.from_numpy(np.concatenate([np.zeros(64, np.float32), wav]))
     h = c = torch.zeros(1, 1, 128)
     chunks = []
