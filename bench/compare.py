@@ -315,8 +315,8 @@ def alignment_section(workdir: Path, resnet50: tuple[Any, str] | None) -> list[R
 
 # -- --profile: one comparison split by phase ---------------------------------------------------
 PHASES = [  # (label, module, attribute path)
-    ("worker: create sessions/nets", "workbench.runtime.worker", "RemoteHandle._ensure"),
-    ("worker: run + transfer", "workbench.runtime.worker", "RemoteHandle.execute"),
+    ("worker: create sessions/nets", "workbench.runtime.remote", "RemoteHandle._ensure"),
+    ("worker: run + transfer", "workbench.runtime.remote", "RemoteHandle.execute"),
     ("torch capture='all'", "workbench.runtime.torch_runner", "TorchRunner._execute"),
     ("load/check .onnx", "workbench.onnx_io", "load_onnx"),
     ("list candidate tensors", "workbench.comparison.compare", "candidate_tensors"),

@@ -95,7 +95,7 @@ def corpus_dir(src: Path, tmp: Path) -> Path:
 
 
 PRELOAD = ["numpy", "torch", "tqdm", "workbench", "workbench.errors", "workbench.stages.ncnn",
-           "workbench.runtime", "workbench.runtime.worker", "workbench.comparison",
+           "workbench.runtime", "workbench.runtime.remote", "workbench.comparison",
            "workbench.comparison.metrics", "_corpus_case"]
 
 

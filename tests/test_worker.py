@@ -177,7 +177,7 @@ ARRAYS = {"f32": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
 
 
 def test_arrays_travel_packed_in_one_file_and_come_back_as_mapped_views(tmp_path):
-    from workbench.runtime.worker import pack, unpack
+    from workbench.runtime.transfer import pack, unpack
 
     path = str(tmp_path / "arena")
     index = pack(path, {**ARRAYS, "again": ARRAYS["f32"]})
@@ -196,7 +196,7 @@ def test_arrays_travel_packed_in_one_file_and_come_back_as_mapped_views(tmp_path
 def test_a_shared_file_is_in_use_while_any_view_of_it_lives(tmp_path):
     import torch
 
-    from workbench.runtime.worker import Packer, SharedFile, unpack
+    from workbench.runtime.transfer import Packer, SharedFile, unpack
 
     f = SharedFile(str(tmp_path / "f"))
     assert not f.in_use()
@@ -215,7 +215,7 @@ def test_a_shared_file_is_in_use_while_any_view_of_it_lives(tmp_path):
 
 
 def test_a_packer_grows_its_file_and_keeps_what_it_wrote(tmp_path):
-    from workbench.runtime.worker import Packer, SharedFile, unpack
+    from workbench.runtime.transfer import Packer, SharedFile, unpack
 
     f = SharedFile(str(tmp_path / "g"))
     packer = Packer(f, size_hint=128)  # far too small: the file grows while it writes
@@ -383,7 +383,7 @@ def test_the_workers_kept_output_files_take_runs_from_two_threads_at_once(tmp_pa
     # 'dictionary changed size during iteration', a failed capture and a lost comparison
     import threading
 
-    from workbench.runtime import worker as w
+    from workbench.runtime import worker_main as w
 
     before = dict(w._KEPT)
     errors: list[BaseException] = []

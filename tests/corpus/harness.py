@@ -34,7 +34,7 @@ GENERIC_HINTS = (
     "read the pnnx log",
 )
 MEMORY_CAP = 4 << 30
-PRELOAD = ["numpy", "torch", "onnx", "onnxruntime", "workbench", "workbench.runtime.worker",
+PRELOAD = ["numpy", "torch", "onnx", "onnxruntime", "workbench", "workbench.runtime.remote",
            "workbench.onnx_io", f"{__package__}.actions"]
 
 

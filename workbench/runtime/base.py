@@ -6,11 +6,12 @@ the backend here (``isolated=False``) or in the crash-isolated worker (``isolate
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InputError
+from ..errors import BackendCrashed, InputError
+from .memory import said_as_input_error
+from .timeouts import check_timeout
 
 CAPTURES = ("outputs", "all")
 
@@ -55,7 +56,10 @@ class Runner:
     """Runs one model on one backend. ``run`` returns {tensor name: numpy array}.
 
     A backend's runner implements ``feed`` (inputs checked against ``describe()``),
-    ``_describe_local`` and ``_execute``; ``run`` calls them here or in the worker."""
+    ``_describe_local`` and ``_execute``; ``run`` calls them here or in the worker, with
+    hooks for what a backend adds around a run (``_before_run``, ``_explain_crash``,
+    ``_after_run``, ``_fit_outputs``): one public ``run``, as Polygraphy's runners keep one
+    ``infer`` over ``infer_impl``."""
 
     name = "runner"
     isolated = False
@@ -83,8 +87,6 @@ class Runner:
 
     @timeout.setter
     def timeout(self, seconds: float) -> None:
-        from .worker import check_timeout
-
         if self.isolated and self._remote is not None:
             self._remote.timeout = check_timeout(seconds)
 
@@ -115,14 +117,40 @@ class Runner:
             InputError: inputs of the wrong count, name, dtype or shape (with a hint).
             RunError / BackendCrashed / BackendTimeout: the backend failed, crashed or hung.
         """
-        from .memory import said_as_input_error
-
         self._check_capture(capture)
         feed = self.feed(inputs)
-        with said_as_input_error(feed, self.model_label):
-            if self.isolated:
-                return self._remote.execute(feed, capture)
-            return self._execute(feed, capture)
+        self._before_run(feed)
+        try:
+            with said_as_input_error(feed, self.model_label):
+                result = (self._remote.execute(feed, capture) if self.isolated
+                          else self._execute(feed, capture))
+        except BackendCrashed as e:
+            explained = self._explain_crash(feed, e)
+            if explained is e:
+                raise
+            raise explained from e
+        finally:
+            self._after_run()
+        return self._fit_outputs(result, capture)
+
+    # -- hooks: what a backend adds to run(), each a no-op here ---------------------------
+    def _before_run(self, feed: dict[str, Any]) -> None:
+        """Called with the checked feed before the backend runs: refuse what must not run
+        (raise), nothing by default."""
+
+    def _explain_crash(self, feed: dict[str, Any], crashed: BackendCrashed) -> Exception:
+        """The error to raise for a worker crash, given the feed that caused it: the crash
+        itself by default; a backend may name the layer to blame."""
+        return crashed
+
+    def _after_run(self) -> None:
+        """Called after every run, failed or not (a backend may retire a worker whose
+        memory the run may have damaged)."""
+
+    def _fit_outputs(self, result: dict[str, Any], capture: Any) -> dict[str, Any]:
+        """The backend's results as ``run`` returns them (order, torch shapes); as they
+        came by default."""
+        return result
 
     @property
     def model_label(self) -> str:
@@ -173,43 +201,3 @@ def to_numpy(v: Any) -> Any:
             v = v.float()
         return v.numpy()
     return np.asarray(v)
-
-
-def _mallopt(*settings: tuple[int, int]) -> None:
-    """glibc's mallopt(param, value) for each setting; nothing off Linux/glibc."""
-    import ctypes
-    import platform
-
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # pragma: no cover
-        return
-    for param, value in settings:
-        libc.mallopt(param, value)
-
-
-@functools.cache
-def keep_freed_memory() -> None:
-    """Keep freed heap memory in this process rather than handing it back to the OS (glibc).
-
-    capture="all" returns every activation (~190 MB on a ResNet-50) in fresh arrays. glibc
-    serves blocks that large with mmap at first, and trims the heap top once they are
-    freed, so every capture faulted each page in again (~30k page faults for torch, more
-    than its hooks cost). With fixed thresholds the next capture reuses that memory. Called
-    by the runners that capture, and by the worker process."""
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    # 32 MB: glibc's own dynamic maximum
-    _mallopt((m_mmap_threshold, 32 << 20), (m_trim_threshold, 512 << 20))
-
-
-def one_heap() -> None:
-    """One malloc arena for every thread of this process (glibc), for the worker process.
-
-    glibc gives each new thread a heap (arena) of its own and keeps freed memory in it, so
-    runs on several threads (the worker runs ONNX Runtime and ncnn at once for compare)
-    each kept a full run's memory: +200 MB on a ResNet-50's plain runs. One arena lets them
-    reuse each other's freed memory; the runs allocate large blocks, so its lock is cheap."""
-    m_arena_max = -8  # malloc.h
-    _mallopt((m_arena_max, 1))

@@ -36,6 +36,8 @@ from ..diagnostics import Diagnostic
 from ..errors import InputError
 from ..ncnn_bin import FP32_TAG, walk_bin
 from .base import BlobCapture
+from .ncnn_failure import bad_mat
+from .ncnn_io import INT_DTYPES
 
 # emulate name -> the precision it goes with
 EMULATIONS = {"arm-fp16": "fp16", "bf16": "bf16"}
@@ -195,7 +197,6 @@ def load_rounded(net: Any, graph: Any, bin_path: Path, emulation: Emulation) -> 
 
 def _integer_blobs(runner: Any) -> set[str]:
     """Blobs that hold integers (an index input, and what only moves it): never rounded."""
-    from .ncnn_io import INT_DTYPES
 
     ints = {n for n, s in runner.in_specs.items() if s.dtype in INT_DTYPES}
     for la in runner._graph.layers:
@@ -229,8 +230,6 @@ def execute(runner: Any, feed: dict[str, Any], capture: Any) -> dict[str, Any]:
     run). Returns what NcnnRunner's own ``_execute`` returns for it."""
     import ncnn
     import numpy as np
-
-    from .ncnn_failure import bad_mat
 
     emulation = runner.emulation
     graph = runner._graph

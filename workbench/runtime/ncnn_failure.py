@@ -26,6 +26,7 @@ from typing import Any
 from ..customops import register_ncnn_layers
 from ..errors import BackendCrashed, NcnnRunError
 from ..params import parse_ncnn_param
+from .memory import available_bytes, show, too_large
 
 _MARK = "@@wb-layer "
 PROBE_SECONDS = 120.0
@@ -353,7 +354,6 @@ def explain(param: Path, bin_path: Path, feed: dict[str, Any], precision: str,
     if found is None:
         return NcnnRunError(f"{what} ({param.name}); running it layer by layer found no "
                             "failing layer", failure_hint(None, param.name))
-    from .memory import available_bytes, show, too_large
 
     avail = available_bytes()
     if found.needs and avail is not None and found.needs > avail:  # ncnn's -100: no memory

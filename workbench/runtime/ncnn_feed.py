@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .. import shapes
 from ..errors import InputError
+from .ncnn_io import recorded_input_shapes
+from .ncnn_model import size_baked_layers
 
 if TYPE_CHECKING:
     from .ncnn_io import BlobSpec
@@ -186,8 +188,6 @@ def known_rank(runner: NcnnRunner, name: str) -> KnownRank | None:
     saw; None when nothing does."""
     cache = runner.__dict__.setdefault("_known_ranks", {})
     if name not in cache:
-        from .ncnn_io import recorded_input_shapes
-
         torch_shapes, src = recorded_input_shapes(runner.source, runner.param,
                                                   runner.graph.inputs)
         torch_shape = torch_shapes.get(name)
@@ -248,8 +248,6 @@ def _reader_rank(graph: Any, name: str) -> tuple[int | None, str]:
 def _size_baked(runner: NcnnRunner) -> list[str]:
     """Layers that hold a size from the conversion (see ncnn_model.size_baked_layers)."""
     if not hasattr(runner, "_baked"):
-        from .ncnn_model import size_baked_layers
-
         runner._baked = size_baked_layers(runner.graph)
     return runner._baked
 

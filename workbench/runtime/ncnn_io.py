@@ -15,6 +15,7 @@ from .. import shapes
 from ..artifact import SIDECAR
 from ..errors import WorkbenchError
 from ..params import parse_pnnx_param
+from .recorded import artifact_at
 
 _TORCH_DTYPES = {"float": "float32", "float32": "float32", "half": "float16", "int": "int32",
                  "long": "int64", "int64": "int64", "int32": "int32", "double": "float64",
@@ -150,8 +151,6 @@ def recorded_input_shapes(source: Any, param: Path, names: list[str]
                      for n, note in zip(names, notes, strict=True)}, f"the pnnx graph {pnnx.name}")
     params = getattr(source, "params", None)
     if params is None:
-        from .recorded import artifact_at
-
         art = artifact_at(param)
         params = art.params if art is not None else None
     if not isinstance(params, dict) or not isinstance(params.get("inputshape"), str):

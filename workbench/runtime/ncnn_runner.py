@@ -17,14 +17,25 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .. import customops as cops
 from .. import shapes
 from ..customops import missing_ncnn_hint, register_ncnn_layers
 from ..errors import BackendCrashed, InputError, MissingOpError, ModelFileError
 from ..ncnn_bin import walk_bin
+from . import worker_main
 from .base import BlobCapture, ModelIO, Runner, TensorSpec, split_inputs, to_numpy
-from .ncnn_failure import bad_mat
+from .memory import check_fits
+from .ncnn_emulate import check_emulate, execute, load_rounded
+from .ncnn_failure import bad_mat, explain, explain_crash
 from .ncnn_feed import check_input
 from .ncnn_io import INT_DTYPES, declare_shapes, parse_ncnn_py, pnnx_param_for
+from .ncnn_masks import HINT as MASK_HINT
+from .ncnn_masks import byte_masks, note
+from .ncnn_masks import describe as describe_masks
+from .ncnn_model import check_model_files, unloadable_layers
+from .recorded import check_recorded
+from .remote import RemoteHandle
+from .worker import worker
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -59,7 +70,6 @@ class NcnnRunner(Runner):
                 arithmetic, ARM's kernels or int8; ``self.emulation.diagnostic`` says so).
                 None runs ncnn as it is.
         """
-        from .. import customops as cops
 
         if precision not in PRECISIONS:
             raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
@@ -74,18 +84,13 @@ class NcnnRunner(Runner):
             if not f.exists():
                 raise InputError(f"ncnn model file {str(f)!r} does not exist",
                                  "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
-        from .ncnn_model import check_model_files
-        from .recorded import check_recorded
 
         check_recorded(source, self.param)  # as its stage wrote it: an Artifact, or a path in one
         # what ncnn itself would run wrongly; the parsed graph serves every later check
         self._graph = check_model_files(self.param, self.bin)
-        from .ncnn_emulate import check_emulate
 
         self.emulate = emulate
         self.emulation = check_emulate(emulate, precision, self._graph, self.bin)
-        from .ncnn_masks import byte_masks
-
         # SDPA layers that read a byte mask as float: a run may corrupt the process's memory
         self.byte_masks = byte_masks(self._graph)
         self.precision = precision
@@ -100,8 +105,6 @@ class NcnnRunner(Runner):
         self.isolated = isolated = isolated and ship is not None
         self._net = None
         if isolated:
-            from .worker import RemoteHandle
-
             self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
                                         (str(self.param),),
                                         {"precision": precision, "num_threads": num_threads,
@@ -130,8 +133,6 @@ class NcnnRunner(Runner):
 
             register_ncnn_layers(net, self.param)  # Python layers of @wb.custom_op ops
             if net.load_param(str(self.param)) != 0:
-                from .ncnn_model import unloadable_layers
-
                 unknown = unloadable_layers(self.param)
                 if unknown:
 
@@ -143,7 +144,6 @@ class NcnnRunner(Runner):
                 raise InputError(f"ncnn cannot load {self.param.name}: a layer has parameters "
                                  "ncnn rejects", "convert again with wb.to_ncnn; `workbench "
                                  "inspect` lists the layers")
-            from .ncnn_emulate import load_rounded
 
             if (net.load_model(str(self.bin)) if self.emulation is None else
                     load_rounded(net, self._graph, self.bin, self.emulation)) != 0:
@@ -172,54 +172,35 @@ class NcnnRunner(Runner):
             names.sort(key=lambda n: int(n[3:]))
         return names
 
-    def run(self, inputs: Any, capture: str = "outputs") -> dict[str, Any]:
-        """Run the model once.
+    # -- Runner.run's hooks ----------------------------------------------------------------
+    def _before_run(self, feed: dict[str, Any]) -> None:
+        """A model whose run may corrupt this process's memory runs in the worker only."""
+        if not self.byte_masks or self.isolated or worker_main.SERVING:
+            return  # (the worker's twin: the parent retires that process after)
+        raise ModelFileError(
+            f"{self.param.name}: {describe_masks(self.byte_masks)}; ncnn's SDPA reads its "
+            "mask as float, past the mask's end: a run may corrupt this process's memory or "
+            "crash it, so it is not run in this process",
+            f"run it with isolated=True (the default: a crash stays in the worker); {MASK_HINT}")
 
-        Args:
-            inputs: a dict by input name (in0, in1, ...), a tuple in input order, or one array.
-            capture: "outputs" for the model's outputs, "all" for every blob as well.
+    def _explain_crash(self, feed: dict[str, Any], crashed: BackendCrashed) -> Exception:
+        """The crash explained from its feed: the layer to blame (ncnn_failure)."""
+        return self._explained(feed, "", crashed=crashed)
 
-        Returns:
-            {name: numpy array}: out0...outN first, in the torch model's order, each in its
-            torch shape where the conversion declared one (``workbench.shapes.fit``); with
-            capture="all", every other blob after them as ncnn holds it.
-        """
+    def _after_run(self) -> None:
+        if self.byte_masks and self.isolated:
+            # no later run, of any model, in a heap this run may have damaged
+            worker(self._remote.place).taint()
 
-        self._check_capture(capture)
-        feed = self.feed(inputs)
-        if self.byte_masks and not self.isolated:
-            self._refuse_in_process()
-        from .memory import said_as_input_error
-
-        try:  # Runner.run, keeping the feed: a crash is explained from it (ncnn_failure)
-            with said_as_input_error(feed, self.param.name):
-                result = (self._remote.execute(feed, capture) if self.isolated
-                          else self._execute(feed, capture))
-        except BackendCrashed as e:
-            raise self._explained(feed, "", crashed=e) from e
-        finally:
-            if self.byte_masks and self.isolated:
-                from .worker import worker
-
-                worker().taint()  # no later run, of any model, in a heap it may have damaged
+    def _fit_outputs(self, result: dict[str, Any], capture: Any) -> dict[str, Any]:
+        """out0...outN first, in the torch model's order, each in its torch shape where the
+        conversion declared one (``workbench.shapes.fit``); with capture="all", every other
+        blob after them as ncnn holds it."""
         outs = self.output_names
         ordered = {n: shapes.fit(result[n], self._out_shape(n)) for n in outs if n in result}
         if capture == "all":
             ordered.update((n, v) for n, v in result.items() if n not in ordered)
         return ordered
-
-    def _refuse_in_process(self) -> None:
-        """A model whose run may corrupt this process's memory runs in the worker only."""
-        from . import worker as worker_mod
-        from .ncnn_masks import HINT, describe
-
-        if worker_mod.SERVING:  # the worker's twin: the parent retires this process after
-            return
-        raise ModelFileError(
-            f"{self.param.name}: {describe(self.byte_masks)}; ncnn's SDPA reads its mask as "
-            "float, past the mask's end: a run may corrupt this process's memory or crash it, "
-            "so it is not run in this process",
-            f"run it with isolated=True (the default: a crash stays in the worker); {HINT}")
 
     def _out_shape(self, name: str) -> tuple[int | None, ...] | None:
         spec = self.out_specs.get(name)
@@ -254,7 +235,6 @@ class NcnnRunner(Runner):
                                  "input such as an embedding's)")
             spec = self.in_specs.get(name)
             shape = check_input(self, name, arr, spec)
-            from .memory import check_fits
 
             # ncnn holds 4-byte values; its Mat is a copy (and the worker's file another)
             check_fits({name: arr}, self.param.name, copies=1 + self.isolated, itemsize=4,
@@ -333,7 +313,6 @@ class NcnnRunner(Runner):
         import numpy as np
 
         if self.emulation is not None:  # storage rounded between layers
-            from .ncnn_emulate import execute
 
             return execute(self, feed, capture)
 
@@ -387,13 +366,11 @@ class NcnnRunner(Runner):
 
     def _explained(self, feed: dict[str, Any], what: str, crashed: Any = None) -> Exception:
         """The error for a failed run, naming the layer to blame (see ncnn_failure)."""
-        from .ncnn_failure import explain, explain_crash
 
         batch = {n: s.batch_axis for n, s in self.in_specs.items()}
         if crashed is not None:
             err = explain_crash(self.param, self.bin, feed, self.precision, batch, crashed)
             if self.byte_masks:  # the cause is in the graph: say it, not "check the shapes"
-                from .ncnn_masks import note
 
                 err.hint = note(self.byte_masks)
             return err

@@ -6,10 +6,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import customops as cops
 from ..errors import InputError, WorkbenchError
 from ..graph import summarize
 from ..onnx_io import check_model_file, load_onnx
-from .base import ModelIO, Runner, TensorSpec, keep_freed_memory, split_inputs, to_numpy
+from .base import ModelIO, Runner, TensorSpec, split_inputs, to_numpy
+from .heap import keep_freed_memory
+from .memory import allocation_failure, check_fits, too_large
+from .ort_session import explain_ort_run_error, session
+from .recorded import check_recorded
+from .remote import RemoteHandle
 
 # onnxruntime's type strings -> numpy dtype names
 _ORT_TYPES = {
@@ -41,11 +47,9 @@ class OrtRunner(Runner):
                 (``isolated`` is then False): a session cannot be sent to the worker.
                 capture="all" still builds its own session, with every tensor an output.
         """
-        from .. import customops as cops
 
         self.path = Path(getattr(source, "path", source))
         check_model_file(self.path)  # a clear error here, not a native one in the worker
-        from .recorded import check_recorded
 
         check_recorded(source, self.path)  # as its stage wrote it: an Artifact, or a path in one
         self.isolated = isolated
@@ -68,8 +72,6 @@ class OrtRunner(Runner):
         ship = cops.for_worker(self.path) if isolated else b""
         self.isolated = isolated = isolated and ship is not None
         if isolated:
-            from .worker import RemoteHandle
-
             self._remote = RemoteHandle("workbench.runtime.ort_runner:OrtRunner",
                                         (str(self.path),), {"libraries": self.libraries,
                                                             "num_threads": num_threads},
@@ -80,8 +82,6 @@ class OrtRunner(Runner):
         if self._session is None and self._session_factory is not None:
             self._session = self._session_factory()
         if self._session is None:
-            from .ort_session import session
-
             self._session = session(self.path, self.libraries, **self._options())
         return self._session
 
@@ -123,7 +123,6 @@ class OrtRunner(Runner):
                     "named or '?' axes may vary; the others are fixed by the export "
                     "(declare them in dynamic_axes to free them)")
             feed[name] = arr
-        from .memory import check_fits
 
         # copied to the worker, or by ONNX Runtime to contiguous memory
         copied = {n: a for n, a in feed.items() if self.isolated or not a.flags.c_contiguous}
@@ -148,11 +147,9 @@ class OrtRunner(Runner):
         try:
             out = dict(zip(names, sess.run(names, feed), strict=True))
         except Exception as e:  # a node failed on these inputs: name it, say why
-            from .ort_session import explain_ort_run_error
 
             if isinstance(e, WorkbenchError):
                 raise
-            from .memory import allocation_failure, too_large
 
             if (tried := allocation_failure(e)) is not None:
                 raise too_large(feed, self.path.name, tried, str(e)) from None
@@ -188,8 +185,6 @@ class OrtRunner(Runner):
         """A second session whose outputs are every intermediate value (one pass)."""
         if self._all_session is None:
             from onnx import helper
-
-            from .ort_session import session
 
             model = load_onnx(self.path)
             known = {o.name for o in model.graph.output}

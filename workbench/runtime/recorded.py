@@ -16,6 +16,7 @@ from typing import Any
 
 from ..artifact import SIDECAR, Artifact
 from ..errors import ModelFileError
+from . import worker_main
 
 # artifact.json by (path, size, mtime, inode) -> the Artifact it records (None: unreadable)
 _RECORDS: dict[tuple[str, int, int, int], Artifact | None] = {}
@@ -34,9 +35,8 @@ def check_recorded(source: Any, path: Path) -> None:
     if hasattr(source, "check_files"):  # an Artifact: its files as its stage wrote them
         source.check_files()
         return
-    from . import worker
 
-    if worker.SERVING:  # the worker's twin of a runner the parent has checked
+    if worker_main.SERVING:  # the worker's twin of a runner the parent has checked
         return
     art = artifact_at(path)
     if art is None:

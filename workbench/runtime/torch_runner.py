@@ -16,8 +16,11 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from ..inputs import as_tensor_tuple, flatten_outputs
-from .base import ModelIO, Runner, TensorSpec, keep_freed_memory
+from ..errors import InputError, WorkbenchError
+from ..inputs import as_tensor_tuple, flatten_outputs, rejected
+from .base import ModelIO, Runner, TensorSpec
+from .heap import keep_freed_memory
+from .memory import allocation_failure, check_fits, too_large
 
 _PREFIXES = (("torch.nn.functional.", "F."), ("torch.Tensor.", "Tensor."), ("torch._C._nn.", "F."),
              ("torch._C._VariableFunctions.", "torch."))
@@ -39,8 +42,6 @@ class TorchRunner(Runner):
     def __init__(self, model: Any, output_names: list[str] | None = None) -> None:
         import torch
 
-        from ..errors import InputError
-
         if not isinstance(model, torch.nn.Module):
             raise InputError(f"TorchRunner needs an nn.Module, got {type(model).__name__}",
                              "pass the model object itself, e.g. TorchRunner(MyNet())")
@@ -61,7 +62,6 @@ class TorchRunner(Runner):
     def feed(self, inputs: Any) -> dict[str, Any]:
         """Inputs as {name: tensor}: a dict by forward()'s parameter names, a tuple in order,
         or one tensor or array; an unknown name is an InputError naming forward()'s."""
-        from ..errors import InputError
 
         names = self.input_names
         if isinstance(inputs, dict):
@@ -81,8 +81,6 @@ class TorchRunner(Runner):
     def _execute(self, feed: dict[str, Any], capture: str) -> dict[str, Any]:
         import torch
 
-        from .memory import allocation_failure, check_fits, too_large
-
         model = type(self.model).__name__
         # the model's own copy: a forward that writes into its input (x.mul_(2), x += y)
         # must not change the caller's tensor or array, nor the inputs other backends get
@@ -98,8 +96,6 @@ class TorchRunner(Runner):
                 else:
                     out = self.model(*args)
         except Exception as e:  # the model's own error says what it wanted
-            from ..errors import WorkbenchError
-            from ..inputs import rejected
 
             if isinstance(e, WorkbenchError):
                 raise
