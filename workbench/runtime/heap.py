@@ -7,13 +7,17 @@ glibc only; nothing elsewhere.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import platform
 
 
 def _mallopt(*settings: tuple[int, int]) -> None:
-    """glibc's mallopt(param, value) for each setting; nothing off Linux/glibc."""
+    """glibc's mallopt(param, value) for each setting; nothing off Linux/glibc, or where
+    ctypes cannot load (an interpreter without libffi)."""
+    try:
+        import ctypes  # deferred: it needs libffi, which a minimal sysroot may lack
+    except ImportError:
+        return
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return
     try:
