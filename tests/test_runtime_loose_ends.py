@@ -210,7 +210,7 @@ def test_a_changed_onnx_given_by_path_is_refused(tmp_path):
 
 
 def test_a_repeated_load_by_path_hashes_nothing(convs, monkeypatch):
-    from workbench import artifact
+    from workbench.artifact import record as artifact
 
     _, x, _, b = convs
     hashed = []

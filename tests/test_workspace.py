@@ -510,7 +510,7 @@ def test_import_of_a_bad_file_adds_nothing(tmp_path):
 
 def test_default_workspace_under_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(artifact_mod, "_DEFAULT", {})
+    monkeypatch.setattr(artifact_mod.workspace, "_DEFAULT", {})
     ws = as_workspace(None)
     assert ws.path == tmp_path / "workbench-runs" / "default"
     assert ws.path.is_dir() and ws.manifest_path.is_file()

@@ -7,7 +7,9 @@ onnx and onnxruntime are imported by the stage that needs them.
 from __future__ import annotations
 
 from ._lazy import lazy_attributes
-from .artifact import Artifact, Diagnostic, Workspace
+from .artifact.record import Artifact
+from .artifact.workspace import Workspace
+from .diagnostics import Diagnostic
 from .errors import (
     BackendCrashed,
     BackendTimeout,

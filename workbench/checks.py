@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .artifact import Artifact, Diagnostic
+from .artifact.record import Artifact
+from .diagnostics import Diagnostic
 from .errors import InputError
 from .tolerances import max_errors, within
 

@@ -140,7 +140,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 def _artifact_at(path_text: str, out: str | None) -> Any:
     """The artifact a model file is: the workspace artifact whose folder holds it (an ncnn
     model needs its .bin and _ncnn.py beside it), or an ONNX file imported into ``out``."""
-    from .artifact import Workspace
+    from .artifact.workspace import Workspace
 
     path = Path(path_text)
     if not path.is_file():

@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .artifact import Artifact, Workspace, as_workspace
+from .artifact.record import Artifact
+from .artifact.workspace import Workspace, as_workspace
 from .errors import WorkbenchError
 
 STAGES = ("export", "simplify", "raise", "ncnn", "compare")

@@ -119,7 +119,7 @@ def check_artifacts(ws_path: Path, index: dict[str, Any], damages: list[str]) ->
             if not f.is_file():
                 problems.append(f"{art_id}/{rel} gone")
             else:
-                from workbench.artifact import sha256_file
+                from workbench.fileio import sha256_file
 
                 if sha256_file(f) != sha:
                     problems.append(f"{art_id}/{rel} changed")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import shapes
-from ..artifact import SIDECAR
+from ..artifact.record import SIDECAR
 from ..errors import WorkbenchError
 from ..params import parse_pnnx_param
 from .recorded import artifact_at

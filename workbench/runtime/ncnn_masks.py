@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..artifact import Diagnostic
+from ..diagnostics import Diagnostic
 from ..params import NcnnParam
 
 BYTES = "3"  # MemoryData's load type (param 21) for raw one-byte elements

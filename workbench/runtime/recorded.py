@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..artifact import SIDECAR, Artifact
+from ..artifact.record import SIDECAR, Artifact
 from ..errors import ModelFileError
 from . import worker_main
 

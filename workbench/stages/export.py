@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from .._capture import capture
-from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
 from ..checks import save_reference
 from ..customops import translation_table
 from ..customops.registry import EXPORTERS, check_opset
+from ..diagnostics import Diagnostic
 from ..errors import InputError, WorkbenchError
 from ..fileio import atomic_write_bytes
 from ..graph import summarize, summarize_onnx

@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from ..artifact import Diagnostic
+from ..diagnostics import Diagnostic
 from ..errors import InputError
 from ..onnx_io import external_data_files
 

@@ -19,8 +19,10 @@ from typing import Any
 
 from .. import shapes
 from .._capture import capture
-from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
 from ..checks import reference_data
+from ..diagnostics import Diagnostic
 from ..errors import ConversionError, InputError, WorkbenchError
 from ..inputs import as_tensor_tuple, describe, run_torch
 from ..params import parse_ncnn_param, parse_pnnx_param

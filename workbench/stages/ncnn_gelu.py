@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..artifact import Diagnostic
+from ..diagnostics import Diagnostic
 from ..params import parse_ncnn_param
 
 CLOSER = 10.0  # how much nearer the reference the tanh form must bring the outputs

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..artifact import Diagnostic
+from ..diagnostics import Diagnostic
 from ..errors import WorkbenchError
 from ..params import NcnnLayer, NcnnParam, parse_ncnn_param, parse_pnnx_param
 

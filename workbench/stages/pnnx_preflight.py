@@ -15,11 +15,11 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from ..artifact import Diagnostic
+from ..diagnostics import Diagnostic
 from ..errors import ConversionError, InputError
 
 if TYPE_CHECKING:
-    from ..artifact import Artifact
+    from ..artifact.record import Artifact
 
 
 def input_names(source: Any, parent: Artifact | None) -> list[str]:

@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from ..artifact import Diagnostic
+from ..diagnostics import Diagnostic
 from ..errors import ConversionError
 from ..progress import Steps
 

@@ -17,7 +17,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
+from ..diagnostics import Diagnostic
 from ..errors import InputError
 from ..progress import Progress, Steps
 

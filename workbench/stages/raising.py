@@ -36,8 +36,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
 from ..checks import check_against, error_vs_torch, random_feeds, reference_data
+from ..diagnostics import Diagnostic
 from ..errors import InputError, RaiseError
 from ..graph import summarize
 from ..onnx_io import ensure_ort_readable, load_onnx

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..artifact import Artifact, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
 from ..errors import ConversionError, InputError, WorkbenchError
 from ..params import PNNX_IO_OPS, parse_pnnx_param
 

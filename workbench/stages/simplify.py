@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .._capture import capture
-from ..artifact import Artifact, Diagnostic, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
 from ..checks import check_against, error_vs_torch, random_feeds, reference_data
+from ..diagnostics import Diagnostic
 from ..errors import InputError, SimplifyError
 from ..graph import summarize
 from ..onnx_io import check_model_file, check_shapes, ensure_ort_readable, load_onnx

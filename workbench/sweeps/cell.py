@@ -98,7 +98,8 @@ class CellResult:
 
 def run_cell(cell: Cell, folder: Path) -> CellResult:
     """Run every stage of ``cell`` with its artifacts in ``folder`` (a Workspace)."""
-    from ..artifact import Workspace, tool_versions
+    from ..artifact.tools import tool_versions
+    from ..artifact.workspace import Workspace
 
     t0 = time.perf_counter()
     tools = tool_versions()
