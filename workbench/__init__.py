@@ -33,6 +33,7 @@ _LAZY = {
     "RaiseReport": ("workbench.stages.raising", "RaiseReport"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "quantize": ("workbench.stages.quantize", "quantize"),
+    "ncnn_featmask": ("workbench.stages.ncnn_featmask", "ncnn_featmask"),
     "compare": ("workbench.comparison.compare", "compare"),
     "CompareReport": ("workbench.comparison.report", "CompareReport"),
     "precision_table": ("workbench.comparison.speed", "precision_table"),
