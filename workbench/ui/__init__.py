@@ -1,7 +1,10 @@
 """The notebook layer: one ipywidgets panel per stage, the pipeline widget, inline Netron.
 
 Names resolve lazily, so ``import workbench`` (and even ``import workbench.ui``) imports
-no Jupyter package; ipywidgets is imported when a panel is built.
+no Jupyter package. That is the rule the modules below rely on: they are loaded only when
+one of these names is first used, so they import ipywidgets, IPython and the engine at the
+top; inside functions stay only the ``lab`` extra (jupyter_core, jupyter_server, netron),
+torch and matplotlib (heavy), and imports that break a cycle (said where they are).
 """
 
 from __future__ import annotations

@@ -10,13 +10,16 @@ own, again and again with other settings, and the next stages pick up its newest
 
 from __future__ import annotations
 
-import html
 import os
+import warnings
 from typing import Any
+
+import ipywidgets as widgets
 
 from ..artifact import Artifact, Workspace, as_workspace
 from ..errors import InputError
 from .code import program
+from .html import code_block_html, esc
 from .panels import (
     ComparePanel,
     CustomOpsPanel,
@@ -26,7 +29,6 @@ from .panels import (
     RaisePanel,
     SimplifyPanel,
     StagePanel,
-    code_block_html,
 )
 
 
@@ -50,11 +52,7 @@ class Pipeline:
                 ``wb.Pipeline``'s keywords of the same names).
             raise_: the old spelling of ``raise_ops`` (deprecated; a DeprecationWarning).
         """
-        import ipywidgets as w
-
         if raise_ is not None:
-            import warnings
-
             warnings.warn("wb.ui.Pipeline(raise_=...) is now raise_ops=..., as wb.Pipeline "
                           "spells it; raise_ will be removed", DeprecationWarning, stacklevel=2)
             if raise_ops is not None:
@@ -65,39 +63,51 @@ class Pipeline:
         self.model = model
         self.inputs = inputs
         self.workspace = workspace if isinstance(workspace, Workspace) else as_workspace(workspace)
-        ws = self.workspace
-        panels: dict[str, StagePanel] = {}
-        panels["export"] = ExportPanel(model, inputs, workspace=ws, **(export or {}))
-        panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
-        panels["simplify"] = SimplifyPanel(workspace=ws, **(simplify or {}))
-        panels["raise"] = RaisePanel(workspace=ws, **(raise_ops or {}))
-        panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **(ncnn or {}))
-        panels["compare"] = ComparePanel(model, inputs, workspace=ws, **(compare or {}))
-        panels["quantize"] = QuantizePanel(model, inputs, workspace=ws, **(quantize or {}))
-        self.panels = panels
-        for panel in panels.values():  # Show code writes the workspace as the user did
-            panel.workspace_given = (os.fspath(workspace) if isinstance(workspace, (str, os.PathLike))
-                                     else None)
+        self.panels = self._make_panels(export=export, simplify=simplify, raise_ops=raise_ops,
+                                        ncnn=ncnn, compare=compare, quantize=quantize)
+        given = os.fspath(workspace) if isinstance(workspace, (str, os.PathLike)) else None
+        for panel in self.panels.values():  # Show code writes the workspace as the user did
+            panel.workspace_given = given
         self._wire()
+        self.widget = self._frame()
 
-        self.run_all_button = w.Button(description="Run all", button_style="primary",
-                                       icon="forward", tooltip="every stage, in order")
-        self.code_toggle = w.ToggleButton(description="Show code", icon="code",
-                                          tooltip="the whole pipeline as engine calls")
-        self.progress = w.IntProgress(value=0, min=0, max=len(self._order()),
-                                      description="stages", layout=w.Layout(width="260px"))
-        self.status = w.HTML("<span style='color:#777'>not run yet</span>")
-        self.table = w.HTML("")
-        self.code_html = w.HTML("", layout=w.Layout(display="none"))
+    def _make_panels(self, **settings: dict[str, Any] | None) -> dict[str, StagePanel]:
+        """One panel per stage, in tab order, each with its initial settings."""
+        model, inputs, ws = self.model, self.inputs, self.workspace
+        s = {k: v or {} for k, v in settings.items()}
+        panels: dict[str, StagePanel] = {}
+        panels["export"] = ExportPanel(model, inputs, workspace=ws, **s["export"])
+        panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
+        panels["simplify"] = SimplifyPanel(workspace=ws, **s["simplify"])
+        panels["raise"] = RaisePanel(workspace=ws, **s["raise_ops"])
+        panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **s["ncnn"])
+        panels["compare"] = ComparePanel(model, inputs, workspace=ws, **s["compare"])
+        panels["quantize"] = QuantizePanel(model, inputs, workspace=ws, **s["quantize"])
+        return panels
+
+    def _frame(self) -> Any:
+        """Run all, Show code, progress and status above the summary table and the tabs."""
+        self.run_all_button = widgets.Button(description="Run all", button_style="primary",
+                                             icon="forward", tooltip="every stage, in order")
+        self.code_toggle = widgets.ToggleButton(description="Show code", icon="code",
+                                                tooltip="the whole pipeline as engine calls")
+        self.progress = widgets.IntProgress(value=0, min=0, max=len(self._order()),
+                                            description="stages",
+                                            layout=widgets.Layout(width="260px"))
+        self.status = widgets.HTML("<span style='color:#777'>not run yet</span>")
+        self.table = widgets.HTML("")
+        self.code_html = widgets.HTML("", layout=widgets.Layout(display="none"))
         self.run_all_button.on_click(lambda _b: self.run())
         self.code_toggle.observe(self._toggle_code, names="value")
-        self.tabs = w.Tab(children=[p.widget for p in panels.values()])
-        for i, p in enumerate(panels.values()):
+        panels = list(self.panels.values())
+        self.tabs = widgets.Tab(children=[p.widget for p in panels])
+        for i, p in enumerate(panels):
             self.tabs.set_title(i, p.tab or p.title.split(". ", 1)[-1])
-        head = w.HBox([self.run_all_button, self.code_toggle, self.progress, self.status],
-                      layout=w.Layout(align_items="center"))
-        self.widget = w.VBox([head, self.table, self.code_html, self.tabs])
-        self.widget.add_class("wb-pipeline")
+        head = widgets.HBox([self.run_all_button, self.code_toggle, self.progress, self.status],
+                            layout=widgets.Layout(align_items="center"))
+        box = widgets.VBox([head, self.table, self.code_html, self.tabs])
+        box.add_class("wb-pipeline")
+        return box
 
     def _order(self) -> list[str]:
         """The stages "Run all" runs (custom ops only on demand: it registers, then re-exports;
@@ -276,13 +286,13 @@ class Pipeline:
 
         def status(r: dict[str, Any]) -> str:
             if r["status"] != "stale":
-                return html.escape(r["status"])
-            return (f"<span class='wb-stale' style='color:#8d6e00' title='{html.escape(r['why'])}'>"
-                    f"&#9888; stale: {html.escape(r['why'])}</span>")
+                return esc(r["status"])
+            return (f"<span class='wb-stale' style='color:#8d6e00' title='{esc(r['why'])}'>"
+                    f"&#9888; stale: {esc(r['why'])}</span>")
 
         body = "".join(
-            f"<tr class='wb-row-{html.escape(r['stage'])}'><td>{html.escape(r['stage'])}</td>"
-            f"<td>{html.escape(r['artifact'])}</td><td>{f(r['nodes'])}</td>"
+            f"<tr class='wb-row-{esc(r['stage'])}'><td>{esc(r['stage'])}</td>"
+            f"<td>{esc(r['artifact'])}</td><td>{f(r['nodes'])}</td>"
             f"<td>{f(r['max_abs'], '{:.3g}')}</td><td>{f(r['seconds'], '{:.2f}')}</td>"
             f"<td>{status(r)}</td></tr>" for r in rows)
         self.table.value = ("<table class='wb-pipeline-table' style='font-size:12px'><tr>"
@@ -296,7 +306,7 @@ class Pipeline:
         if not self.run_all_button.disabled and stale \
                 and "wb-all-failed" not in self.status.value:  # a failure says more
             self.status.value = (f"<span class='wb-some-stale' style='color:#8d6e00'>stale: "
-                                 f"{html.escape(', '.join(stale))} (Run all runs them again)"
+                                 f"{esc(', '.join(stale))} (Run all runs them again)"
                                  "</span>")
         elif not self.run_all_button.disabled and ("wb-some-stale" in self.status.value
                                                    or "not run yet" in self.status.value):

@@ -5,27 +5,29 @@ Every panel works headless: ``panel.run()`` is what the Run button calls, it nev
 is plain widget values (``panel.status.value``, ``panel.result_html.value``...) that tests
 read. ``panel.code()`` is the engine call for the current settings, ready to paste.
 
-Modules: ``base`` (StagePanel and the HTML helpers), ``export`` (export, custom ops),
-``transform`` (simplify, raise), ``ncnn``, ``compare``, ``quantize``.
+Modules: ``base`` (StagePanel: the frame and its run), ``codegen`` (what Show code writes),
+``export``, ``customops``, ``transform`` (simplify, raise), ``ncnn``, ``compare``,
+``quantize``. The HTML they show is ``workbench.ui.html`` (re-exported here).
 """
 
 from __future__ import annotations
 
-from .base import (
+from ..html import (
     LEVEL_COLOURS,
-    StagePanel,
     artifact_html,
     code_block_html,
     diagnostics_html,
     error_html,
     histogram_html,
 )
+from .base import StagePanel
 from .compare import ComparePanel
-from .export import CustomOpsPanel, ExportPanel
+from .customops import CustomOpsPanel
+from .export import ExportPanel
 from .ncnn import NcnnPanel
 from .quantize import QuantizePanel
 from .transform import RaisePanel, SimplifyPanel
 
 __all__ = ["LEVEL_COLOURS", "ComparePanel", "CustomOpsPanel", "ExportPanel", "NcnnPanel",
-           "QuantizePanel", "RaisePanel", "SimplifyPanel", "StagePanel", "artifact_html", "code_block_html",
-           "diagnostics_html", "error_html", "histogram_html"]
+           "QuantizePanel", "RaisePanel", "SimplifyPanel", "StagePanel", "artifact_html",
+           "code_block_html", "diagnostics_html", "error_html", "histogram_html"]

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as widgets
+
 from ...artifact import Artifact, Workspace
+from ...comparison.compare import compare
+from ...comparison.task import check_task
 from ...errors import InputError
 from ..code import Code, call
-from .base import StagePanel, _esc, _widgets, error_html
+from ..compareview import CompareView
+from ..graphview import GraphView
+from ..html import error_html, esc
+from .base import StagePanel
 
 
 # -- compare -------------------------------------------------------------------------------
@@ -20,8 +27,6 @@ class ComparePanel(StagePanel):
     def __init__(self, model: Any, inputs: Any, candidates: list[Any] | None = None, *,
                  workspace: Workspace | str | None = None, mode: str = "both",
                  tolerance: float | None = None, task: Any = None) -> None:
-        from ...comparison.task import check_task
-
         self.task = None if task is None else check_task(task)
         self.model = model
         self.inputs = inputs
@@ -37,15 +42,14 @@ class ComparePanel(StagePanel):
         return True
 
     def _controls(self) -> list[Any]:
-        w = _widgets()
-        self.mode = w.Dropdown(options=["accumulated", "isolated", "both"],
-                               value=self._init["mode"], description="mode")
+        self.mode = widgets.Dropdown(options=["accumulated", "isolated", "both"],
+                                     value=self._init["mode"], description="mode")
         tol = self._init["tolerance"]
-        self.tolerance = w.Text(value="" if tol is None else str(tol), description="tolerance",
-                                placeholder="default")
-        self.candidates_html = w.HTML()
+        self.tolerance = widgets.Text(value="" if tol is None else str(tol),
+                                      description="tolerance", placeholder="default")
+        self.candidates_html = widgets.HTML()
         self._show_candidates()
-        return [w.HBox([self.mode, self.tolerance]), self.candidates_html]
+        return [widgets.HBox([self.mode, self.tolerance]), self.candidates_html]
 
     def _watched(self) -> list[Any]:
         return [self.mode, self.tolerance]
@@ -62,13 +66,13 @@ class ComparePanel(StagePanel):
     def _show_candidates(self) -> None:
         names = ", ".join(getattr(c, "id", str(c)) for c in self.candidates) or "none yet"
         out = "".join(f"<div class='wb-left-out' style='color:#8d6e00'>not compared: "
-                      f"{_esc(i)} (stale: {_esc(why)})</div>" for i, why in self.left_out.items())
+                      f"{esc(i)} (stale: {esc(why)})</div>" for i, why in self.left_out.items())
         task = ""
         if self.task is not None:
             over = (f"{len(self.task.data)} sample(s)" if self.task.data is not None
                     else "the inputs")
-            task = f"<div class='wb-task-setting'>task: {_esc(self.task.name)} over {over}</div>"
-        self.candidates_html.value = f"<div>candidates: {_esc(names)}</div>{out}{task}"
+            task = f"<div class='wb-task-setting'>task: {esc(self.task.name)} over {over}</div>"
+        self.candidates_html.value = f"<div>candidates: {esc(names)}</div>{out}{task}"
 
     def settings(self) -> dict[str, Any]:
         text = self.tolerance.value.strip()
@@ -86,8 +90,6 @@ class ComparePanel(StagePanel):
         return out
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        from ...comparison.compare import compare
-
         if not self.candidates:
             raise InputError("nothing to compare yet", "run export (and ncnn) first")
         cands = list(self.candidates)
@@ -96,40 +98,34 @@ class ComparePanel(StagePanel):
         return report
 
     def _render(self, report: Any) -> None:
-        w = _widgets()
         lines = report.summary().splitlines()
         task = report.task_lines()  # the summary's last lines: shown as the task's
         head = lines[:len(lines) - len(task)]
-        self.result_html.value = (f"<pre class='wb-summary'>{_esc(chr(10).join(head))}</pre>"
-                                  + "".join(f"<div class='wb-task'>{_esc(t)}</div>"
+        self.result_html.value = (f"<pre class='wb-summary'>{esc(chr(10).join(head))}</pre>"
+                                  + "".join(f"<div class='wb-task'>{esc(t)}</div>"
                                             for t in task))
         try:
-            from ..compareview import CompareView
-
             view = CompareView(report, summary=False)  # the result above holds it
         except Exception:  # the report's own HTML table still shows every row
             view = None
         if view is None:
-            view = w.HTML(report._repr_html_())
+            view = widgets.HTML(report._repr_html_())
         self.preview.children = (view, *self._error_graph(report))
 
     def _error_graph(self, report: Any) -> list[Any]:
         """A candidate's graph coloured by accumulated error (a GraphView), to pick from."""
-        w = _widgets()
         names = [c.name for c in report.candidates]
         color_by = "accumulated"
-        self.graph_of = w.Dropdown(options=names, value=names[0], description="graph of")
-        box = w.VBox()
+        self.graph_of = widgets.Dropdown(options=names, value=names[0], description="graph of")
+        box = widgets.VBox()
 
         def draw(_change: Any = None) -> None:
-            from ..graphview import GraphView
-
             cand = next(c for c in report.candidates if c.name == self.graph_of.value)
             try:
                 box.children = (GraphView(cand.path, report=report, color_by=color_by,
                                           candidate=cand.name),)
             except Exception as e:  # e.g. a candidate the view cannot draw
-                box.children = (w.HTML(error_html(e)),)
+                box.children = (widgets.HTML(error_html(e)),)
 
         self.graph_of.observe(draw, names="value")
         draw()

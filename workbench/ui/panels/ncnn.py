@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as widgets
+
 from ...artifact import Workspace
 from ...errors import InputError
+from ...stages.ncnn import to_ncnn
 from ..code import Code, call
-from .base import StagePanel, _esc, _names, _widgets, artifact_html
+from ..html import artifact_html, esc
+from .base import StagePanel, comma_names
 
 
 # -- ncnn ----------------------------------------------------------------------------------
@@ -32,27 +36,24 @@ class NcnnPanel(StagePanel):
         return self.from_.value == "module"
 
     def _controls(self) -> list[Any]:
-        w = _widgets()
         i = self._init
         options = [("the module (pnnx traces it)", "module"),
                    ("the ONNX model (previous stage)", "onnx")]
-        self.from_ = w.Dropdown(options=options, value=i["from_"], description="from")
-        self.fp16 = w.Checkbox(value=i["fp16"], description="fp16 weights", indent=False)
-        self.optlevel = w.Dropdown(options=[0, 1, 2], value=i["optlevel"],
-                                   description="optlevel")
-        self.moduleop = w.Text(value=i["moduleop"], description="moduleop",
-                               placeholder="Focus, MyBlock")
-        self.timeout = w.FloatText(value=i["timeout"], description="timeout s")
-        return [w.HBox([self.from_, self.fp16, self.optlevel]),
-                w.HBox([self.moduleop, self.timeout])]
+        self.from_ = widgets.Dropdown(options=options, value=i["from_"], description="from")
+        self.fp16 = widgets.Checkbox(value=i["fp16"], description="fp16 weights", indent=False)
+        self.optlevel = widgets.Dropdown(options=[0, 1, 2], value=i["optlevel"],
+                                         description="optlevel")
+        self.moduleop = widgets.Text(value=i["moduleop"], description="moduleop",
+                                     placeholder="Focus, MyBlock")
+        self.timeout = widgets.FloatText(value=i["timeout"], description="timeout s")
+        return [widgets.HBox([self.from_, self.fp16, self.optlevel]),
+                widgets.HBox([self.moduleop, self.timeout])]
 
     def settings(self) -> dict[str, Any]:
         return {"fp16": self.fp16.value, "optlevel": self.optlevel.value,
-                "moduleop": _names(self.moduleop.value) or [], "timeout": self.timeout.value}
+                "moduleop": comma_names(self.moduleop.value) or [], "timeout": self.timeout.value}
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        from ...stages.ncnn import to_ncnn
-
         if self.from_.value == "module":
             if self.model is None:
                 raise InputError("ncnn from the module needs the model and inputs",
@@ -82,6 +83,6 @@ class NcnnPanel(StagePanel):
     def _render(self, result: Any) -> None:
         pnnx = result.parent
         self.result_html.value = artifact_html(result) + (
-            f"<details><summary>pnnx graph {_esc(pnnx.id)}</summary><pre>"
-            f"{_esc(pnnx.graph.text())}</pre></details>" if pnnx is not None else "")
+            f"<details><summary>pnnx graph {esc(pnnx.id)}</summary><pre>"
+            f"{esc(pnnx.graph.text())}</pre></details>" if pnnx is not None else "")
         self._show_preview(result)

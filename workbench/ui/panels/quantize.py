@@ -9,12 +9,17 @@ exclude name that is no layer) come from ``wb.quantize`` and are shown with thei
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import ipywidgets as widgets
 
 from ...artifact import Artifact, Workspace
 from ...errors import InputError
+from ...stages.quantize import exclude_names, quantize
 from ..code import Code, call
-from .base import StagePanel, _esc, _names, _widgets, artifact_html, error_html
+from ..html import artifact_html, error_html, esc
+from .base import StagePanel, comma_names
 
 BACKEND_OF_FORMAT = {"onnx": "onnxruntime", "ncnn": "ncnn"}
 METHODS = {"onnxruntime": ("minmax", "entropy", "percentile"), "ncnn": ("kl", "aciq", "minmax")}
@@ -25,7 +30,7 @@ def noisy_samples(inputs: Any, count: int, noise: float, seed: int) -> list[tupl
     """``count`` copies of the example inputs, each float tensor plus seeded Gaussian noise
     of ``noise`` times its standard deviation: calibration when no real data is at hand.
     The panel's code shows these same lines (the same seed gives the same samples)."""
-    import torch
+    import torch  # heavy: loaded only when calibrating on the example inputs
 
     xs = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
     for k, t in enumerate(xs):
@@ -75,41 +80,41 @@ class QuantizePanel(StagePanel):
         return self.calibration.value == EXAMPLE  # the samples are made from ``inputs``
 
     def _controls(self) -> list[Any]:
-        w = _widgets()
         i = self._init
-        self.backend = w.Dropdown(options=list(METHODS), value=i["backend"],
-                                  description="backend")
-        self.method = w.Dropdown(options=list(METHODS[i["backend"]]),
-                                 value=i["method"] if i["method"] in METHODS[i["backend"]]
-                                 else METHODS[i["backend"]][0], description="method")
-        self.per_channel = w.Checkbox(value=i["per_channel"], indent=False,
-                                      description="per-channel weights")
-        self.calibration = w.Dropdown(
+        self.backend = widgets.Dropdown(options=list(METHODS), value=i["backend"],
+                                        description="backend")
+        self.method = widgets.Dropdown(options=list(METHODS[i["backend"]]),
+                                       value=i["method"] if i["method"] in METHODS[i["backend"]]
+                                       else METHODS[i["backend"]][0], description="method")
+        self.per_channel = widgets.Checkbox(value=i["per_channel"], indent=False,
+                                            description="per-channel weights")
+        self.calibration = widgets.Dropdown(
             options=[("example inputs + seeded noise", EXAMPLE), ("a folder", FOLDER)],
             value=FOLDER if i["calibration"] else EXAMPLE, description="calibrate on")
-        self.folder = w.Text(value=i["calibration"], description="folder",
-                             placeholder=".npy files or images")
-        self.samples = w.BoundedIntText(value=i["samples"], min=1, max=10000,
-                                        description="samples")
-        self.noise = w.FloatText(value=i["noise"], description="noise x std")
-        self.seed = w.IntText(value=i["seed"], description="seed")
-        self.exclude_pick = w.SelectMultiple(options=[], rows=5, description="keep float",
-                                             layout=w.Layout(width="440px"))
-        self.exclude_more = w.Text(value=i["exclude"], description="and names",
-                                   placeholder="layer or node names, comma-separated")
-        self.rank_button = w.Button(description="Rank layers", icon="sort-amount-desc",
-                                    tooltip="the last comparison's sensitivity ranking: the "
-                                    "layers whose own error costs the output most")
-        self.rank_html = w.HTML(value="<i>run compare (mode both, an int8 candidate), then "
-                                "Rank layers to pick what stays in float</i>")
+        self.folder = widgets.Text(value=i["calibration"], description="folder",
+                                   placeholder=".npy files or images")
+        self.samples = widgets.BoundedIntText(value=i["samples"], min=1, max=10000,
+                                              description="samples")
+        self.noise = widgets.FloatText(value=i["noise"], description="noise x std")
+        self.seed = widgets.IntText(value=i["seed"], description="seed")
+        self.exclude_pick = widgets.SelectMultiple(options=[], rows=5, description="keep float",
+                                                   layout=widgets.Layout(width="440px"))
+        self.exclude_more = widgets.Text(value=i["exclude"], description="and names",
+                                         placeholder="layer or node names, comma-separated")
+        self.rank_button = widgets.Button(description="Rank layers", icon="sort-amount-desc",
+                                          tooltip="the last comparison's sensitivity ranking: the "
+                                          "layers whose own error costs the output most")
+        self.rank_html = widgets.HTML(value="<i>run compare (mode both, an int8 candidate), then "
+                                      "Rank layers to pick what stays in float</i>")
         self.backend.observe(self._backend_changed, names="value")
         self.calibration.observe(self._calibration_changed, names="value")
         self.rank_button.on_click(lambda _b: self.rank())
         self._calibration_changed()
-        return [w.HBox([self.backend, self.method, self.per_channel]),
-                w.HBox([self.calibration, self.folder]),
-                w.HBox([self.samples, self.noise, self.seed]),
-                w.HBox([self.exclude_pick, w.VBox([self.exclude_more, self.rank_button])]),
+        return [widgets.HBox([self.backend, self.method, self.per_channel]),
+                widgets.HBox([self.calibration, self.folder]),
+                widgets.HBox([self.samples, self.noise, self.seed]),
+                widgets.HBox([self.exclude_pick,
+                              widgets.VBox([self.exclude_more, self.rank_button])]),
                 self.rank_html]
 
     def _watched(self) -> list[Any]:
@@ -165,8 +170,6 @@ class QuantizePanel(StagePanel):
         return ranking
 
     def _rank(self) -> list[Any]:
-        import math
-
         rep = self.report
         if rep is None:
             raise InputError("no comparison to rank layers from yet",
@@ -197,14 +200,14 @@ class QuantizePanel(StagePanel):
         if self.ranking or getattr(ranking, "candidate", ""):
             cand = getattr(ranking, "candidate", "") or self.ranking[0].record.candidate
             precision = getattr(ranking, "precision", "") or "low-precision"
-            lines = [f"{len(self.ranking)} {precision} layers of <code>{_esc(cand)}</code>, "
+            lines = [f"{len(self.ranking)} {precision} layers of <code>{esc(cand)}</code>, "
                      "most costly first: pick the ones to keep in float"]
             line = getattr(ranking, "input_rounding", None)
             if line is not None:
-                lines.append(_esc(line.line()))
+                lines.append(esc(line.line()))
             unmeasurable = getattr(ranking, "unmeasurable", [])
             if unmeasurable:
-                lines.append("unmeasurable, not ranked: " + _esc(", ".join(
+                lines.append("unmeasurable, not ranked: " + esc(", ".join(
                     f"{s.reference} ({s.reason})" for s in unmeasurable[:4])))
             floats = getattr(ranking, "floats", [])
             if floats:
@@ -220,8 +223,6 @@ class QuantizePanel(StagePanel):
         node = s.record.node or s.record.name
         if self.backend.value != "onnxruntime" or self.source is None:
             return node
-        from ...stages.quantize import exclude_names
-
         try:
             names = exclude_names([s.record], self.source, "onnxruntime")
         except InputError:
@@ -234,7 +235,7 @@ class QuantizePanel(StagePanel):
         out: dict[str, Any] = {"backend": backend, "method": self.method.value}
         if backend == "onnxruntime":
             out["per_channel"] = self.per_channel.value
-        exclude = list(self.exclude_pick.value) + (_names(self.exclude_more.value) or [])
+        exclude = list(self.exclude_pick.value) + (comma_names(self.exclude_more.value) or [])
         if exclude:
             out["exclude"] = list(dict.fromkeys(exclude))
         samples = self.samples.value
@@ -252,8 +253,6 @@ class QuantizePanel(StagePanel):
         return out
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        from ...stages.quantize import quantize
-
         if self.source is None:
             raise InputError(f"quantize has no {settings['backend']} model yet",
                              "run export (for onnxruntime) or ncnn (for ncnn) first, or "
@@ -286,13 +285,13 @@ class QuantizePanel(StagePanel):
     def _render(self, result: Any) -> None:
         m, p = result.metrics, result.params
         snr = m.get("min_snr_db_vs_parent")
-        per_output = ", ".join(f"{_esc(k)} {v:.1f} dB" for k, v in
+        per_output = ", ".join(f"{esc(k)} {v:.1f} dB" for k, v in
                                (m.get("snr_db_vs_parent") or {}).items())
         kept = m.get("kept_float", p.get("exclude")) or []
-        head = (f"<div class='wb-quantized'><b>int8 ({_esc(p.get('backend'))}, "
-                f"{_esc(p.get('method') or p.get('format'))})</b>: SNR vs the float parent "
+        head = (f"<div class='wb-quantized'><b>int8 ({esc(p.get('backend'))}, "
+                f"{esc(p.get('method') or p.get('format'))})</b>: SNR vs the float parent "
                 f"<b class='wb-snr'>{'-' if snr is None else f'{snr:.1f} dB'}</b>"
                 f" ({per_output}); {m.get('quantized', '?')} layers quantized; kept in float: "
-                f"<span class='wb-kept'>{_esc(', '.join(kept)) or 'none'}</span></div>")
+                f"<span class='wb-kept'>{esc(', '.join(kept)) or 'none'}</span></div>")
         self.result_html.value = head + artifact_html(result)
         self._show_preview(result)

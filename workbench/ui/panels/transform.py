@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import ipywidgets as widgets
+
 from ...artifact import Workspace
 from ...errors import InputError
+from ...rules import names as rule_names
+from ...stages.raising import RaiseReport, raise_ops
+from ...stages.simplify import simplify
 from ..code import call
-from .base import StagePanel, _esc, _widgets
+from ..html import esc
+from .base import StagePanel
 
 
 # -- simplify ------------------------------------------------------------------------------
@@ -23,19 +29,16 @@ class SimplifyPanel(StagePanel):
         self.source = source
 
     def _controls(self) -> list[Any]:
-        w = _widgets()
-        self.backend = w.Dropdown(options=["onnxslim", "onnxsim", "onnxscript"],
-                                  value=self._init["backend"], description="backend")
-        self.atol = w.FloatText(value=self._init["atol"], description="atol")
-        self.rtol = w.FloatText(value=self._init["rtol"], description="rtol")
-        return [w.HBox([self.backend, self.atol, self.rtol])]
+        self.backend = widgets.Dropdown(options=["onnxslim", "onnxsim", "onnxscript"],
+                                        value=self._init["backend"], description="backend")
+        self.atol = widgets.FloatText(value=self._init["atol"], description="atol")
+        self.rtol = widgets.FloatText(value=self._init["rtol"], description="rtol")
+        return [widgets.HBox([self.backend, self.atol, self.rtol])]
 
     def settings(self) -> dict[str, Any]:
         return {"backend": self.backend.value, "atol": self.atol.value, "rtol": self.rtol.value}
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        from ...stages.simplify import simplify
-
         if self.source is None:
             raise InputError("simplify has no ONNX model to work on yet",
                              "run the export panel first (or pass source= an artifact)")
@@ -59,19 +62,16 @@ class RaisePanel(StagePanel):
         self.source = source
 
     def _controls(self) -> list[Any]:
-        w = _widgets()
         try:
-            from ...rules import names
-
-            known = names()
-        except Exception:  # the raising rules are not in this version
+            known = rule_names()
+        except Exception:  # a rule module that cannot list itself: no rule to pick
             known = []
         chosen = self._init["rules"]
-        self.rules = w.SelectMultiple(options=known, value=tuple(chosen or known),
-                                      description="rules", rows=min(8, max(3, len(known))))
-        self.target = w.Dropdown(options=["standard", "functions"], value=self._init["target"],
-                                 description="target")
-        return [w.HBox([self.rules, self.target])]
+        self.rules = widgets.SelectMultiple(options=known, value=tuple(chosen or known),
+                                            description="rules", rows=min(8, max(3, len(known))))
+        self.target = widgets.Dropdown(options=["standard", "functions"],
+                                       value=self._init["target"], description="target")
+        return [widgets.HBox([self.rules, self.target])]
 
     def settings(self) -> dict[str, Any]:
         chosen = list(self.rules.value)
@@ -79,8 +79,6 @@ class RaisePanel(StagePanel):
         return {"rules": None if chosen == every else chosen, "target": self.target.value}
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        from ...stages.raising import raise_ops
-
         if self.source is None:
             raise InputError("raise has no ONNX model to work on yet",
                              "run export (and simplify) first, or pass source= an artifact")
@@ -91,14 +89,12 @@ class RaisePanel(StagePanel):
     def _render(self, result: Any) -> None:
         super()._render(result)
         try:
-            from ...stages.raising import RaiseReport
-
             report = RaiseReport.of(result)
             text = str(report)
         except Exception:
             return
         self.result_html.value += (f"<details><summary>raising report</summary><pre>"
-                                   f"{_esc(text)}</pre></details>")
+                                   f"{esc(text)}</pre></details>")
 
     def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:
         return [call(self.var, "wb.raise_ops", [source_var or "src"], settings)]
