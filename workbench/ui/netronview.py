@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..artifact import Artifact
+from ..errors import InputError, WorkbenchError
+from ..onnx_io import check_model_file, external_data_files
 
 ROUTE = "workbench/netron"
 REGISTRY = "workbench-netron"
@@ -30,7 +32,7 @@ MAX_AGE = 7 * 24 * 3600  # registrations older than this are removed at the next
 def registry_dir(runtime_dir: str | os.PathLike[str] | None = None) -> Path:
     """The folder (in the Jupyter runtime dir) where the kernel lists files the server may serve."""
     if runtime_dir is None:
-        from jupyter_core.paths import jupyter_runtime_dir
+        from jupyter_core.paths import jupyter_runtime_dir  # the lab extra: only when shown
 
         runtime_dir = jupyter_runtime_dir()
     return Path(runtime_dir) / REGISTRY
@@ -38,9 +40,6 @@ def registry_dir(runtime_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def model_files(source: Any) -> tuple[str, dict[str, Path]]:
     """The main file's name and every file Netron needs for it ({name: absolute path})."""
-    from ..artifact import Artifact
-    from ..onnx_io import check_model_file
-
     if isinstance(source, Artifact):
         path = source.path
     elif isinstance(source, (str, os.PathLike)):
@@ -53,8 +52,6 @@ def model_files(source: Any) -> tuple[str, dict[str, Path]]:
     fmt = check_model_file(path)  # ModelFileError for a missing, folder or non-model path
     files = {path.name: path}
     if fmt == "onnx":
-        from ..onnx_io import external_data_files
-
         extra = external_data_files(path)
     else:  # ncnn and pnnx: the .bin next to the .param (netron fetches it by that name)
         extra = [path.name[: -len(".param")] + ".bin"] if path.name.endswith(".param") else []
@@ -92,7 +89,7 @@ def register(source: Any, runtime_dir: str | os.PathLike[str] | None = None) -> 
 def server_base_url() -> str | None:
     """The base URL of the Jupyter server that started this kernel (its parent process), if any."""
     try:
-        from jupyter_core.paths import jupyter_runtime_dir
+        from jupyter_core.paths import jupyter_runtime_dir  # the lab extra; without it, no guess
 
         ppid = os.getppid()
         for info in Path(jupyter_runtime_dir()).glob("jpserver-*.json"):
@@ -168,8 +165,6 @@ def netron(source: Any, *, height: int = 600) -> NetronView:
     try:
         key, main, files = register(source)
     except OSError as e:
-        from ..errors import WorkbenchError
-
         raise WorkbenchError(f"cannot register the model for the Jupyter server in "
                              f"{registry_dir()}: {e.strerror or e}",
                              "make the Jupyter runtime folder writable, or set "
