@@ -192,10 +192,10 @@ def test_an_extract_error_quotes_ncnn_and_names_the_reshape(tmp_path):
 
 
 def test_to_ncnn_records_the_failing_layer_in_its_diagnostic(pooled):
-    from workbench.stages.ncnn import _check_numbers
+    from workbench.stages.ncnn_check import check_numbers
 
     x = torch.randn(1, 3, 8, 8)
-    _, diags = _check_numbers(pooled.path, (x,), [np.zeros((1, 4, 0, 0), np.float32)])
+    _, diags = check_numbers(pooled.path, (x,), [np.zeros((1, 4, 0, 0), np.float32)])
     failed = [d for d in diags if d.code == "ncnn-run-failed"]
     assert len(failed) == 2  # fp32 and fp16
     assert all("(Pooling)" in d.message and "larger than its input 8x8" in d.hint

@@ -22,7 +22,7 @@ from workbench.params import (
     parse_ncnn_param,
     parse_pnnx_param,
 )
-from workbench.stages.ncnn import pnnx_binary
+from workbench.stages.pnnx_command import pnnx_binary
 
 # -- models with known structure, and the files pnnx writes for them ---------------------------
 

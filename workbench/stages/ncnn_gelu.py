@@ -21,6 +21,7 @@ from typing import Any
 
 from ..diagnostics import Diagnostic
 from ..params import parse_ncnn_param
+from .ncnn_check import ncnn_errors
 
 CLOSER = 10.0  # how much nearer the reference the tanh form must bring the outputs
 
@@ -75,8 +76,6 @@ def fix_gelu_form(param: Path, args: tuple, reference: list | None,
 def _max_abs(param: Path, args: tuple, reference: list) -> float | None:
     """The fp32 outputs' max abs error against ``reference``, as the output check takes
     it (None: the run failed or the shapes differ)."""
-    from .ncnn import ncnn_errors
-
     try:
         _, _, errs = ncnn_errors(param, args, reference, "fp32")
     except Exception:  # noqa: BLE001 - a trial: the param as pnnx wrote it stays
