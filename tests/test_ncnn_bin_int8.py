@@ -19,7 +19,8 @@ from test_precision_ncnn import SmallNet
 import workbench as wb
 from workbench.ncnn_bin import FP32_TAG, blob_specs, walk_bin
 from workbench.params import parse_ncnn_param
-from workbench.precision.ncnn_int8 import calibration_table, write_int8_model
+from workbench.precision.ncnn_calibration import calibration_table
+from workbench.precision.ncnn_int8 import write_int8_model
 from workbench.runtime import NcnnRunner
 from workbench.runtime.ncnn_model import check_model_files
 

@@ -17,7 +17,8 @@ from torch import nn
 import workbench as wb
 from workbench.errors import InputError
 from workbench.ncnn_bin import walk_bin
-from workbench.precision.ncnn_int8 import calibration_table, write_int8_model
+from workbench.precision.ncnn_calibration import calibration_table
+from workbench.precision.ncnn_int8 import write_int8_model
 from workbench.runtime import NcnnRunner
 from workbench.runtime.ncnn_emulate import round_bf16, round_fp16
 

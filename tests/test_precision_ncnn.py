@@ -17,13 +17,9 @@ import workbench as wb
 from workbench.errors import InputError, ModelFileError
 from workbench.ncnn_bin import FP16_TAG, INT8_TAG, walk_bin
 from workbench.params import parse_ncnn_param
-from workbench.precision.ncnn_int8 import (
-    Int8Table,
-    calibration_table,
-    read_table,
-    write_int8_model,
-)
-from workbench.precision.ncnn_table import BINS, aciq_clip, histogram, kl_threshold
+from workbench.precision.int8_table import Int8Table, read_table
+from workbench.precision.ncnn_calibration import calibration_table
+from workbench.precision.ncnn_int8 import write_int8_model
 from workbench.runtime import NcnnRunner
 
 
@@ -110,61 +106,6 @@ def test_table_round_trips_in_ncnn2table_format(kl_table, tmp_path):
         read_table(tmp_path / "bad.table")
     with pytest.raises(ModelFileError, match="is not a file"):
         read_table(tmp_path / "missing.table")
-
-
-def _kl_reference(hist):
-    """ncnn2table's KL search written independently: explicit overlap matrices between the
-    t fine bins and the 128 levels."""
-    h = hist / hist.sum()
-    best, best_kl = 128, math.inf
-    for t in range(128, BINS):
-        w = t / 128
-        lo = np.arange(128)[:, None] * w
-        k = np.arange(t)[None, :]
-        overlap = np.clip(np.minimum(lo + w, k + 1) - np.maximum(lo, k), 0, None)
-        q = overlap @ h[:t] / w
-        expand = overlap.T @ q + 1e-4
-        clip = h[:t] + 1e-4
-        clip[-1] += h[t:].sum()
-        kl = float(np.sum(clip * np.log(clip / expand)))
-        if kl < best_kl:
-            best, best_kl = t, kl
-    return best
-
-
-def test_kl_minmax_and_aciq_thresholds_of_a_known_distribution():
-    rng = np.random.default_rng(3)
-    values = rng.normal(0, 1, 100_000).astype(np.float32)
-    values[:10] = 0  # exact zeros are not counted, as ncnn2table skips them
-    absmax = float(np.abs(values).max())
-    hist = histogram(values, absmax)
-    assert hist.sum() == 100_000 - 10
-    t = kl_threshold(hist)
-    assert t == _kl_reference(hist.astype(np.float64))
-    threshold = (t + 0.5) * absmax / BINS
-    print(f"gaussian: absmax {absmax:.3f}, KL threshold {threshold:.3f} (bin {t})")
-    assert 2.0 < threshold < absmax  # KL clips the tail of a Gaussian
-    n = values.size
-    c = 0.5 * 0.35 * (1 + math.sqrt(math.pi * math.log(4)))
-    assert aciq_clip(absmax, n) == pytest.approx(3.92403714 * absmax * 2 * c
-                                                 / math.sqrt(2 * math.log(n)))
-
-
-@pytest.mark.parametrize("shape", ["heavy-tail-sparse", "outlier-spike"])
-def test_kl_threshold_matches_the_reference_on_skewed_histograms(shape):
-    """The search over all thresholds at once (boundary bins, empty bins, a far tail) picks
-    the bin the plain per-threshold search picks."""
-    rng = np.random.default_rng(5)
-    if shape == "heavy-tail-sparse":
-        values = rng.laplace(size=50_000) ** 3
-        hist = histogram(values, float(np.abs(values).max()))
-        hist[rng.integers(0, BINS, 400)] = 0  # empty bins inside the range
-    else:  # a Gaussian body and a few values 40x out: the clip lands low
-        values = np.concatenate([rng.normal(0, 1, 50_000), np.full(30, 40.0)])
-        hist = histogram(values, 40.0)
-    t = kl_threshold(hist)
-    assert t == _kl_reference(hist.astype(np.float64))
-    assert 128 <= t < BINS
 
 
 def test_minmax_scales_are_127_over_the_absmax(models):

@@ -15,7 +15,8 @@ import workbench as wb
 from workbench.errors import InputError
 from workbench.ncnn_bin import INT8_TAG
 from workbench.params import parse_ncnn_param
-from workbench.precision.ncnn_int8 import calibration_table, write_int8_model
+from workbench.precision.ncnn_calibration import calibration_table
+from workbench.precision.ncnn_int8 import write_int8_model
 from workbench.runtime import NcnnRunner
 
 
@@ -162,7 +163,7 @@ class SelfAttention(nn.Module):
 
 
 def test_multiheadattention_weights_run_in_int8(tmp_path):
-    from workbench.precision.ncnn_int8 import read_table
+    from workbench.precision.int8_table import read_table
 
     torch.manual_seed(0)
     model, x = SelfAttention().eval(), torch.randn(1, 10, 32)

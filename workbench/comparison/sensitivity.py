@@ -373,7 +373,7 @@ def _blame_inputs(out: list[Sensitivity], cand: Any, al: Any, ref_values: dict[s
     keeps its readers float. A float producer (a BatchNorm, a pooling) is never blamed: the
     rounding stays with the int8 layer that does it."""
     from ..params import parse_ncnn_param
-    from ..precision.ncnn_table import read_table
+    from ..precision.int8_table import read_table
 
     table_path = cand.path.parent / "model.table"
     if not table_path.is_file():

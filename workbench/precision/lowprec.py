@@ -28,6 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..onnx_io import load_onnx
+from ..params import parse_ncnn_param
+from .int8_table import read_table
+from .quantizable import QUANTIZABLE, layer_int
+
 # ONNX ops whose presence in a tensor's own computation makes it low precision
 LOW_ONNX = ("DequantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv",
             "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearGlobalAveragePool",
@@ -122,8 +127,6 @@ def lowering(path: str | Path, kind: str, precision: str, cut: set[str]) -> Lowe
 def _onnx(path: Path, precision: str, cut: set[str]) -> Lowering:
     from onnx import TensorProto
 
-    from ..onnx_io import load_onnx
-
     g = load_onnx(path, external_data=False).graph
     if not any(n.op_type in LOW_ONNX for n in g.node):
         low = {TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
@@ -202,9 +205,6 @@ def _onnx_inputs(g: Any, producer: dict[str, Any], consts: set[str]
 
 # -- ncnn ---------------------------------------------------------------------------------------
 def _ncnn(path: Path, cut: set[str]) -> Lowering:
-    from ..params import parse_ncnn_param
-    from .ncnn_table import QUANTIZABLE, _int, read_table
-
     layers = parse_ncnn_param(path).layers
     graph_inputs = {t for ly in layers if ly.type == "Input" for t in ly.tops}
     body = [ly for ly in layers if ly.type not in ("Input", "MemoryData")]
@@ -217,8 +217,8 @@ def _ncnn(path: Path, cut: set[str]) -> Lowering:
         return blob
 
     int8 = {ly.name: f"int8: {ly.type}" for ly in body
-            if (ly.type in QUANTIZABLE and _int(ly, 8))
-            or (ly.type in ("Gemm", "MultiHeadAttention") and _int(ly, 18))}
+            if (ly.type in QUANTIZABLE and layer_int(ly, 8))
+            or (ly.type in ("Gemm", "MultiHeadAttention") and layer_int(ly, 18))}
     table_path = path.parent / "model.table"
     scales = read_table(table_path).blob_scales if table_path.is_file() else {}
     reads: dict[str, InputQuant] = {}  # int8 layer -> the model input it rounds

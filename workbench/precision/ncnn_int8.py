@@ -1,6 +1,6 @@
 """ncnn's int8 model, written as ncnn's ``ncnn2int8`` does (the wheel does not ship it).
 
-From an fp32 ``.param``/``.bin`` and a calibration table (``ncnn_table``), every
+From an fp32 ``.param``/``.bin`` and a calibration table (``int8_table``, made by ``ncnn_calibration``), every
 Convolution, ConvolutionDepthWise and InnerProduct layer with scales in the table gets
 
 - its weights as int8 (flag 0x000D4B38, one byte per weight, padded to 4 bytes):
@@ -43,33 +43,27 @@ parser.
 
 from __future__ import annotations
 
-import difflib
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, ModelFileError
-from .ncnn_table import (
-    QUANTIZABLE,
-    Int8Table,
-    _int,
-    absmax_scales,
-    calibration_table,
-    model_weights,
-    quantizable_or_refuse,
-    read_table,
-    weight_rows,
-)
+import numpy as np
 
-__all__ = ["Int8Model", "Int8Table", "calibration_table", "read_table", "write_int8_model"]
+from ..errors import InputError, ModelFileError
+from ..fileio import atomic_write_bytes, atomic_write_text
+from ..ncnn_bin import FP16_TAG, INT8_TAG, walk_bin
+from ..params import parse_ncnn_param
+from .float_weights import MHA_ROLES, model_weights
+from .int8_plan import check_keep_float, check_table, plan_layers, requantize_pairs
+from .int8_table import Int8Table, read_table
+from .quantizable import QUANTIZABLE, layer_int, quantizable_or_refuse
+from .weight_scales import absmax_scales, weight_rows
+
+__all__ = ["Int8Model", "write_int8_model"]
 
 FLOAT_STORAGES = ("fp32", "fp16")
-_CONVS = ("Convolution", "ConvolutionDepthWise")
-# layers ncnn2table writes weight scales for without calibration; not quantized here
-_STATIC_WEIGHTS = frozenset({"Embed", "MultiHeadAttention", "RNN", "LSTM", "GRU"})
-_MHA = ("q_weight", "k_weight", "v_weight", "out_weight")
 
 
 @dataclass
@@ -96,136 +90,9 @@ class Int8Model:
     int8_blobs: dict[str, float] = field(default_factory=dict)
 
 
-def _close(name: str, names: list[str]) -> str:
-    near = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    return f"; close matches: {', '.join(near)}" if near else ""
-
-
-def _a(kind: str) -> str:
-    return f"{'an' if kind[:1] in 'AEIOU' else 'a'} {kind}"
-
-
-def _check_keep_float(keep: list[str], param: Any, layers: list[Any]) -> None:
-    names = [la.name for la in param.layers]
-    qnames = [la.name for la in layers]
-    for name in keep:
-        if name not in names:
-            raise InputError(
-                f"keep_float: {name!r} is not a layer of {param.path.name}{_close(name, names)}",
-                f"name ncnn layers as the .param does; the quantizable ones are "
-                f"{', '.join(qnames[:12])}{' ...' if len(qnames) > 12 else ''}")
-        if name not in qnames:
-            kind = param.layer(name).type
-            raise InputError(
-                f"keep_float: {name!r} is {_a(kind)} layer, which is never quantized (only "
-                "Convolution, ConvolutionDepthWise, InnerProduct and Gemm are)",
-                f"name one of the quantizable layers: {', '.join(qnames[:12])}")
-
-
-def _check_table(table: Int8Table, param: Any, layers: list[Any], weights: Any) -> None:
-    """Refuse a table made for another model: names it has no layer for, or scale counts
-    other than the layer's channels (groups for a depthwise convolution)."""
-    names = [la.name for la in param.layers]
-    by_name = {la.name: la for la in layers}
-    hint = ("a table belongs to the model it was calibrated on: make it again with "
-            "calibration_table(model, samples) for this model")
-    # ncnn2table's static weight scales (these layers stay float here), and Gemm: ncnn2int8
-    # quantizes it from its weights, reading no line for it
-    static = {la.name for la in param.layers if la.type in _STATIC_WEIGHTS or la.type == "Gemm"}
-    for name in table.layers:
-        if name in static:
-            continue
-        if name not in names:
-            raise InputError(f"calibration table names layer {name!r}, which "
-                             f"{param.path.name} does not have{_close(name, names)}", hint)
-        if name not in by_name:
-            raise InputError(f"calibration table has scales for {name!r}, "
-                             f"{_a(param.layer(name).type)} layer, which is never quantized",
-                             hint)
-    for name, scales in table.weight_scales.items():
-        if name in table.float_layers or name in static:
-            continue
-        la = by_name[name]
-        rows = weight_rows(la, weights[name]).shape[0] if name in weights else None
-        if rows is not None and len(scales) != rows:
-            what = "groups" if la.type == "ConvolutionDepthWise" else "output channels"
-            raise InputError(f"calibration table: {name} has {len(scales)} weight scales, "
-                             f"but the layer has {rows} {what}", hint)
-    for name, scales in table.blob_scales.items():
-        if name not in table.float_layers and name not in static and len(scales) < 1:
-            raise InputError(f"calibration table: {name} has no input scale", hint)
-
-
-def _plan(table: Int8Table, layers: list[Any], keep: list[str]
-          ) -> tuple[list[Any], list[str], list[str]]:
-    """(layers to quantize, layers kept float, layers the table has no line for)."""
-    quant, kept, unlisted = [], [], []
-    for la in layers:
-        if la.name in keep or la.name in table.float_layers:
-            kept.append(la.name)
-            continue
-        if la.type == "Gemm":
-            quant.append(la)  # no table line: quantized from its own weights
-            continue
-        if la.type == "MultiHeadAttention":  # weight lines _param_0 to _param_3 only
-            more = [m for m in table.more_weight_scales.get(la.name, [])[:3]
-                    if m is not None]
-            (quant if la.name in table.weight_scales and len(more) == 3
-             else unlisted).append(la)
-            continue
-        w, b = la.name in table.weight_scales, la.name in table.blob_scales
-        if w != b:
-            missing = "input (blob) scale" if w else "weight scales (<layer>_param_0)"
-            raise InputError(f"calibration table: {la.name} has no {missing} line",
-                             "to keep a layer in float comment out both of its lines (#); "
-                             "otherwise make the table again with calibration_table")
-        if not w:
-            unlisted.append(la.name)
-        else:
-            quant.append(la)
-    return quant, kept, unlisted
-
-
-def _requantize(param: Any, int8: set[str]) -> dict[str, str]:
-    """{convolution: the int8 convolution whose input scale its output takes}, as
-    ncnn2int8's fuse_requantize pairs them: the first convolution reading its output, or,
-    through a Split, the first reader of the Split's first output when every output is read
-    by an int8 convolution."""
-    layers = param.layers
-    pos = {la.name: i for i, la in enumerate(layers)}
-
-    def first_conv(blob: str, after: int) -> Any:
-        for la in layers[after + 1:]:
-            if la.type in _CONVS and len(la.bottoms) == 1 and la.bottoms[0] == blob:
-                return la
-        return None
-
-    out: dict[str, str] = {}
-    for i, la in enumerate(layers):
-        if la.type not in _CONVS or la.name not in int8:
-            continue
-        nxt = first_conv(la.tops[0], i)
-        if nxt is not None:
-            if nxt.name in int8:
-                out[la.name] = nxt.name
-            continue
-        split = next((s for s in layers[i + 1:] if s.type == "Split" and len(s.bottoms) == 1
-                      and s.bottoms[0] == la.tops[0]), None)
-        if split is None:
-            continue
-        readers = [first_conv(t, pos[split.name]) for t in split.tops]
-        if all(r is not None and r.name in int8 for r in readers):
-            consumer = param.consumers.get(split.tops[0], [])
-            if consumer and consumer[0] in int8:
-                out[la.name] = consumer[0]
-    return out
-
-
 def _quantize(rows: Any, scales: Any) -> bytes:
     """int8 bytes of ``rows`` scaled per row: ncnn's float2int8 (round half away from zero,
     clamp to +-127), the product taken in float32 as ncnn does."""
-    import numpy as np
-
     x = (rows * scales[:, None].astype(np.float32)).astype(np.float64)
     q = np.clip(np.sign(x) * np.floor(np.abs(x) + 0.5), -127, 127)
     return q.astype(np.int8).tobytes()
@@ -249,25 +116,21 @@ def _gemm_int8(la: Any, blob: Any, data: bytes) -> tuple[bytes, bytes]:
     """(the int8 blob with its flag, its raw scales) of a Gemm's constant A or B, as
     ncnn2int8's quantize_gemm makes them: A row-major with a scale per row, B transposed
     to N rows of K with one scale."""
-    import numpy as np
-
-    from ..ncnn_bin import INT8_TAG
-
     if blob.storage != "float32":
         raise InputError(f"layer {la.name} (Gemm) stores its {blob.role} as {blob.storage}, "
                          "expected float32 for int8 quantization",
                          "quantize the fp32 model: wb.to_ncnn(..., fp16=False) (the default)")
-    m, n, k = _int(la, 7), _int(la, 8), _int(la, 9)
+    m, n, k = layer_int(la, 7), layer_int(la, 8), layer_int(la, 9)
     v = np.frombuffer(data, np.float32, blob.count, blob.offset)
     if blob.role == "A":
-        rows = v.reshape(k, m).T if _int(la, 2) else v.reshape(m, k)
+        rows = v.reshape(k, m).T if layer_int(la, 2) else v.reshape(m, k)
         scales = raw = absmax_scales(rows)
     else:
-        rows = v.reshape(n, k) if _int(la, 3) else v.reshape(k, n).T
+        rows = v.reshape(n, k) if layer_int(la, 3) else v.reshape(k, n).T
         raw = absmax_scales(rows, per_row=False)
         scales = np.full(n, raw[0], dtype=np.float32)
     q = _quantize(np.ascontiguousarray(rows), scales)
-    return INT8_TAG.to_bytes(4, "little") + _pad4(q), raw.astype("<f4").tobytes()
+    return _tagged(q), raw.astype("<f4").tobytes()
 
 
 def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noqa: A002
@@ -291,15 +154,47 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
         The Int8Model. Nothing is written until every check has passed; each file is
         written through a temp file and a rename.
     """
-    import numpy as np
-
-    from ..fileio import atomic_write_bytes, atomic_write_text
-    from ..ncnn_bin import FP16_TAG, INT8_TAG, walk_bin
-    from ..params import parse_ncnn_param
-
     if float_storage not in FLOAT_STORAGES:
         raise InputError(f"float_storage={float_storage!r} is not one of {FLOAT_STORAGES}",
                          "fp32 keeps float layers exact; fp16 is what ncnn2int8 writes")
+    src_param, src_bin, out_param, out_bin = _paths(param, bin, out_param, out_bin)
+    p = parse_ncnn_param(src_param)
+    layers = quantizable_or_refuse(p, src_param.name,
+                                   "there is nothing to quantize: keep the fp32 model")
+    keep = list(keep_float) if not isinstance(keep_float, str) else [keep_float]
+    check_keep_float(keep, p, layers)
+    tab = table if isinstance(table, Int8Table) else read_table(table)
+    weights = {n: w.values for n, w in model_weights(
+        p, src_bin, [la for la in layers if la.type in QUANTIZABLE]).items()}
+    check_table(tab, p, layers, weights)
+    quant, kept, unlisted = plan_layers(tab, layers, keep)
+    if not quant:
+        why = ("keep_float and the table's commented lines keep every one in float" if kept
+               else "the table has no line for any of them")
+        raise InputError(f"no layer of {src_param.name} would run in int8: {why}",
+                         "keep fewer layers in float, or use the table calibrated for this "
+                         "model")
+    int8 = {la.name for la in quant}
+    plan = _Writing(tab, weights, int8, requantize_pairs(p, int8) if requantize else {},
+                    float_storage)
+    data, offsets = _int8_bin(p, src_param, src_bin, quant, plan)
+    text = _param_text(src_param, _param_edits(quant, plan.fused))
+
+    out_param.parent.mkdir(parents=True, exist_ok=True)
+    out_bin.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out_bin, data)
+    atomic_write_text(out_param, text)
+    companions = _copy_script(src_param, out_param, out_bin)
+    order = [la.name for la in p.layers]
+    return Int8Model(out_param, out_bin, [la.name for la in quant], kept, unlisted,
+                     sorted(plan.fused.items(), key=lambda kv: order.index(kv[0])), offsets,
+                     companions, _int8_blobs(p, tab, plan.fused))
+
+
+def _paths(param: Any, bin: Any, out_param: str | Path,  # noqa: A002
+           out_bin: str | Path | None) -> tuple[Path, Path, Path, Path]:
+    """(fp32 .param, fp32 .bin, int8 .param, int8 .bin), a .bin beside its .param when not
+    given; refused when an fp32 file is missing or an int8 one would overwrite one."""
     src_param = Path(getattr(param, "path", param))
     src_bin = Path(bin) if bin is not None else src_param.with_name(
         src_param.name[: -len(".param")] + ".bin")
@@ -316,125 +211,167 @@ def write_int8_model(param: Any, bin: Any, table: Int8Table | str | Path,  # noq
                              "write the int8 model to other paths (a new artifact folder)")
     if out_param.resolve() == out_bin.resolve():
         raise InputError("out_param and out_bin are the same file", "give two paths")
-    p = parse_ncnn_param(src_param)
-    layers = quantizable_or_refuse(p, src_param.name,
-                                   "there is nothing to quantize: keep the fp32 model")
-    keep = list(keep_float) if not isinstance(keep_float, str) else [keep_float]
-    _check_keep_float(keep, p, layers)
-    tab = table if isinstance(table, Int8Table) else read_table(table)
-    weights = {n: w.values for n, w in model_weights(
-        p, src_bin, [la for la in layers if la.type in QUANTIZABLE]).items()}
-    _check_table(tab, p, layers, weights)
-    quant, kept, unlisted = _plan(tab, layers, keep)
-    if not quant:
-        why = ("keep_float and the table's commented lines keep every one in float" if kept
-               else "the table has no line for any of them")
-        raise InputError(f"no layer of {src_param.name} would run in int8: {why}",
-                         "keep fewer layers in float, or use the table calibrated for this "
-                         "model")
-    int8 = {la.name for la in quant}
-    fused = _requantize(p, int8) if requantize else {}
+    return src_param, src_bin, out_param, out_bin
 
+
+@dataclass
+class _Writing:
+    """What write_int8_model decided before writing a byte: the table, the fp32 weights of
+    the calibrated layers, the layers going int8, the requantize pairs, the float storage."""
+
+    table: Int8Table
+    weights: dict[str, Any]
+    int8: set[str]
+    fused: dict[str, str]
+    float_storage: str
+
+
+def _blobs_by_layer(p: Any, src_param: Path, src_bin: Path,
+                    quant: list[Any]) -> dict[str, list[Any]]:
+    """The .bin's blobs by layer, walked along the .param; refused when the .bin does not
+    fit the .param or a quantized Gemm's weights sit where the walk cannot size them."""
     layout = walk_bin(p, src_bin)
     if layout.complete and layout.end != layout.size:
         raise ModelFileError(f"{src_bin.name} holds {layout.size} bytes, but the layers of "
                              f"{src_param.name} read {layout.end}", "keep the .param and "
                              ".bin of one conversion together")
-    data = src_bin.read_bytes()
-    out = bytearray()
-    offsets: dict[str, int] = {}
     by_layer: dict[str, list[Any]] = {}
     for blob in layout.blobs:
         by_layer.setdefault(blob.layer, []).append(blob)
     for la in quant:
         if la.type == "Gemm" and layout.unknown and la.name not in by_layer and (
-                _int(la, 4) or _int(la, 5)):
+                layer_int(la, 4) or layer_int(la, 5)):
             raise InputError(f"the weights of {la.name} (Gemm) cannot be placed after a "
                              f"{layout.unknown[0]} layer, whose weights this module cannot "
                              f"size, in {src_bin.name}",
                              f"keep {la.name} in float (keep_float=[{la.name!r}]), or report "
                              "the layer type so its layout is added to ncnn_bin.py")
+    return by_layer
+
+
+def _int8_bin(p: Any, src_param: Path, src_bin: Path, quant: list[Any],
+              plan: _Writing) -> tuple[bytes, dict[str, int]]:
+    """(the int8 model's .bin, layer -> byte offset of its weight blob's flag), layer by
+    layer; what follows a layer type ncnn_bin cannot size is copied as it was."""
+    by_layer = _blobs_by_layer(p, src_param, src_bin, quant)
+    data = src_bin.read_bytes()
+    out = bytearray()
+    offsets: dict[str, int] = {}
     start = 0
     for la in p.layers:
-        gemm_scales = b""
-        for blob in by_layer.get(la.name, ()):
-            tagged = blob.offset != start
-            if la.name in int8 and la.type == "MultiHeadAttention" and blob.role in _MHA:
-                i = _MHA.index(blob.role)
-                sc = (tab.weight_scales[la.name] if i == 0
-                      else tab.more_weight_scales[la.name][i - 1])
-                if blob.role == "q_weight":
-                    offsets[la.name] = len(out)
-                v = np.frombuffer(data, np.float32, blob.count, blob.offset)
-                rows = v.reshape(len(sc), -1) if i < 3 else v.reshape(1, -1)
-                out += INT8_TAG.to_bytes(4, "little") + _pad4(_quantize(rows, sc[:len(rows)]))
-                gemm_scales += np.asarray(sc[: 1 if i == 3 else len(sc)], "<f4").tobytes()
-            elif la.name in int8 and la.type == "Gemm" and blob.role in ("A", "B"):
-                if blob.role == "B" or la.name not in offsets:
-                    offsets[la.name] = len(out)
-                q, raw = _gemm_int8(la, blob, data)
-                out += q
-                gemm_scales += raw  # A's scales first, then B's, as Gemm's load_model
-            elif la.name in int8 and blob.role == "weight":
-                offsets[la.name] = len(out)
-                scales = tab.weight_scales[la.name]
-                rows = weight_rows(la, weights[la.name])
-                out += INT8_TAG.to_bytes(4, "little") + _pad4(_quantize(rows, scales))
-            elif (float_storage == "fp16" and tagged and blob.storage == "float32"):
-                values = np.frombuffer(data, np.float32, blob.count, blob.offset)
-                if blob.role == "weight":
-                    offsets[la.name] = len(out)
-                out += FP16_TAG.to_bytes(4, "little") + _pad4(values.astype(np.float16)
-                                                             .tobytes())
-            else:
-                if blob.role == "weight" and la.name in weights:
-                    offsets[la.name] = len(out)
-                out += data[start:start + blob.nbytes]
-            start += blob.nbytes
-        out += gemm_scales
-        if la.name in int8 and la.type not in ("Gemm", "MultiHeadAttention"):
-            scales = [tab.weight_scales[la.name], tab.blob_scales[la.name][:1]]
-            if la.name in fused:
-                scales.append(tab.blob_scales[fused[la.name]][:1])
-            out += b"".join(np.asarray(s, dtype="<f4").tobytes() for s in scales)
+        chunk, offset, start = _layer_bytes(la, by_layer.get(la.name, ()), data, start,
+                                            len(out), plan)
+        if offset is not None:
+            offsets[la.name] = offset
+        out += chunk
     out += data[start:]  # after a layer type ncnn_bin cannot size: as it was
+    return bytes(out), offsets
+
+
+def _layer_bytes(la: Any, blobs: Any, data: bytes, start: int, at: int,
+                 plan: _Writing) -> tuple[bytes, int | None, int]:
+    """(one layer's bytes in the int8 .bin, the offset of its weight flag there or None,
+    where the next layer's blobs start in the fp32 .bin): its blobs in int8, fp16 or as
+    they were, then the raw scales its load_model reads after them. ``start``: where its
+    blobs start in the fp32 .bin; ``at``: the int8 .bin's bytes before it."""
+    chunk, scales, offset = bytearray(), b"", None
+    quantized = la.name in plan.int8
+    for blob in blobs:
+        tagged = blob.offset != start
+        if quantized and la.type == "MultiHeadAttention" and blob.role in MHA_ROLES:
+            if blob.role == "q_weight":
+                offset = at + len(chunk)
+            q, raw = _mha_int8(la, blob, data, plan.table)
+            chunk += q
+            scales += raw
+        elif quantized and la.type == "Gemm" and blob.role in ("A", "B"):
+            if blob.role == "B" or offset is None:
+                offset = at + len(chunk)
+            q, raw = _gemm_int8(la, blob, data)
+            chunk += q
+            scales += raw  # A's scales first, then B's, as Gemm's load_model
+        elif quantized and blob.role == "weight":
+            offset = at + len(chunk)
+            rows = weight_rows(la, plan.weights[la.name])
+            chunk += _tagged(_quantize(rows, plan.table.weight_scales[la.name]))
+        elif plan.float_storage == "fp16" and tagged and blob.storage == "float32":
+            values = np.frombuffer(data, np.float32, blob.count, blob.offset)
+            if blob.role == "weight":
+                offset = at + len(chunk)
+            chunk += FP16_TAG.to_bytes(4, "little") + _pad4(values.astype(np.float16)
+                                                           .tobytes())
+        else:
+            if blob.role == "weight" and la.name in plan.weights:
+                offset = at + len(chunk)
+            chunk += data[start:start + blob.nbytes]
+        start += blob.nbytes
+    chunk += scales
+    if quantized and la.type not in ("Gemm", "MultiHeadAttention"):
+        chunk += _conv_scales(la, plan)
+    return bytes(chunk), offset, start
+
+
+def _tagged(q: bytes) -> bytes:
+    """int8 weight bytes as a blob: the int8 flag, then the bytes padded to 4."""
+    return INT8_TAG.to_bytes(4, "little") + _pad4(q)
+
+
+def _mha_int8(la: Any, blob: Any, data: bytes, table: Int8Table) -> tuple[bytes, bytes]:
+    """(the int8 blob with its flag, its raw scales) of one of a MultiHeadAttention's q, k,
+    v (a scale per row) and out (one scale) weights, as ncnn2int8 writes them."""
+    i = MHA_ROLES.index(blob.role)
+    sc = table.weight_scales[la.name] if i == 0 else table.more_weight_scales[la.name][i - 1]
+    v = np.frombuffer(data, np.float32, blob.count, blob.offset)
+    rows = v.reshape(len(sc), -1) if i < 3 else v.reshape(1, -1)
+    return (_tagged(_quantize(rows, sc[:len(rows)])),
+            np.asarray(sc[: 1 if i == 3 else len(sc)], "<f4").tobytes())
+
+
+def _conv_scales(la: Any, plan: _Writing) -> bytes:
+    """The raw scales a quantized convolution or InnerProduct reads after its weights: its
+    weight scales, its input's scale, and (requantized) the scale of the layer it feeds."""
+    tab = plan.table
+    scales = [tab.weight_scales[la.name], tab.blob_scales[la.name][:1]]
+    if la.name in plan.fused:
+        scales.append(tab.blob_scales[plan.fused[la.name]][:1])
+    return b"".join(np.asarray(s, dtype="<f4").tobytes() for s in scales)
+
+
+def _param_edits(quant: list[Any], fused: dict[str, str]) -> dict[int, dict[int, int]]:
+    """{.param line: {key: value}} of every quantized layer: ``8=int8_scale_term`` (100 added
+    when requantized), or a Gemm's and MultiHeadAttention's ``18=quantize_term``."""
     edits: dict[int, dict[int, int]] = {}
     for la in quant:
         if la.type == "MultiHeadAttention":
             edits[la.line] = {18: 2}
             continue
         if la.type == "Gemm":  # 18=quantize_term; A stored row-major, B transposed
-            edits[la.line] = {18: 2, **({2: 0} if _int(la, 4) else {}),
-                              **({3: 1} if _int(la, 5) else {})}
+            edits[la.line] = {18: 2, **({2: 0} if layer_int(la, 4) else {}),
+                              **({3: 1} if layer_int(la, 5) else {})}
             continue
         term = 1 if la.type == "ConvolutionDepthWise" else 2
         edits[la.line] = {8: term + (100 if la.name in fused else 0)}
-    text = _param_text(src_param, edits)
+    return edits
 
-    out_param.parent.mkdir(parents=True, exist_ok=True)
-    out_bin.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_bin, bytes(out))
-    atomic_write_text(out_param, text)
-    companions = _copy_script(src_param, out_param, out_bin)
-    order = [la.name for la in p.layers]
+
+def _int8_blobs(p: Any, table: Int8Table, fused: dict[str, str]) -> dict[str, float]:
+    """{blob: scale} of each blob ncnn holds in int8: a requantized output (and the outputs
+    of a Split it feeds), scaled by the input scale of the layer it is handed to."""
     int8_blobs = {}
     for name, nxt in fused.items():
         top = p.layer(name).tops[0]
-        scale = float(tab.blob_scales[nxt][0])
+        scale = float(table.blob_scales[nxt][0])
         int8_blobs[top] = scale
         for reader in p.consumers.get(top, []):  # a Split's outputs share its input
             if p.layer(reader).type == "Split":
                 int8_blobs.update(dict.fromkeys(p.layer(reader).tops, scale))
-    return Int8Model(out_param, out_bin, [la.name for la in quant], kept, unlisted,
-                     sorted(fused.items(), key=lambda kv: order.index(kv[0])), offsets,
-                     companions, int8_blobs)
+    return int8_blobs
 
 
 def _copy_script(src_param: Path, out_param: Path, out_bin: Path) -> list[Path]:
     """pnnx's ``<name>_ncnn.py`` beside the int8 model, naming its files: NcnnRunner reads
     the inputs' shapes and batch axes from it (without it a (1, c, h, w) input is
     ambiguous)."""
-    from ..fileio import atomic_write_text
 
     suffix = ".ncnn.param"
     if not (src_param.name.endswith(suffix) and out_param.name.endswith(suffix)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,6 @@ def _check_quantizable(model: Any, src: Path, exclude: list[str], op_types: Any,
     nodes = [n for n in g.node if n.op_type in wanted
              and (not dynamic or (len(n.input) > 1 and n.input[1] in inits))]
     if not nodes:
-        from collections import Counter
-
         hist = dict(Counter(n.op_type for n in g.node).most_common())
         what = ("a MatMul or Gemm with a constant weight" if dynamic else
                 f"an op with weights ({', '.join(wanted) or 'none among op_types'})")

@@ -13,6 +13,8 @@ and works. Any other failure keeps the general hint.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import traceback
 from dataclasses import dataclass
@@ -105,9 +107,6 @@ def run_ort(what: str, src: Path, call: Any, context: dict[str, Any] | None = No
     ``model``). Its warnings (logged on the root logger) are returned instead of printed;
     the calibrators' print() lines ("Collecting tensor data ...") are dropped: the progress
     bar says the same."""
-    import contextlib
-    import io
-
     root = logging.getLogger()
     handler, saved = _Lines(), root.handlers[:]
     root.handlers[:] = [handler]  # while quantizing only: ORT's lines go to the result

@@ -30,11 +30,15 @@ from __future__ import annotations
 import platform
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, QuantizationError
+from ..fileio import atomic_write_bytes
+from ..graph import summarize_onnx
+from ..onnx_io import check_model_file, load_onnx
 from .calibration import Calibration
 from .ort_checks import (
     WEIGHTED_OPS,
@@ -45,6 +49,7 @@ from .ort_checks import (
     _check_quantizable,
 )
 from .ort_failures import run_ort as _run_ort
+from .qdq import float_outputs
 
 METHODS = ("minmax", "entropy", "percentile")
 PERCENTILE = 99.999  # onnxruntime's default for the percentile method
@@ -93,8 +98,6 @@ class OrtQuantResult:
 
     def to_record(self) -> dict[str, Any]:
         """JSON-able, for the manifest."""
-        from dataclasses import asdict
-
         d = asdict(self)
         d["path"] = str(self.path)
         return d
@@ -160,8 +163,6 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
     op_types = _check_op_types(op_types)
     _check_float32(model, src)
     _check_quantizable(model, src, exclude, op_types, dynamic=False)
-    from ..graph import summarize_onnx
-
     calibration.check(summarize_onnx(model).inputs, src.name)
     out = _check_out(out_path, src)
 
@@ -185,8 +186,6 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
             weight, exclude, op_types, extra, cache),
             {"per_channel": per_channel, "method": method, "model": model})
         qmodel, data = _read_output(q)
-        from .qdq import float_outputs
-
         if float_outputs(qmodel, exclude):
             data = qmodel.SerializeToString()
         quantized = _qdq_quantized(qmodel)
@@ -250,8 +249,6 @@ def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
 
 # -- checks before ------------------------------------------------------------------------
 def _load(onnx_path: Any) -> tuple[Path, Any]:
-    from ..onnx_io import check_model_file, load_onnx
-
     src = Path(getattr(onnx_path, "path", onnx_path))
     if hasattr(onnx_path, "path") and getattr(onnx_path, "format", "onnx") != "onnx":
         raise InputError(f"{src.name} is a {onnx_path.format} artifact; ONNX Runtime "
@@ -262,8 +259,6 @@ def _load(onnx_path: Any) -> tuple[Path, Any]:
 
 
 def _onnx_load(path: Path) -> Any:
-    from ..onnx_io import load_onnx
-
     return load_onnx(path)
 
 
@@ -414,8 +409,6 @@ def _verify(quantized: list[str], weighted: list[str], qmodel: Any, exclude: lis
 
 
 def _write(out: Path, data: bytes) -> None:
-    from ..fileio import atomic_write_bytes
-
     try:
         atomic_write_bytes(out, data)
     except OSError as e:
@@ -424,8 +417,6 @@ def _write(out: Path, data: bytes) -> None:
 
 
 def _histogram(model: Any) -> dict[str, int]:
-    from collections import Counter
-
     return dict(Counter(n.op_type for n in model.graph.node).most_common())
 
 

@@ -213,7 +213,7 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
         wanted += _weighted_before(graph, [producer.get(w, w) for w in wanted if w in records])
     else:
         from ..params import parse_ncnn_param
-        from ..precision.ncnn_table import quantizable
+        from ..precision.quantizable import quantizable
 
         layers = parse_ncnn_param(source.path).layers
         nodes = [ly.name for ly in layers]
@@ -267,7 +267,7 @@ def _int8_count(names: list[str], source: Artifact, backend: str, dynamic: bool
     keep = set(names)
     if backend == "ncnn":
         from ..params import parse_ncnn_param
-        from ..precision.ncnn_table import quantizable
+        from ..precision.quantizable import quantizable
 
         layers = [ly.name for ly in quantizable(parse_ncnn_param(source.path).layers)]
     else:
@@ -420,8 +420,8 @@ def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bo
 
 def _ncnn(source: Artifact, ws: Workspace, cal: Any, method: str, exclude: list[str],
           requantize: bool, t0: float, progress: bool, steps: Steps) -> Artifact:
+    from ..precision.ncnn_calibration import calibration_table
     from ..precision.ncnn_int8 import write_int8_model
-    from ..precision.ncnn_table import calibration_table
     from ..runtime.ncnn_runner import NcnnRunner
 
     main = "model.ncnn.param"
