@@ -7,7 +7,6 @@ second set of example inputs to catch branches and loops the trace froze.
 
 from __future__ import annotations
 
-import inspect
 import re
 import time
 from pathlib import Path
@@ -20,13 +19,16 @@ from ..checks import save_reference
 from ..customops import translation_table
 from ..customops.registry import EXPORTERS, check_opset
 from ..diagnostics import Diagnostic
-from ..errors import InputError, WorkbenchError
+from ..errors import InputError
 from ..fileio import atomic_write_bytes
-from ..graph import summarize, summarize_onnx
-from ..inputs import as_tensor_tuple, copies, describe, run_torch
+from ..graph import summarize_onnx
+from ..inputs import as_tensor_tuple, copies, run_torch
 from ..onnx_io import ensure_ort_readable, external_data_files
-from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, error_detail, max_errors, within
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+from .export_args import check_arity, io_names, normalize_dynamic_axes
+from .export_checks import numeric_checks
 from .export_errors import export_error, warning_diagnostics
+from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
 from .torchscript_gaps import cast_bool_cumsum, lent_symbolics
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
@@ -86,9 +88,51 @@ def export(
         ExportError: the exporter failed (the hint names the cause and the next step).
         InputError: a bad argument (the message names it, what was expected and what came).
     """
+    t0 = time.perf_counter()
+    opset = _check_model_and_exporter(model, exporter, opset)
+    args = as_tensor_tuple(inputs)
+    check_arity(model, args)
+    modules = resolve_moduleops(model, moduleop, exporter, opset)
+
+    with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
+        reference = run_torch(model, args, "example inputs")
+    input_names = io_names(input_names, len(args), "input", "input_names", "example inputs")
+    output_names = io_names(output_names, len(reference), "output", "output_names",
+                            "model outputs", allow_fewer=True)
+    axes = normalize_dynamic_axes(dynamic_axes, input_names, output_names, args)
+    args2 = _second_inputs(inputs2, args)
+    ws = as_workspace(workspace)
+
+    diags: list[Diagnostic] = []
+    with ws.staging() as stage_dir:
+        path = stage_dir / MAIN
+        with hooks_restored(model, modules):
+            _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
+                          diags, ref_cap, modules)
+        external = _finish_onnx(path, exporter, opset, modules, external_data_threshold, diags)
+        save_reference(stage_dir, {n: a.detach().cpu().numpy()
+                                   for n, a in zip(input_names, args, strict=True)}, reference)
+        with capture():  # torch re-runs for the checks; its warnings are already recorded
+            metrics = numeric_checks(model, args, args2, reference, path, input_names, axes,
+                                     atol, rtol, diags)
+        params = {
+            "exporter": exporter, "opset": opset, "input_names": input_names,
+            "output_names": output_names, "dynamic_axes": axes, **_inputs_record(args),
+            "model_class": type(model).__qualname__, "external_data": external,
+            "atol": atol, "rtol": rtol, "moduleop": sorted(c.__qualname__ for c in modules),
+            # where a model came from, when it says (the trained zoo's provenance)
+            "model_source": getattr(model, "workbench_source", None),
+        }
+        return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
+                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+
+
+# -- argument checks ---------------------------------------------------------------------------
+def _check_model_and_exporter(model: Any, exporter: str, opset: int | None) -> int:
+    """The opset to export at (None: the exporter's default), after refusing a model that is
+    no ``nn.Module``, an unknown exporter, or an opset it cannot write."""
     import torch
 
-    t0 = time.perf_counter()
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}",
                          "pass the module object, e.g. wb.export(MyNet().eval(), (x,))")
@@ -99,123 +143,21 @@ def export(
     if opset is None:  # each exporter at the opset it handles (see DEFAULT_OPSET)
         opset = DEFAULT_OPSET[exporter]
     check_opset(opset, exporter)
-    args = as_tensor_tuple(inputs)
-    _check_arity(model, args)
-    from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
+    return opset
 
-    modules = resolve_moduleops(model, moduleop, exporter, opset)
 
-    with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
-        reference = run_torch(model, args, "example inputs")
-    input_names = _names(input_names, len(args), "input", "input_names", "example inputs")
-    output_names = _names(output_names, len(reference), "output", "output_names",
-                          "model outputs", allow_fewer=True)
-    axes = _normalize_dynamic_axes(dynamic_axes, input_names, output_names, args)
+def _second_inputs(inputs2: Any, args: tuple) -> tuple | None:
+    """``inputs2`` as tensors, one per example input (None when not given)."""
     args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
     if args2 is not None and len(args2) != len(args):
         raise InputError(f"inputs2 has {len(args2)} tensor(s), the example inputs "
                          f"{len(args)}", "give the same inputs at other values or shapes")
-    ws = as_workspace(workspace)
-
-    diags: list[Diagnostic] = []
-    with ws.staging() as stage_dir:
-        path = stage_dir / MAIN
-        with hooks_restored(model, modules):
-            _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
-                          diags, ref_cap, modules)
-        if exporter == "dynamo" and opset < 18:
-            _repair_down_converted(path, opset, diags)
-        if exporter == "torchscript":
-            cast_bool_cumsum(path, diags)
-        diags += moduleop_diagnostics(path, modules, exporter)
-        external = _finalize_external_data(path, external_data_threshold, diags)
-        _check_onnx(path, diags)
-        save_reference(stage_dir, {n: a.detach().cpu().numpy()
-                                   for n, a in zip(input_names, args, strict=True)}, reference)
-        with capture():  # torch re-runs for the checks; its warnings are already recorded
-            metrics = _numeric_checks(model, args, args2, reference, path, input_names, axes,
-                                      atol, rtol, diags)
-        params = {
-            "exporter": exporter, "opset": opset, "input_names": input_names,
-            "output_names": output_names, "dynamic_axes": axes,
-            "input_shapes": [list(a.shape) for a in args],
-            "input_dtypes": [str(a.dtype).replace("torch.", "") for a in args],
-            "model_class": type(model).__qualname__, "external_data": external,
-            "atol": atol, "rtol": rtol,
-            "moduleop": sorted(c.__qualname__ for c in modules),
-            # where a model came from, when it says (the trained zoo's provenance)
-            "model_source": getattr(model, "workbench_source", None),
-        }
-        return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
-                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+    return args2
 
 
-# -- argument checks ---------------------------------------------------------------------------
-def _check_arity(model: Any, args: tuple) -> None:
-    try:
-        sig = inspect.signature(model.forward)
-    except (TypeError, ValueError):
-        return
-    params = list(sig.parameters.values())
-    if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    required = [p for p in positional if p.default is p.empty]
-    if not len(required) <= len(args) <= len(positional):
-        want = (f"{len(required)}" if len(required) == len(positional)
-                else f"{len(required)} to {len(positional)}")
-        raise InputError(
-            f"{type(model).__name__}.forward({', '.join(p.name for p in positional)}) takes "
-            f"{want} input(s), got {len(args)} example input(s): "
-            f"{', '.join(describe(a) for a in args) or 'none'}",
-            "pass a tuple with one tensor per forward() argument, e.g. (x,) for one input")
-
-
-def _names(names: Any, n: int, stem: str, arg: str, what: str,
-           allow_fewer: bool = False) -> list[str]:
-    if names is None:
-        return [stem] if n == 1 else [f"{stem}_{i}" for i in range(n)]
-    names = list(names)
-    if not all(isinstance(x, str) and x for x in names) or len(set(names)) != len(names):
-        raise InputError(f"{arg} must be distinct non-empty strings, got {names!r}",
-                         f"e.g. {arg}=['{stem}']")
-    if len(names) > n or (len(names) < n and not allow_fewer):
-        raise InputError(f"{arg} has {len(names)} name(s) {names}, the {what} number {n}",
-                         f"give one name per {what[:-1] if what.endswith('s') else what}")
-    return names + [f"{stem}_{i}" for i in range(len(names), n)]
-
-
-def _normalize_dynamic_axes(axes: Any, input_names: list[str], output_names: list[str],
-                            args: tuple) -> dict[str, dict[int, str]]:
-    if not axes:
-        return {}
-    if not isinstance(axes, dict):
-        raise InputError(f"dynamic_axes must be a dict, got {type(axes).__name__}",
-                         "e.g. dynamic_axes={'input': {0: 'batch', 2: 'h', 3: 'w'}}")
-    ranks = {n: a.dim() for n, a in zip(input_names, args, strict=True)}
-    out: dict[str, dict[int, str]] = {}
-    for name, spec in axes.items():
-        if name not in input_names and name not in output_names:
-            raise InputError(
-                f"dynamic_axes names {name!r}, which is not an input or output; inputs are "
-                f"{input_names}, outputs {output_names}",
-                "use the names given in input_names/output_names (defaults: 'input', "
-                "'output', or input_0, input_1...)")
-        if isinstance(spec, (list, tuple)):
-            spec = {int(a): f"{name}_dim{a}" for a in spec}
-        if not isinstance(spec, dict):
-            raise InputError(f"dynamic_axes[{name!r}] must be a dict {{axis: name}} or a list "
-                             f"of axes, got {spec!r}", "e.g. {0: 'batch'}")
-        norm = {}
-        for axis, dim in spec.items():
-            rank = ranks.get(name)
-            if not isinstance(axis, int) or (rank is not None and not -rank <= axis < rank):
-                raise InputError(f"dynamic_axes[{name!r}] has axis {axis!r}, but {name!r} has "
-                                 f"rank {rank}", f"axes of {name!r} are 0..{(rank or 1) - 1}")
-            axis = axis % rank if rank is not None else axis
-            norm[axis] = str(dim)
-        out[name] = dict(sorted(norm.items()))
-    return out
+def _inputs_record(args: tuple) -> dict[str, list]:
+    return {"input_shapes": [list(a.shape) for a in args],
+            "input_dtypes": [str(a.dtype).replace("torch.", "") for a in args]}
 
 
 # -- running the exporter ----------------------------------------------------------------------
@@ -323,6 +265,22 @@ def _dynamic_shapes(axes: dict[str, dict[int, str]], input_names: list[str],
 
 
 # -- after export ------------------------------------------------------------------------------
+def _finish_onnx(path: Path, exporter: str, opset: int, modules: set, threshold: int,
+                 diags: list[Diagnostic]) -> bool:
+    """What the exporter wrote, set right and checked: a dynamo export converted below opset
+    18 repaired, TorchScript's bool CumSum cast, the moduleop functions checked, large
+    weights moved to external data (True when they were), the IR version lowered for
+    onnxruntime, onnx.checker run."""
+    if exporter == "dynamo" and opset < 18:
+        _repair_down_converted(path, opset, diags)
+    if exporter == "torchscript":
+        cast_bool_cumsum(path, diags)
+    diags += moduleop_diagnostics(path, modules, exporter)
+    external = _finalize_external_data(path, threshold, diags)
+    _check_onnx(path, diags)
+    return external
+
+
 def _finalize_external_data(path: Path, threshold: int, diags: list[Diagnostic]) -> bool:
     """Move initializers to one ``model.onnx.data`` file when they pass ``threshold`` bytes."""
     import onnx
@@ -359,144 +317,3 @@ def _check_onnx(path: Path, diags: list[Diagnostic]) -> None:
                                 f"onnx.checker rejects the model: {str(e).splitlines()[0]}",
                                 "the exporter wrote an invalid graph; try the other exporter "
                                 "or another opset"))
-
-
-def _numeric_checks(model: Any, args: tuple, args2: tuple | None, reference: list, path: Path,
-                    input_names: list[str], axes: dict[str, dict[int, str]], atol: float,
-                    rtol: float, diags: list[Diagnostic]) -> dict[str, Any]:
-    from ..runtime.ort_runner import OrtRunner
-
-    kept = [t.name for t in summarize(path).inputs]
-    dropped = [n for n in input_names if n not in kept]
-    if dropped:
-        diags.append(Diagnostic(
-            "warning", "input-dropped",
-            f"input(s) {dropped} are not in the exported graph: nothing in it depends on them "
-            "(a value read with float(), int() or .item() froze into a constant)",
-            "see the tracer-constant diagnostic for the line; keep the value a tensor, or drop "
-            "the input if it is meant to be a constant"))
-    runner = _KeptInputs(OrtRunner(path), input_names, kept)
-    try:
-        got = list(runner.run(args).values())
-    except Exception as e:
-        diags.append(Diagnostic("error", "ort-failed",
-                                f"ONNX Runtime cannot run the exported model: {_first(e)}",
-                                "see the other diagnostics; an op or opset onnxruntime lacks, "
-                                "or a custom domain without its implementation"))
-        return {"max_abs": None, "max_rel": None}
-    errs = max_errors(reference, got)
-    metrics = {"max_abs": errs["max_abs"], "max_rel": errs["max_rel"]}
-    if not within(errs, atol, rtol, reference):
-        diags.append(Diagnostic(
-            "error", "numeric-mismatch",
-            f"ONNX Runtime differs from torch on the example inputs: "
-            f"{error_detail(errs, atol, rtol)} (all outputs: max abs {errs['max_abs']:.3g}, "
-            f"max rel {errs['max_rel']:.3g})",
-            "wb.compare(model, [artifact], inputs) finds the first op that diverges"))
-    for name, spec in axes.items():
-        if name in input_names and name in kept:
-            diags.extend(_check_dynamic_axes(model, args, runner, input_names.index(name), name,
-                                             spec, path, atol, rtol))
-    if args2 is not None:
-        diags.extend(_check_second_inputs(model, args2, runner, atol, rtol, diags))
-    return metrics
-
-
-class _KeptInputs:
-    """A runner fed only the inputs the exported graph kept (an exporter drops unused ones)."""
-
-    def __init__(self, runner: Any, names: list[str], kept: list[str]) -> None:
-        self.runner, self.names, self.kept = runner, names, kept
-
-    def run(self, args: tuple) -> dict[str, Any]:
-        return self.runner.run({n: a for n, a in zip(self.names, args, strict=True)
-                                if n in self.kept})
-
-
-def _first(e: Exception) -> str:
-    # a WorkbenchError's str() ends with its hint line; the message is the error itself
-    text = (e.message if isinstance(e, WorkbenchError) else str(e)).strip()
-    return text.splitlines()[-1] if text else type(e).__name__
-
-
-def _ort_node(e: Exception) -> str:
-    m = re.search(r"running (\w+) node\. Name:'([^']*)'", str(e))
-    return f"{m.group(1)} node '{m.group(2)}'" if m else ""
-
-
-def _resized(args: tuple, index: int, axis: int) -> tuple:
-    """The example inputs with input ``index`` tiled twice along ``axis`` (values stay valid)."""
-    reps = [1] * args[index].dim()
-    reps[axis] = 2
-    return tuple(a.repeat(*reps) if i == index else a for i, a in enumerate(args))
-
-
-def _check_dynamic_axes(model: Any, args: tuple, runner: Any, index: int, name: str,
-                        spec: dict[int, str], path: Path, atol: float,
-                        rtol: float) -> list[Diagnostic]:
-    """Run each declared dynamic axis at another size in torch and ONNX Runtime."""
-
-    diags = []
-    declared = next(t for t in summarize(path).inputs if t.name == name)
-    for axis, dim_name in spec.items():
-        where = f"{name!r} axis {axis} ({dim_name!r})"
-        if declared.shape is not None and isinstance(declared.shape[axis], int):
-            diags.append(Diagnostic(
-                "warning", "dynamic-axis-frozen",
-                f"{where} was declared dynamic but the exported input has fixed size "
-                f"{declared.shape[axis]}",
-                "the exporter specialised it: something in forward() depends on that size"))
-            continue
-        trial = _resized(args, index, axis)
-        size = trial[index].shape[axis]
-        try:
-            ref = run_torch(model, trial, f"inputs with {where} = {size}")
-        except InputError:
-            diags.append(Diagnostic("info", "dynamic-axis-untested",
-                                    f"{where}: torch itself rejects size {size}, so the axis "
-                                    "was not tried", "pass inputs2= with a valid second shape"))
-            continue
-        try:
-            got = list(runner.run(trial).values())
-        except Exception as e:
-            node = _ort_node(e)
-            diags.append(Diagnostic(
-                "warning", "dynamic-axis-frozen",
-                f"{where} is declared dynamic but the model breaks at size {size}"
-                + (f" in {node}" if node else "") + f": {_first(e)}",
-                "a shape froze into a constant during tracing (often a Reshape/view built "
-                "from int(x.size(i)) or a Python number); use x.shape[i] or -1 in view/reshape"))
-            continue
-        errs = max_errors(ref, got)
-        if not within(errs, atol, rtol, ref):
-            detail = error_detail(errs, atol, rtol)
-            diags.append(Diagnostic(
-                "warning", "dynamic-axis-frozen",
-                f"{where}: at size {size} ONNX Runtime runs but differs from torch ({detail})",
-                "a size or value froze into a constant; see the tracer-* diagnostics for the "
-                "line"))
-    return diags
-
-
-def _check_second_inputs(model: Any, args2: tuple, runner: Any, atol: float, rtol: float,
-                         prior: list[Diagnostic]) -> list[Diagnostic]:
-    ref = run_torch(model, args2, "inputs2")
-    lines = [d.source for d in prior if d.code in ("tracer-branch", "tracer-loop",
-                                                   "tracer-constant") and d.source]
-    at = f" (suspect: {', '.join(lines)})" if lines else ""
-    try:
-        got = list(runner.run(args2).values())
-    except Exception as e:
-        return [Diagnostic("warning", "trace-diverges",
-                           f"the exported graph cannot run inputs2: {_first(e)}{at}",
-                           "inputs2 has a shape the export fixed; declare it in dynamic_axes")]
-    errs = max_errors(ref, got)
-    if within(errs, atol, rtol, ref):
-        return []
-    detail = error_detail(errs, atol, rtol)
-    return [Diagnostic(
-        "warning", "trace-diverges",
-        f"on inputs2 the exported graph differs from torch ({detail}): the trace froze a branch "
-        f"or loop for the first example inputs{at}",
-        "script the data-dependent part (torch.jit.script), use torch.where, or export with "
-        "exporter='dynamo' and torch.cond")]
