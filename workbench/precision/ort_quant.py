@@ -147,9 +147,35 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
         an unknown node in ``exclude``, calibration that does not fit, an unwritable
         ``out_path``) and QuantizationError when onnxruntime fails or quantizes nothing.
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat
-
     t0 = time.perf_counter()
+    src, model, exclude, op_types, out = _check_static(onnx_path, out_path, calibration,
+                                                       method, exclude, op_types)
+    types = cpu_types()
+    act, weight, reduce_range = types
+    with tempfile.TemporaryDirectory(prefix="wb-ortq-") as tmp:
+        pre, how = _preprocess(src, Path(tmp), exclude)
+        q, logged = _calibrate_and_quantize(src, model, pre, Path(tmp), calibration, method,
+                                            per_channel, exclude, op_types, progress, types)
+        qmodel, data = _read_output(q)
+        if float_outputs(qmodel, exclude):
+            data = qmodel.SerializeToString()
+        quantized = _qdq_quantized(qmodel)
+        ops = {n.name: n.op_type for n in qmodel.graph.node}
+        _verify(quantized, [n for n in quantized if ops[n] in WEIGHTED_OPS], qmodel, exclude,
+                src, ("QuantizeLinear", "DequantizeLinear"))
+        _write(out, data)
+    return OrtQuantResult(out, "static-qdq", method, per_channel, quantized, list(exclude),
+                          _ort_version(), time.perf_counter() - t0, act, weight, reduce_range,
+                          how, _histogram(qmodel), calibration.to_record(),
+                          list(dict.fromkeys(logged)))
+
+
+def _check_static(onnx_path: Any, out_path: str | Path, calibration: Any, method: str,
+                  exclude: Any, op_types: Any) -> tuple[Path, Any, list[str], Any, Path]:
+    """(source path, model, exclude, op_types, out path) once every input of
+    ``quantize_static_qdq`` is checked: the method, the Calibration and its fit to the
+    model's inputs, the names in ``exclude``, the op types, a float32 model with something
+    to quantize, a writable ``out_path``."""
     if method not in METHODS:
         raise InputError(f"method={method!r} is not one of {METHODS}",
                          "minmax is the baseline; entropy or percentile clip outliers")
@@ -164,39 +190,36 @@ def quantize_static_qdq(onnx_path: Any, out_path: str | Path, calibration: Calib
     _check_float32(model, src)
     _check_quantizable(model, src, exclude, op_types, dynamic=False)
     calibration.check(summarize_onnx(model).inputs, src.name)
-    out = _check_out(out_path, src)
+    return src, model, exclude, op_types, _check_out(out_path, src)
 
-    act, weight, reduce_range = cpu_types()
+
+def _calibrate_and_quantize(src: Path, model: Any, pre: Path, tmp: Path,
+                            calibration: Calibration, method: str, per_channel: bool,
+                            exclude: list[str], op_types: Any, progress: bool,
+                            types: tuple[str, str, bool]) -> tuple[Path, list[str]]:
+    """(the QDQ model onnxruntime wrote in ``tmp``, the warnings it logged): the calibration
+    runs (for entropy, onnxruntime's calibrator first, its ranges passed as a cache) and
+    ``quantize_static`` on the pre-processed model ``pre``."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat
+
+    act, weight, reduce_range = types
     calib_method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                     "percentile": CalibrationMethod.Percentile}[method]
     extra: dict[str, Any] = {"CalibPercentile": PERCENTILE} if method == "percentile" else {}
     extra["CalibStridedMinMax"] = _chunk(len(calibration))
-    with tempfile.TemporaryDirectory(prefix="wb-ortq-") as tmp:
-        pre, how = _preprocess(src, Path(tmp), exclude)
-        q = Path(tmp) / "int8.onnx"
-        reader: Any = _Reader(calibration, progress, method)
-        cache, logged = None, []
-        if method == "entropy":
-            cache = Path(tmp) / "ranges.json"
-            logged += _run_ort("entropy calibration", src,
-                               lambda: _entropy_ranges(pre, Path(tmp), reader, op_types, cache))
-            reader = None
-        logged += _run_ort("quantize_static", src, lambda: _quantize_static(
-            pre, q, reader, QuantFormat.QDQ, calib_method, per_channel, reduce_range, act,
-            weight, exclude, op_types, extra, cache),
-            {"per_channel": per_channel, "method": method, "model": model})
-        qmodel, data = _read_output(q)
-        if float_outputs(qmodel, exclude):
-            data = qmodel.SerializeToString()
-        quantized = _qdq_quantized(qmodel)
-        ops = {n.name: n.op_type for n in qmodel.graph.node}
-        _verify(quantized, [n for n in quantized if ops[n] in WEIGHTED_OPS], qmodel, exclude,
-                src, ("QuantizeLinear", "DequantizeLinear"))
-        _write(out, data)
-    return OrtQuantResult(out, "static-qdq", method, per_channel, quantized, list(exclude),
-                          _ort_version(), time.perf_counter() - t0, act, weight, reduce_range,
-                          how, _histogram(qmodel), calibration.to_record(),
-                          list(dict.fromkeys(logged)))
+    q = tmp / "int8.onnx"
+    reader: Any = _Reader(calibration, progress, method)
+    cache, logged = None, []
+    if method == "entropy":
+        cache = tmp / "ranges.json"
+        logged += _run_ort("entropy calibration", src,
+                           lambda: _entropy_ranges(pre, tmp, reader, op_types, cache))
+        reader = None
+    logged += _run_ort("quantize_static", src, lambda: _quantize_static(
+        pre, q, reader, QuantFormat.QDQ, calib_method, per_channel, reduce_range, act,
+        weight, exclude, op_types, extra, cache),
+        {"per_channel": per_channel, "method": method, "model": model})
+    return q, logged
 
 
 def quantize_dynamic_matmul(onnx_path: Any, out_path: str | Path,
