@@ -30,7 +30,7 @@ _LAZY = {
     "export": ("workbench.stages.export", "export"),
     "simplify": ("workbench.stages.simplify", "simplify"),
     "raise_ops": ("workbench.stages.raising", "raise_ops"),
-    "RaiseReport": ("workbench.stages.raising", "RaiseReport"),
+    "RaiseReport": ("workbench.stages.raise_report", "RaiseReport"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "quantize": ("workbench.stages.quantize", "quantize"),
     "ncnn_featmask": ("workbench.stages.ncnn_featmask", "ncnn_featmask"),

@@ -91,7 +91,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_raise(args: argparse.Namespace) -> int:
-    from .stages.raising import RaiseReport, raise_ops
+    from .stages.raise_report import RaiseReport
+    from .stages.raising import raise_ops
 
     rules = [r for r in args.rules.split(",") if r] if args.rules else None
     art = raise_ops(args.file, rules=rules, target=args.target, opset=args.opset,

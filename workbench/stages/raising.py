@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
+from .. import rules as registry
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
 from ..checks import check_against, error_vs_torch, random_feeds, reference_data
@@ -43,15 +43,14 @@ from ..diagnostics import Diagnostic
 from ..errors import InputError, RaiseError
 from ..graph import summarize
 from ..onnx_io import ensure_ort_readable, load_onnx
+from ..rules import Rule
+from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+from .raise_report import REPORT, RaiseReport
 from .rewrite import Firing, apply_rules
 from .simplify import as_onnx_artifact
 
-if TYPE_CHECKING:
-    from ..rules import Rule
-
 MAIN = "model.onnx"
-REPORT = "raise_report.json"
 TARGETS = ("standard", "functions")
 
 
@@ -63,84 +62,6 @@ class _Attempt(NamedTuple):
     fallbacks: dict[str, int | None]  # rule -> the opset its standard op needs (None: cannot)
     vs_parent: dict[str, Any]  # the numeric check against the parent
     diagnostics: list[Diagnostic]
-
-
-@dataclass
-class RaiseReport:
-    """What ``raise_ops`` did: firings, counts and op histograms before/after, drift vs parent."""
-
-    target: str
-    opset_before: int | None
-    opset_after: int | None
-    firings: list[Firing] = field(default_factory=list)
-    nodes_before: int = 0
-    nodes_after: int = 0
-    ops_before: dict[str, int] = field(default_factory=dict)
-    ops_after: dict[str, int] = field(default_factory=dict)
-    max_abs_vs_parent: float | None = None
-    max_rel_vs_parent: float | None = None  # element-wise (|diff| / (|ref| + 1e-6)), worst
-    rel_vs_parent: float | None = None  # max abs diff / max |parent output|: the 1e-5 figure
-    # rule -> the opset its standard op needs (None: the op exists but cannot express a match)
-    fallbacks: dict[str, int | None] = field(default_factory=dict)
-    disabled: list[str] = field(default_factory=list)  # rules dropped by the numeric check
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """How many times each rule fired."""
-        return dict(Counter(f.rule for f in self.firings))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RaiseReport:
-        d = dict(d)
-        d["firings"] = [Firing(**f) for f in d.get("firings", [])]
-        return cls(**d)
-
-    @classmethod
-    def of(cls, artifact: Artifact) -> RaiseReport:
-        """The report of a raise artifact (read from its ``raise_report.json``)."""
-        path = artifact.dir / REPORT if isinstance(artifact, Artifact) else None
-        if path is None or artifact.stage != "raise" or not path.is_file():
-            what = (f"artifact {artifact.id} from stage {artifact.stage!r}"
-                    if isinstance(artifact, Artifact) else type(artifact).__name__)
-            raise InputError(f"RaiseReport.of takes an artifact from wb.raise_ops, got {what}",
-                             "pass the artifact raise_ops returned")
-        return cls.from_dict(json.loads(path.read_text()))
-
-    def summary(self) -> str:
-        """One line: nodes before -> after, what fired, drift."""
-        fired = ", ".join(f"{k} x{v}" for k, v in self.counts.items()) or "nothing fired"
-        err = (f", max abs {self.max_abs_vs_parent:.3g} vs parent"
-               if isinstance(self.max_abs_vs_parent, float) else "")
-        return f"raise ({self.target}): {self.nodes_before} -> {self.nodes_after} nodes; {fired}{err}"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        rows = "".join(
-            f"<tr><td>{html.escape(f.rule)}</td><td>{f.form}</td>"
-            f"<td>{html.escape(', '.join(f.nodes_before))}</td>"
-            f"<td>{html.escape('+'.join(f.ops_before))}</td>"
-            f"<td>{html.escape(f.node_after)}</td><td>{html.escape(f.op_after)}</td></tr>"
-            for f in self.firings)
-        head = ("<tr><th>rule</th><th>form</th><th>nodes before</th><th>ops before</th>"
-                "<th>node after</th><th>op after</th></tr>")
-        notes = "".join(f"<br>{html.escape(line.strip())}" for line in str(self).splitlines()
-                        if "function form" in line or "disabled" in line)
-        return (f"<b>{html.escape(self.summary())}</b>{notes}"
-                f"<table>{head}{rows}</table>")
-
-    def __str__(self) -> str:
-        lines = [self.summary()]
-        lines += [f"  {f}" for f in self.firings]
-        for rule, op in self.fallbacks.items():
-            why = f"the standard op needs opset {op}" if op else "no standard op for some"
-            lines.append(f"  {rule}: function form ({why})")
-        for rule in self.disabled:
-            lines.append(f"  {rule}: disabled (the raised model did not match its parent)")
-        return "\n".join(lines)
 
 
 def raise_ops(
@@ -172,30 +93,13 @@ def raise_ops(
     Raises:
         RaiseError: a rewrite broke the graph or changed the numbers (the source is kept).
     """
-    import onnx
-
-    from ..runtime.ort_runner import OrtRunner
-
     t0 = time.perf_counter()
     chosen = _resolve_rules(rules)
-    if target not in TARGETS:
-        raise InputError(f"raise_ops target={target!r} is not one of {TARGETS}",
-                         "use 'standard' (standard ONNX ops where the opset has them) or "
-                         "'functions' (local functions named after the PyTorch ops)")
-    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int)
-                              or opset < 1):
-        raise InputError(f"raise_ops opset={opset!r} is not a positive int",
-                         "e.g. opset=21 (GroupNormalization) or leave it None")
+    _check_target_and_opset(target, opset)
     parent = as_onnx_artifact(source, workspace, "raise_ops")
     ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
-    model = load_onnx(parent.path)
-    opset_before = _default_opset(model)
     diags: list[Diagnostic] = []
-    if opset is not None and opset_before is not None and opset != opset_before:
-        model = _upgrade(model, opset_before, opset, parent)
-        diags.append(Diagnostic("info", "opset-upgraded",
-                                f"ai.onnx opset {opset_before} -> {opset} "
-                                "(onnx.version_converter) before raising"))
+    model, opset_before = _model_at(parent, opset, diags)
     opset_now = _default_opset(model)
 
     before = parent.graph
@@ -205,93 +109,163 @@ def raise_ops(
     parent_runner = OrtRunner(parent.path)
 
     with ws.staging() as d:
-        path = d / MAIN
-
-        def attempt(rule_list: list[Rule]) -> _Attempt:
-            raised, firings, fallbacks, errors = apply_rules(model, rule_list, target, opset_now)
-            _save(raised, path)
-            more = [Diagnostic("warning", "rule-crashed", f"rule {name!r}: {why}; its matches "
-                               "were left as they were",
-                               "fix the rule (or leave it out with rules=[...]); the other "
-                               "rules ran") for name, why in errors.items()]
-            lowered = ensure_ort_readable(path)
-            if lowered:
-                more.append(lowered)
-            vs, check_diags = check_against(parent_runner, OrtRunner(path), feeds,
-                                            "raise_ops", atol, rtol)
-            return _Attempt(raised, firings, fallbacks, vs, more + check_diags)
-
-        raised, firings, fallbacks, vs_parent, more = attempt(chosen)
-        disabled: list[str] = []
-        if _broken(more) and firings and not _broken(attempt([]).diagnostics):
-            # Retry the rules that fired one at a time; keep each only if the model still
-            # matches its parent. Bisecting would save runs, but a failure is rare and
-            # this names the culprit exactly. (If even no rule at all breaks the model, the
-            # opset upgrade did: no rule is blamed, the error diagnostic stays.)
-            kept: list[Rule] = []
-            fired = {f.rule for f in firings}
-            for rule in chosen:
-                if rule.name not in fired:
-                    continue
-                result = attempt([*kept, rule])
-                if _broken(result.diagnostics):
-                    disabled.append(rule.name)
-                    why = next(x.message for x in result.diagnostics if x.level == "error")
-                    diags.append(Diagnostic(
-                        "warning", "rule-disabled",
-                        f"rule {rule.name!r} was disabled: with it the raised model does not "
-                        f"match its parent ({why})",
-                        f"raise_ops(..., rules=[...]) without {rule.name!r}; please report "
-                        "the model (the rule's check let through a subgraph it should not)"))
-                else:
-                    kept.append(rule)
-            raised, firings, fallbacks, vs_parent, more = attempt(kept)
-        diags.extend(more)
-        for rule_name, needed in fallbacks.items():
-            rule = next(r for r in chosen if r.name == rule_name)
-            if needed is not None:
-                diags.append(Diagnostic(
-                    "info", "standard-op-needs-opset",
-                    f"{rule_name}: the standard op {rule.standard_op} needs ai.onnx opset "
-                    f"{needed}, the model has {opset_now}; raised to the function form "
-                    f"pkg.workbench::{rule_name} instead",
-                    f"wb.raise_ops(art, opset={needed}) upgrades the model first"))
-            else:
-                diags.append(Diagnostic(
-                    "info", "standard-op-cannot-express",
-                    f"{rule_name}: some matches cannot be written as {rule.standard_op} (e.g. "
-                    "normalized axes it does not take, or unknown dims); they are raised to "
-                    f"the function form pkg.workbench::{rule_name}",
-                    "nothing to do; the function runs in ONNX Runtime as before"))
-        try:
-            onnx.checker.check_model(str(path))
-        except onnx.checker.ValidationError as e:
-            diags.append(Diagnostic("error", "onnx-checker",
-                                    f"onnx.checker rejects the raised model: "
-                                    f"{str(e).strip().splitlines()[0]}",
-                                    "please report the model; raise with fewer rules"))
-        after = summarize(path)
-        rel = _relative(vs_parent["max_abs"], parent_runner, feeds)
+        trial = _Trial(model, target, opset_now, d / MAIN, parent_runner, feeds, atol, rtol)
+        result, disabled = _raise_checked(trial, chosen, diags)
+        diags.extend(result.diagnostics)
+        diags += _fallback_diagnostics(result.fallbacks, chosen, opset_now)
+        _check_model(trial.path, diags)
+        after = summarize(trial.path)
+        rel = _relative(result.vs_parent["max_abs"], parent_runner, feeds)
         report = RaiseReport(
-            target=target, opset_before=opset_before, opset_after=opset_now, firings=firings,
-            nodes_before=before.node_count, nodes_after=after.node_count,
-            ops_before=before.op_histogram, ops_after=after.op_histogram,
-            max_abs_vs_parent=vs_parent["max_abs"], max_rel_vs_parent=vs_parent["max_rel"],
-            rel_vs_parent=rel, fallbacks=fallbacks, disabled=disabled)
+            target=target, opset_before=opset_before, opset_after=opset_now,
+            firings=result.firings, nodes_before=before.node_count,
+            nodes_after=after.node_count, ops_before=before.op_histogram,
+            ops_after=after.op_histogram, max_abs_vs_parent=result.vs_parent["max_abs"],
+            max_rel_vs_parent=result.vs_parent["max_rel"], rel_vs_parent=rel,
+            fallbacks=result.fallbacks, disabled=disabled)
         (d / REPORT).write_text(json.dumps(report.to_dict(), indent=1))
-        metrics = {
-            "max_abs": error_vs_torch(path, ref),
-            "max_abs_vs_parent": vs_parent["max_abs"], "max_rel_vs_parent": vs_parent["max_rel"],
-            "rel_vs_parent": rel, "feeds_checked": vs_parent["feeds"],
-            "nodes_before": before.node_count, "nodes_after": after.node_count,
-            "ops_before": before.op_histogram, "ops_after": after.op_histogram,
-            "fired": report.counts, "fallbacks": fallbacks, "disabled": disabled,
-        }
+        metrics = {"max_abs": error_vs_torch(trial.path, ref), **_report_metrics(
+            report, result.vs_parent["feeds"])}
         params = {"rules": [r.name for r in chosen], "target": target, "opset": opset,
                   "atol": atol, "rtol": rtol, "seed": seed}
         return ws.commit(d, stage="raise", format="onnx", main=MAIN, parent=parent,
                          params=params, seconds=time.perf_counter() - t0, diagnostics=diags,
                          metrics=metrics)
+
+
+def _check_target_and_opset(target: str, opset: int | None) -> None:
+    if target not in TARGETS:
+        raise InputError(f"raise_ops target={target!r} is not one of {TARGETS}",
+                         "use 'standard' (standard ONNX ops where the opset has them) or "
+                         "'functions' (local functions named after the PyTorch ops)")
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int)
+                              or opset < 1):
+        raise InputError(f"raise_ops opset={opset!r} is not a positive int",
+                         "e.g. opset=21 (GroupNormalization) or leave it None")
+
+
+def _model_at(parent: Artifact, opset: int | None, diags: list[Diagnostic]
+              ) -> tuple[Any, int | None]:
+    """The parent's model, upgraded to ``opset`` when one is given (an info diagnostic says
+    so), and the opset it had."""
+    model = load_onnx(parent.path)
+    opset_before = _default_opset(model)
+    if opset is not None and opset_before is not None and opset != opset_before:
+        model = _upgrade(model, opset_before, opset, parent)
+        diags.append(Diagnostic("info", "opset-upgraded",
+                                f"ai.onnx opset {opset_before} -> {opset} "
+                                "(onnx.version_converter) before raising"))
+    return model, opset_before
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """Raising ``model`` with a set of rules into ``path``, checked against the parent."""
+
+    model: Any
+    target: str
+    opset: int | None
+    path: Path
+    parent_runner: Any
+    feeds: list[Any]
+    atol: float
+    rtol: float
+
+    def run(self, rule_list: list[Rule]) -> _Attempt:
+        raised, firings, fallbacks, errors = apply_rules(self.model, rule_list, self.target,
+                                                         self.opset)
+        _save(raised, self.path)
+        more = [Diagnostic("warning", "rule-crashed", f"rule {name!r}: {why}; its matches "
+                           "were left as they were",
+                           "fix the rule (or leave it out with rules=[...]); the other "
+                           "rules ran") for name, why in errors.items()]
+        lowered = ensure_ort_readable(self.path)
+        if lowered:
+            more.append(lowered)
+        vs, check_diags = check_against(self.parent_runner, OrtRunner(self.path), self.feeds,
+                                        "raise_ops", self.atol, self.rtol)
+        return _Attempt(raised, firings, fallbacks, vs, more + check_diags)
+
+
+def _raise_checked(trial: _Trial, chosen: list[Rule], diags: list[Diagnostic]
+                   ) -> tuple[_Attempt, list[str]]:
+    """Every chosen rule at once; when that breaks the model, the rules that fired tried
+    again one at a time, each kept only if the model still matches its parent (a
+    ``rule-disabled`` warning for the others). The last try and the rules disabled."""
+    result = trial.run(chosen)
+    disabled: list[str] = []
+    if _broken(result.diagnostics) and result.firings and not _broken(trial.run([]).diagnostics):
+        # Retry the rules that fired one at a time; keep each only if the model still
+        # matches its parent. Bisecting would save runs, but a failure is rare and
+        # this names the culprit exactly. (If even no rule at all breaks the model, the
+        # opset upgrade did: no rule is blamed, the error diagnostic stays.)
+        kept: list[Rule] = []
+        fired = {f.rule for f in result.firings}
+        for rule in chosen:
+            if rule.name not in fired:
+                continue
+            one = trial.run([*kept, rule])
+            if _broken(one.diagnostics):
+                disabled.append(rule.name)
+                why = next(x.message for x in one.diagnostics if x.level == "error")
+                diags.append(Diagnostic(
+                    "warning", "rule-disabled",
+                    f"rule {rule.name!r} was disabled: with it the raised model does not "
+                    f"match its parent ({why})",
+                    f"raise_ops(..., rules=[...]) without {rule.name!r}; please report "
+                    "the model (the rule's check let through a subgraph it should not)"))
+            else:
+                kept.append(rule)
+        result = trial.run(kept)
+    return result, disabled
+
+
+def _fallback_diagnostics(fallbacks: dict[str, int | None], chosen: list[Rule],
+                          opset_now: int | None) -> list[Diagnostic]:
+    """An info diagnostic for each rule raised to the function form instead of its standard
+    op (the opset lacks it, or some matches cannot be written as it)."""
+    out = []
+    for rule_name, needed in fallbacks.items():
+        rule = next(r for r in chosen if r.name == rule_name)
+        if needed is not None:
+            out.append(Diagnostic(
+                "info", "standard-op-needs-opset",
+                f"{rule_name}: the standard op {rule.standard_op} needs ai.onnx opset "
+                f"{needed}, the model has {opset_now}; raised to the function form "
+                f"pkg.workbench::{rule_name} instead",
+                f"wb.raise_ops(art, opset={needed}) upgrades the model first"))
+        else:
+            out.append(Diagnostic(
+                "info", "standard-op-cannot-express",
+                f"{rule_name}: some matches cannot be written as {rule.standard_op} (e.g. "
+                "normalized axes it does not take, or unknown dims); they are raised to "
+                f"the function form pkg.workbench::{rule_name}",
+                "nothing to do; the function runs in ONNX Runtime as before"))
+    return out
+
+
+def _check_model(path: Path, diags: list[Diagnostic]) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as e:
+        diags.append(Diagnostic("error", "onnx-checker",
+                                f"onnx.checker rejects the raised model: "
+                                f"{str(e).strip().splitlines()[0]}",
+                                "please report the model; raise with fewer rules"))
+
+
+def _report_metrics(report: RaiseReport, feeds_checked: Any) -> dict[str, Any]:
+    """The report's figures, as the artifact's metrics (and so manifest.json) hold them."""
+    return {
+        "max_abs_vs_parent": report.max_abs_vs_parent,
+        "max_rel_vs_parent": report.max_rel_vs_parent,
+        "rel_vs_parent": report.rel_vs_parent, "feeds_checked": feeds_checked,
+        "nodes_before": report.nodes_before, "nodes_after": report.nodes_after,
+        "ops_before": report.ops_before, "ops_after": report.ops_after,
+        "fired": report.counts, "fallbacks": report.fallbacks, "disabled": report.disabled,
+    }
 
 
 def _relative(max_abs: float | None, parent_runner: Any, feeds: list[Any]) -> float | None:
@@ -314,11 +288,9 @@ def _broken(diags: list[Diagnostic]) -> bool:
 
 
 def _resolve_rules(rules: Any) -> list[Rule]:
-    from .. import rules as registry
-
     if rules is None:
         return registry.all_rules()
-    if isinstance(rules, (str, registry.Rule)):
+    if isinstance(rules, (str, Rule)):
         rules = [rules]
     try:
         items = list(rules)
@@ -328,7 +300,7 @@ def _resolve_rules(rules: Any) -> list[Rule]:
                          f"known: {registry.names()}") from None
     out: list[Rule] = []
     for item in items:
-        if isinstance(item, registry.Rule):
+        if isinstance(item, Rule):
             out.append(item)
         elif isinstance(item, str):
             out.append(registry.get(item))
