@@ -8,6 +8,7 @@ that changes the numbers is reported as such, not passed off.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +20,9 @@ from ..artifact.workspace import Workspace, as_workspace
 from ..checks import check_against, error_vs_torch, random_feeds, reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError, SimplifyError
-from ..graph import summarize
+from ..graph import GraphSummary, summarize
 from ..onnx_io import check_model_file, check_shapes, ensure_ort_readable, load_onnx
+from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 MAIN = "model.onnx"
@@ -80,7 +82,6 @@ def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str)
     if isinstance(source, (str, Path)):
         import onnx
 
-
         if check_model_file(source) != "onnx":
             raise InputError(f"{stage} takes an ONNX model; {str(source)!r} is not .onnx",
                              "pass a .onnx file or the artifact wb.export returned")
@@ -128,10 +129,6 @@ def simplify(
     Raises:
         SimplifyError: the backend failed or changed the numbers (the source is kept).
     """
-    import onnx
-
-    from ..runtime.ort_runner import OrtRunner
-
     t0 = time.perf_counter()
     name, fn = _backend(backend)
     parent = as_onnx_artifact(source, workspace, "simplify")
@@ -140,6 +137,35 @@ def simplify(
     model = load_onnx(parent.path)
     before = parent.graph
     diags: list[Diagnostic] = []
+    result = _run_backend(name, fn, model, parent, diags)
+
+    with ws.staging() as d:
+        path = d / MAIN
+        _save_checked(result, path, name, diags)
+        ref = reference_data(parent)
+        example = dict(ref[0]) if ref else None
+        feeds = random_feeds(parent.graph, example, seed)
+        if user_feed is not None:
+            feeds.insert(0, user_feed)
+        after_runner = OrtRunner(path)
+        vs_parent, more = check_against(OrtRunner(parent.path), after_runner, feeds,
+                                        f"simplify ({name})", atol, rtol)
+        diags.extend(more)
+        metrics = _metrics(path, ref, after_runner, vs_parent, before)
+        return ws.commit(d, stage="simplify", format="onnx", main=MAIN, parent=parent,
+                         params={"backend": name, "atol": atol, "rtol": rtol, "seed": seed},
+                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+
+
+def _run_backend(name: str, fn: Callable[[Any], Any], model: Any, parent: Artifact,
+                 diags: list[Diagnostic]) -> Any:
+    """``fn(model)``, its warnings and log kept as info diagnostics.
+
+    Raises:
+        SimplifyError: the backend raised, or returned something else than a ModelProto.
+    """
+    import onnx
+
     with capture() as cap:
         try:
             result = fn(model)
@@ -161,42 +187,40 @@ def simplify(
         diags.append(Diagnostic("info", "backend-warning", f"{w.category.__name__}: {w.message}"))
     if cap.lines():
         diags.append(Diagnostic("info", "backend-log", "\n".join(cap.lines()[-30:])))
+    return result
 
-    with ws.staging() as d:
-        path = d / MAIN
-        large = not _fits(result) or result.ByteSize() > 1_800_000_000
-        onnx.save_model(result, str(path), save_as_external_data=large,
-                        all_tensors_to_one_file=True, location=f"{MAIN}.data")
-        lowered = ensure_ort_readable(path)
-        if lowered:
-            diags.append(lowered)
-        try:
-            onnx.checker.check_model(str(path))
-        except onnx.checker.ValidationError as e:
-            diags.append(Diagnostic("error", "onnx-checker",
-                                    f"onnx.checker rejects the output of {name}: "
-                                    f"{_first_line(e)}", "use another backend"))
-        ref = reference_data(parent)
-        example = dict(ref[0]) if ref else None
-        feeds = random_feeds(parent.graph, example, seed)
-        if user_feed is not None:
-            feeds.insert(0, user_feed)
-        after_runner = OrtRunner(path)
-        vs_parent, more = check_against(OrtRunner(parent.path), after_runner, feeds,
-                                        f"simplify ({name})", atol, rtol)
-        diags.extend(more)
 
-        after = summarize(path)
-        metrics = {
-            "max_abs": error_vs_torch(path, ref, after_runner),
-            "max_abs_vs_parent": vs_parent["max_abs"], "max_rel_vs_parent": vs_parent["max_rel"],
-            "feeds_checked": vs_parent["feeds"],
-            "nodes_before": before.node_count, "nodes_after": after.node_count,
-            "ops_before": before.op_histogram, "ops_after": after.op_histogram,
-        }
-        return ws.commit(d, stage="simplify", format="onnx", main=MAIN, parent=parent,
-                         params={"backend": name, "atol": atol, "rtol": rtol, "seed": seed},
-                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+def _save_checked(result: Any, path: Path, name: str, diags: list[Diagnostic]) -> None:
+    """``result`` saved at ``path`` (weights beside it past protobuf's limit), its IR version
+    lowered for onnxruntime when needed, and onnx.checker's verdict."""
+    import onnx
+
+    large = not _fits(result) or result.ByteSize() > 1_800_000_000
+    onnx.save_model(result, str(path), save_as_external_data=large,
+                    all_tensors_to_one_file=True, location=f"{MAIN}.data")
+    lowered = ensure_ort_readable(path)
+    if lowered:
+        diags.append(lowered)
+    try:
+        onnx.checker.check_model(str(path))
+    except onnx.checker.ValidationError as e:
+        diags.append(Diagnostic("error", "onnx-checker",
+                                f"onnx.checker rejects the output of {name}: "
+                                f"{_first_line(e)}", "use another backend"))
+
+
+def _metrics(path: Path, ref: Any, after_runner: Any, vs_parent: dict[str, Any],
+             before: GraphSummary) -> dict[str, Any]:
+    """The simplified model's error against torch and its parent, node counts and op
+    histograms before and after."""
+    after = summarize(path)
+    return {
+        "max_abs": error_vs_torch(path, ref, after_runner),
+        "max_abs_vs_parent": vs_parent["max_abs"], "max_rel_vs_parent": vs_parent["max_rel"],
+        "feeds_checked": vs_parent["feeds"],
+        "nodes_before": before.node_count, "nodes_after": after.node_count,
+        "ops_before": before.op_histogram, "ops_after": after.op_histogram,
+    }
 
 
 def _fits(model) -> bool:
@@ -226,8 +250,6 @@ def _backend(backend: Any) -> tuple[str, Callable[[Any], Any]]:
         raise InputError(f"simplify backend {backend!r} is not one of {sorted(BACKENDS)}",
                          "use 'onnxslim' (default), 'onnxsim', 'onnxscript', or pass a "
                          "function ModelProto -> ModelProto")
-    import importlib.util
-
     if importlib.util.find_spec(_PACKAGES[backend]) is None:
         raise SimplifyError(f"simplify backend {backend!r} is not installed",
                             f"pip install {_PACKAGES[backend]}")
