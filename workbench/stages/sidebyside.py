@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
 from ..errors import ConversionError, InputError, WorkbenchError
 from ..params import PNNX_IO_OPS, parse_pnnx_param
+from ..runtime.torch_runner import TorchRunner
+from .export import export
+from .ncnn import to_ncnn
+from .simplify import simplify as run_simplify
 
 LEVELS = ("torch", "pnnx", "onnx", "simplified", "raised")
 
@@ -143,18 +148,12 @@ def side_by_side(
     skips the pnnx conversion. A level that fails is recorded in ``errors`` and the others
     still run.
     """
-    import torch
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    if not isinstance(model, torch.nn.Module):
-        raise InputError(f"side_by_side needs an nn.Module, got {type(model).__name__}",
-                         "wb.side_by_side(model, (x,))")
-    if onnx is not None and (not isinstance(onnx, Artifact) or onnx.format != "onnx"):
-        raise InputError(f"onnx= must be an ONNX Artifact from wb.export, got "
-                         f"{getattr(onnx, 'format', type(onnx).__name__)}",
-                         "pass the artifact wb.export returned, or leave onnx=None")
+    _check_model_and_onnx(model, onnx)
     ws = onnx.workspace if workspace is None and onnx is not None else as_workspace(workspace)
+    how = _How(exporter, opset, simplify, rules, target, onnx)
     out = SideBySide()
     steps = ["torch", "pnnx", "onnx", "simplified", "raised"] if pnnx else \
         ["torch", "onnx", "simplified", "raised"]
@@ -165,43 +164,68 @@ def side_by_side(
         if step in needs and needs[step] not in out.levels:
             continue  # the level it builds on failed: its error is recorded
         try:
-            if step == "torch":
-                out.levels["torch"] = _torch_level(model, inputs)
-            elif step == "pnnx":
-                out.levels["pnnx"], out.pnnx_param, out.pnnx_code = _pnnx_level(model, inputs,
-                                                                                 ws)
-            elif step == "onnx":
-                onx = onnx or _export(model, inputs, ws, exporter, opset)
-                how = f"{onx.params.get('exporter', 'imported')} opset {onx.params.get('opset')}"
-                out.levels["onnx"] = _onnx_level("onnx", onx, f"wb.export {how}")
-            elif step == "simplified":
-                from .simplify import simplify as run_simplify
-
-                sim = run_simplify(out.levels["onnx"].artifact, backend=simplify)
-                out.levels["simplified"] = _onnx_level("simplified", sim, f"wb.simplify {simplify}")
-            else:
-                raise_ops = _raise_ops()
-                hi = raise_ops(out.levels["simplified"].artifact, rules=rules, target=target)
-                out.levels["raised"] = _onnx_level("raised", hi, f"wb.raise_ops {target}")
+            _add_level(out, step, model, inputs, ws, how)
         except WorkbenchError as e:
             out.errors[step] = e
     out.seconds = time.perf_counter() - t0
     return out
 
 
+def _check_model_and_onnx(model: Any, onnx: Any) -> None:
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"side_by_side needs an nn.Module, got {type(model).__name__}",
+                         "wb.side_by_side(model, (x,))")
+    if onnx is not None and (not isinstance(onnx, Artifact) or onnx.format != "onnx"):
+        raise InputError(f"onnx= must be an ONNX Artifact from wb.export, got "
+                         f"{getattr(onnx, 'format', type(onnx).__name__)}",
+                         "pass the artifact wb.export returned, or leave onnx=None")
+
+
+@dataclass(frozen=True)
+class _How:
+    """How the ONNX levels are made (side_by_side's settings)."""
+
+    exporter: str
+    opset: int
+    simplify: str
+    rules: Any
+    target: str
+    onnx: Artifact | None
+
+
+def _add_level(out: SideBySide, step: str, model: Any, inputs: Any, ws: Workspace,
+               how: _How) -> None:
+    """Make the level ``step`` (one of LEVELS) into ``out``; raises what its stage raises."""
+    if step == "torch":
+        out.levels["torch"] = _torch_level(model, inputs)
+    elif step == "pnnx":
+        out.levels["pnnx"], out.pnnx_param, out.pnnx_code = _pnnx_level(model, inputs, ws)
+    elif step == "onnx":
+        onx = how.onnx or export(model, inputs, workspace=ws, exporter=how.exporter,
+                                 opset=how.opset)
+        made = f"{onx.params.get('exporter', 'imported')} opset {onx.params.get('opset')}"
+        out.levels["onnx"] = _onnx_level("onnx", onx, f"wb.export {made}")
+    elif step == "simplified":
+        sim = run_simplify(out.levels["onnx"].artifact, backend=how.simplify)
+        out.levels["simplified"] = _onnx_level("simplified", sim,
+                                               f"wb.simplify {how.simplify}")
+    else:
+        raise_ops = _raise_ops()
+        hi = raise_ops(out.levels["simplified"].artifact, rules=how.rules, target=how.target)
+        out.levels["raised"] = _onnx_level("raised", hi, f"wb.raise_ops {how.target}")
+
+
 def _raise_ops() -> Any:
+    # imported here, not at the top: a raising stage that cannot be imported (a partial
+    # install or checkout) fails its level only; the other levels still count
     try:
         from .raising import raise_ops
-    except ImportError as e:  # a partial install or checkout: the other levels still count
+    except ImportError as e:
         raise WorkbenchError(f"the raising stage cannot be imported: {e}",
                              "reinstall deploy-workbench") from e
     return raise_ops
-
-
-def _export(model: Any, inputs: Any, ws: Workspace, exporter: str, opset: int) -> Artifact:
-    from .export import export
-
-    return export(model, inputs, workspace=ws, exporter=exporter, opset=opset)
 
 
 def _onnx_level(name: str, art: Artifact, what: str) -> Level:
@@ -212,8 +236,6 @@ def torch_ops(model: Any, inputs: Any) -> list[tuple[str, str]]:
     """(name, op type) of each PyTorch op the forward pass ran as written: leaf modules
     (``nn.Conv2d``) and functional calls outside them (``F.gelu``, ``Tensor.view``, ``torch.cat``),
     in the order they ran."""
-    from ..runtime.torch_runner import TorchRunner
-
     modules = dict(model.named_modules())
     records = TorchRunner(model).run(inputs, capture="all")
     ops: list[tuple[str, str]] = []
@@ -241,8 +263,6 @@ def _module_type(module: Any) -> str:
 
 
 def _histogram(types: list[str]) -> dict[str, int]:
-    from collections import Counter
-
     return dict(Counter(types).most_common())
 
 
@@ -252,8 +272,6 @@ def _torch_level(model: Any, inputs: Any) -> Level:
 
 
 def _pnnx_level(model: Any, inputs: Any, ws: Workspace) -> tuple[Level, str, str]:
-    from .ncnn import to_ncnn
-
     before = {a.id for a in ws}
     failed = ""
     try:
