@@ -12,6 +12,7 @@ from ..customops.ort import _NP_TYPES
 from ..customops.registry import _OPS, RANK_IN, RANK_OUT
 from ..errors import CustomOpError
 from ..onnx_io import load_onnx
+from ..runtime.ort_session import session
 
 # -- pnnx --------------------------------------------------------------------------------------
 PNNX_PREFIX = "wbcustom_"
@@ -28,24 +29,11 @@ def pnnx_prepare(onnx_path: Path, inputs: tuple | None = None) -> list[dict[str,
     import onnx
     from onnx import helper
 
-
     if not any(f"{n.domain}::{n.op_type}" in _OPS
                for n in load_onnx(onnx_path, external_data=False).graph.node):
         return []
     model = onnx.load(str(onnx_path))
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        inferred = model
-    shapes: dict[str, tuple[int, list | None]] = {}
-    for v in list(inferred.graph.input) + list(inferred.graph.value_info) + list(
-            inferred.graph.output):
-        tt = v.type.tensor_type
-        dims = ([d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-                if tt.HasField("shape") else None)
-        shapes[v.name] = (tt.elem_type, dims)
-    for t in inferred.graph.initializer:
-        shapes[t.name] = (t.data_type, list(t.dims))
+    shapes = _value_shapes(model)
     custom_values = [v for n in model.graph.node if f"{n.domain}::{n.op_type}" in _OPS
                      for v in list(n.input) + list(n.output)]
     if inputs is not None and any(
@@ -60,23 +48,7 @@ def pnnx_prepare(onnx_path: Path, inputs: tuple | None = None) -> list[dict[str,
             continue
         k = len(records)
         fname = f"aten_{PNNX_PREFIX}{k}"
-        body = []
-        for j, out in enumerate(node.output):
-            elem, dims = shapes.get(out, (None, None))
-            same = next((i for i in node.input if shapes.get(i) == (elem, dims)), None)
-            if same is not None and dims is not None:
-                body.append(helper.make_node("Identity", [f"x{list(node.input).index(same)}"],
-                                             [f"y{j}"]))
-            elif dims is not None and all(isinstance(d, int) for d in dims) and elem:
-                shape = helper.make_tensor("shape", onnx.TensorProto.INT64, [len(dims)], dims)
-                body.append(helper.make_node("ConstantOfShape", [f"s{j}"], [f"y{j}"],
-                                             value=helper.make_tensor("v", elem, [1], [0])))
-                body.insert(0, helper.make_node("Constant", [], [f"s{j}"], value=shape))
-            else:
-                raise CustomOpError(
-                    f"custom op {name} (node {node.name or node.output[0]}): the shape of "
-                    f"output {j} is not known, so pnnx cannot be given a stand-in for it",
-                    "export with fixed input shapes (no dynamic_axes) before wb.to_ncnn")
+        body = _stand_in_body(node, name, shapes)
         ranks_in = [len(shapes.get(i, (None, []))[1] or []) for i in node.input]
         ranks_out = [len(shapes.get(o, (None, []))[1] or []) for o in node.output]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -93,12 +65,61 @@ def pnnx_prepare(onnx_path: Path, inputs: tuple | None = None) -> list[dict[str,
     return records
 
 
+def _value_shapes(model: Any) -> dict[str, tuple[int, list | None]]:
+    """(element type, dims; None where unknown) of every value shape inference types."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    shapes: dict[str, tuple[int, list | None]] = {}
+    for v in list(inferred.graph.input) + list(inferred.graph.value_info) + list(
+            inferred.graph.output):
+        tt = v.type.tensor_type
+        dims = ([d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+                if tt.HasField("shape") else None)
+        shapes[v.name] = (tt.elem_type, dims)
+    for t in inferred.graph.initializer:
+        shapes[t.name] = (t.data_type, list(t.dims))
+    return shapes
+
+
+def _stand_in_body(node: Any, name: str, shapes: dict[str, tuple[int, list | None]]
+                   ) -> list[Any]:
+    """The stand-in function's body: each output an Identity of an input of its type and
+    shape, else zeros of its static shape.
+
+    Raises:
+        CustomOpError: an output's shape is not known (pnnx needs a stand-in of that shape).
+    """
+    import onnx
+    from onnx import helper
+
+    body = []
+    for j, out in enumerate(node.output):
+        elem, dims = shapes.get(out, (None, None))
+        same = next((i for i in node.input if shapes.get(i) == (elem, dims)), None)
+        if same is not None and dims is not None:
+            body.append(helper.make_node("Identity", [f"x{list(node.input).index(same)}"],
+                                         [f"y{j}"]))
+        elif dims is not None and all(isinstance(d, int) for d in dims) and elem:
+            shape = helper.make_tensor("shape", onnx.TensorProto.INT64, [len(dims)], dims)
+            body.append(helper.make_node("ConstantOfShape", [f"s{j}"], [f"y{j}"],
+                                         value=helper.make_tensor("v", elem, [1], [0])))
+            body.insert(0, helper.make_node("Constant", [], [f"s{j}"], value=shape))
+        else:
+            raise CustomOpError(
+                f"custom op {name} (node {node.name or node.output[0]}): the shape of "
+                f"output {j} is not known, so pnnx cannot be given a stand-in for it",
+                "export with fixed input shapes (no dynamic_axes) before wb.to_ncnn")
+    return body
+
+
 def _run_shapes(model: Any, names: list[str], inputs: tuple) -> dict[str, tuple[int, list]]:
     """(element type, concrete shape) of ``names``, from one ONNX Runtime run on ``inputs``."""
     import numpy as np
     from onnx import helper
-
-    from ..runtime.ort_session import session
 
     probe = type(model).FromString(model.SerializeToString())
     have = {o.name for o in probe.graph.output}
