@@ -16,6 +16,9 @@ from typing import Any
 
 from ..errors import WorkbenchError
 from ..params import PnnxOp, parse_pnnx_param
+from ..runtime.ncnn_pow import negative_pows as found_in
+from ..runtime.ncnn_pow import note
+from ..runtime.ncnn_runner import NcnnRunner
 
 _RNNS = {"nn.LSTM": "LSTM", "nn.GRU": "GRU", "nn.RNN": "RNN"}
 
@@ -87,8 +90,6 @@ def _rnn_note(op: PnnxOp, seq: tuple, h_n: tuple) -> str:
 def capture_blobs(param: Path, args: tuple) -> tuple[dict[str, Any], Any]:
     """(every blob of an fp32 run on ``args``, the parsed graph), for the hints; ({}, None)
     when the run fails (a hint only: the generic one is given instead)."""
-    from ..runtime.ncnn_runner import NcnnRunner
-
     try:
         runner = NcnnRunner(param, isolated=True)
         return runner.run(args, capture="all"), runner.graph
@@ -100,9 +101,6 @@ def negative_pows(blobs: dict[str, Any], graph: Any) -> str:
     """The hint when a pow layer met negative bases (runtime/ncnn_pow.py); '' when none."""
     if graph is None:
         return ""
-    from ..runtime.ncnn_pow import negative_pows as found_in
-    from ..runtime.ncnn_pow import note
-
     found = found_in(graph, blobs)
     return note(found) if found else ""
 

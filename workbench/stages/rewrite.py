@@ -6,12 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import RaiseError
-
-if TYPE_CHECKING:
-    from ..rules import Rule
+from ..rules import DOMAIN, Rule, fail
 
 
 @dataclass
@@ -176,8 +174,6 @@ def _stash_functions(model: Any, stash: dict[tuple[str, str, str], Any]) -> None
     without its affine part raised again). Overloads are renumbered uniquely across the
     whole run (onnxscript numbers them from what is in ``model.functions``).
     """
-    from ..rules import DOMAIN
-
     keys = [k for k in model.functions if k[0] == DOMAIN]  # stashed ones are not there
     # the calls of each function, found before any is renumbered; the stash numbers them
     # "w1", "w2"..., never a number onnxscript gives a new function ("1", "2"...), so a
@@ -207,8 +203,6 @@ class _Hooks:
                                                f"{str(e).strip()[:200]}")
 
     def check(self, ctx: Any, **bindings: Any) -> Any:
-        from ..rules import fail
-
         try:
             result = self.rule.check(ctx, **bindings)
         except Exception as e:
@@ -228,8 +222,6 @@ class _Hooks:
         return result
 
     def replace(self, op: Any, **bindings: Any) -> Any:
-        from ..rules import DOMAIN
-
         rule = self.rule
         if self.form == "function":
             args = [bindings[k] for k in rule.inputs if bindings.get(k) is not None]
