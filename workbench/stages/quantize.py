@@ -19,9 +19,23 @@ from typing import Any
 
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
+from ..checks import random_feeds, reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError
+from ..graph import TensorInfo
+from ..onnx_io import load_onnx
+from ..params import parse_ncnn_param
+from ..precision import ort_quant
+from ..precision.calibration import Calibration, load_calibration
+from ..precision.ncnn_calibration import calibration_table
+from ..precision.ncnn_int8 import write_int8_model
+from ..precision.qdq import float_name
+from ..precision.quantizable import quantizable
+from ..precision.snr import snr_db
 from ..progress import Progress, Steps
+from ..runtime.ncnn_runner import NcnnRunner
+from ..runtime.ort_runner import OrtRunner
+from .simplify import INVALID_MODEL
 
 BACKENDS = ("onnxruntime", "ncnn")
 METHODS = {"onnxruntime": ("minmax", "entropy", "percentile"),
@@ -122,8 +136,6 @@ def quantize(
 
 
 def _refuse_invalid(source: Artifact) -> None:
-    from .simplify import INVALID_MODEL
-
     bad = next((d for d in source.diagnostics
                 if d.level == "error" and d.code in (*INVALID_MODEL, "ncnn-run-failed")), None)
     if bad is not None:
@@ -138,8 +150,6 @@ def _refuse_invalid(source: Artifact) -> None:
 
 def _calibration(calibration: Any, source: Artifact, backend: str, limit: int, seed: int,
                  transform: Any, progress: bool) -> Any:
-    from ..precision.calibration import Calibration, load_calibration
-
     specs = _input_specs(source, backend)
     if isinstance(calibration, Calibration):
         calibration.check(specs, f"artifact {source.id}")
@@ -157,9 +167,6 @@ def _input_specs(source: Artifact, backend: str) -> list[Any]:
 
     if backend == "onnxruntime":
         return list(source.graph.inputs)
-    from ..graph import TensorInfo
-    from ..runtime.ncnn_runner import NcnnRunner
-
     runner = NcnnRunner(source, isolated=False)
     declared = list(source.graph.inputs)
     by_name = {t.name: t for t in declared}
@@ -205,16 +212,11 @@ def _exclude_names(exclude: Iterable[Any], source: Artifact, backend: str) -> li
     if not wanted:
         return []
     if backend == "onnxruntime":
-        from ..onnx_io import load_onnx
-
         graph = load_onnx(source.path, external_data=False).graph
         nodes = [n.name for n in graph.node]
         producer = {o: n.name for n in graph.node for o in n.output}
         wanted += _weighted_before(graph, [producer.get(w, w) for w in wanted if w in records])
     else:
-        from ..params import parse_ncnn_param
-        from ..precision.quantizable import quantizable
-
         layers = parse_ncnn_param(source.path).layers
         nodes = [ly.name for ly in layers]
         producer = {t: ly.name for ly in layers for t in ly.tops}
@@ -266,13 +268,8 @@ def _int8_count(names: list[str], source: Artifact, backend: str, dynamic: bool
     quantizable layers."""
     keep = set(names)
     if backend == "ncnn":
-        from ..params import parse_ncnn_param
-        from ..precision.quantizable import quantizable
-
         layers = [ly.name for ly in quantizable(parse_ncnn_param(source.path).layers)]
     else:
-        from ..onnx_io import load_onnx
-
         g = load_onnx(source.path, external_data=False).graph
         consts = {t.name for t in g.initializer}
         consts |= {o for n in g.node if n.op_type == "Constant" for o in n.output}
@@ -379,17 +376,12 @@ def _int8_readers(layers: list[Any], runs_int8: set[str]) -> dict[str, list[str]
 
 
 def _float_name(name: str) -> str:
-    from ..precision.qdq import float_name
-
     return float_name(name)
 
 
 def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bool,
          exclude: list[str], dynamic: bool, t0: float, progress: bool, steps: Steps
          ) -> Artifact:
-    from ..precision import ort_quant
-    from ..runtime.ort_runner import OrtRunner
-
     main = "model.onnx"
     with ws.staging() as d:
         out = d / main
@@ -420,10 +412,6 @@ def _ort(source: Artifact, ws: Workspace, cal: Any, method: str, per_channel: bo
 
 def _ncnn(source: Artifact, ws: Workspace, cal: Any, method: str, exclude: list[str],
           requantize: bool, t0: float, progress: bool, steps: Steps) -> Artifact:
-    from ..precision.ncnn_calibration import calibration_table
-    from ..precision.ncnn_int8 import write_int8_model
-    from ..runtime.ncnn_runner import NcnnRunner
-
     main = "model.ncnn.param"
     fp32 = NcnnRunner(source, precision="fp32")
     table = calibration_table(fp32, cal.samples, method, progress=progress)
@@ -468,8 +456,6 @@ def _static_collapse(source: Artifact, metrics: dict[str, Any]) -> list[Diagnost
 def _example(source: Artifact) -> tuple:
     """The export's example inputs stored with the lineage (dynamic quantization has no
     calibration samples), else seeded random ones of the declared shapes."""
-    from ..checks import random_feeds, reference_data
-
     ref = reference_data(source)
     feed = dict(ref[0]) if ref else random_feeds(source.graph, None, 0)[0]
     return tuple(feed[t.name] for t in source.graph.inputs)
@@ -480,8 +466,6 @@ def _check(parent: Any, child: Any, sample: tuple, source: Artifact
     """The int8 model against its float parent on one calibration sample: SNR per output,
     and an error when every output is bit-identical (it never ran in int8)."""
     import numpy as np
-
-    from ..precision.snr import snr_db
 
     ref, got = parent.run(sample), child.run(sample)
     snrs = {name: snr_db(ref[name], got[name]) for name in ref if name in got}
