@@ -41,7 +41,7 @@ from ..artifact.workspace import Workspace, as_workspace
 from ..checks import check_against, error_vs_torch, random_feeds, reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError, RaiseError
-from ..graph import summarize
+from ..graph import GraphSummary, summarize
 from ..onnx_io import ensure_ort_readable, load_onnx
 from ..rules import Rule
 from ..runtime.ort_runner import OrtRunner
@@ -114,16 +114,8 @@ def raise_ops(
         diags.extend(result.diagnostics)
         diags += _fallback_diagnostics(result.fallbacks, chosen, opset_now)
         _check_model(trial.path, diags)
-        after = summarize(trial.path)
         rel = _relative(result.vs_parent["max_abs"], parent_runner, feeds)
-        report = RaiseReport(
-            target=target, opset_before=opset_before, opset_after=opset_now,
-            firings=result.firings, nodes_before=before.node_count,
-            nodes_after=after.node_count, ops_before=before.op_histogram,
-            ops_after=after.op_histogram, max_abs_vs_parent=result.vs_parent["max_abs"],
-            max_rel_vs_parent=result.vs_parent["max_rel"], rel_vs_parent=rel,
-            fallbacks=result.fallbacks, disabled=disabled)
-        (d / REPORT).write_text(json.dumps(report.to_dict(), indent=1))
+        report = _write_report(trial, result, disabled, rel, before, opset_before)
         metrics = {"max_abs": error_vs_torch(trial.path, ref), **_report_metrics(
             report, result.vs_parent["feeds"])}
         params = {"rules": [r.name for r in chosen], "target": target, "opset": opset,
@@ -131,6 +123,21 @@ def raise_ops(
         return ws.commit(d, stage="raise", format="onnx", main=MAIN, parent=parent,
                          params=params, seconds=time.perf_counter() - t0, diagnostics=diags,
                          metrics=metrics)
+
+
+def _write_report(trial: _Trial, result: _Attempt, disabled: list[str], rel: float | None,
+                  before: GraphSummary, opset_before: int | None) -> RaiseReport:
+    """The RaiseReport of the last try, written as ``raise_report.json`` beside the model."""
+    after = summarize(trial.path)
+    report = RaiseReport(
+        target=trial.target, opset_before=opset_before, opset_after=trial.opset,
+        firings=result.firings, nodes_before=before.node_count,
+        nodes_after=after.node_count, ops_before=before.op_histogram,
+        ops_after=after.op_histogram, max_abs_vs_parent=result.vs_parent["max_abs"],
+        max_rel_vs_parent=result.vs_parent["max_rel"], rel_vs_parent=rel,
+        fallbacks=result.fallbacks, disabled=disabled)
+    (trial.path.parent / REPORT).write_text(json.dumps(report.to_dict(), indent=1))
+    return report
 
 
 def _check_target_and_opset(target: str, opset: int | None) -> None:
