@@ -12,7 +12,7 @@ from ..diagnostics import group_diagnostics
 from ..errors import WorkbenchError
 
 if TYPE_CHECKING:
-    from ..artifact import Artifact
+    from ..artifact.record import Artifact
 
 LEVEL_COLOURS = {"error": "#c62828", "warning": "#ef6c00", "info": "#546e7a"}
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..artifact import Artifact
+from ..artifact.record import Artifact
 from ..errors import InputError, WorkbenchError
 from ..onnx_io import check_model_file, external_data_files
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ..artifact import Artifact, Workspace, as_workspace
+from ..artifact.record import Artifact
+from ..artifact.workspace import Workspace, as_workspace
 from ..errors import InputError
 from .code import program
 from .html import code_block_html, esc

@@ -16,7 +16,8 @@ from typing import Any
 import ipywidgets as widgets
 from IPython.display import display
 
-from ...artifact import Artifact, Workspace, as_workspace
+from ...artifact.record import Artifact
+from ...artifact.workspace import Workspace, as_workspace
 from ...progress import Step
 from ..graphview import GraphView
 from ..html import artifact_html, code_block_html, error_html, esc, histogram_html

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...artifact import Artifact, Workspace
+from ...artifact.record import Artifact
+from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ..code import program
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ...artifact import Artifact, Workspace
+from ...artifact.record import Artifact
+from ...artifact.workspace import Workspace
 from ...comparison.compare import compare
 from ...comparison.task import check_task
 from ...errors import InputError

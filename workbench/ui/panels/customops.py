@@ -13,7 +13,8 @@ import ipywidgets as widgets
 
 import workbench as wb  # the package the user's declaration sees as ``wb``
 
-from ...artifact import Artifact, Workspace
+from ...artifact.record import Artifact
+from ...artifact.workspace import Workspace
 from ...customops import register_symbolic, registered_ops, registered_symbolics
 from ...errors import InputError
 from ...inputs import missing_torch_op

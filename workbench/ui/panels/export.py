@@ -7,7 +7,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ...artifact import Workspace
+from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ...inputs import as_tensor_tuple
 from ...stages.export import export

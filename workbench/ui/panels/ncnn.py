@@ -6,7 +6,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ...artifact import Workspace
+from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ...stages.ncnn import to_ncnn
 from ..code import Code, call

@@ -14,7 +14,8 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ...artifact import Artifact, Workspace
+from ...artifact.record import Artifact
+from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ...stages.quantize import exclude_names, quantize
 from ..code import Code, call

@@ -6,7 +6,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from ...artifact import Workspace
+from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ...rules import names as rule_names
 from ...stages.raising import RaiseReport, raise_ops
