@@ -51,6 +51,9 @@ def as_candidate(thing: Any, index: int) -> Candidate:
         label = precision
         if getattr(runner, "emulate", None):  # storage rounded between layers, not native
             label = f"{precision} emulated {runner.emulate}"
+        if getattr(runner, "target", None):  # ncnn's ARM build: what ran, on which target
+            flags = runner.flags
+            label = f"{'int8' if precision == 'int8' else flags.label} {runner.target}"
         return Candidate(f"ncnn {label} {_label(thing, runner.param)}", runner,
                          "ncnn", runner.param, own, precision)
     raise InputError(f"candidate {index} is a {type(runner).__name__}; compare takes ONNX or "
@@ -70,8 +73,8 @@ def precision_not_exercised(cand: Candidate, args: tuple, values: dict[str, Any]
     from ..runtime import NcnnRunner
 
     runner = cand.runner
-    if cand.kind != "ncnn" or cand.precision not in ("fp16", "bf16") or getattr(
-            runner, "emulate", None):
+    if cand.kind != "ncnn" or cand.precision not in ("fp16", "fp16-storage", "bf16") or \
+            getattr(runner, "emulate", None):
         return None
     try:
         fp32 = NcnnRunner(runner.param, precision="fp32", num_threads=1).run(args)
@@ -80,6 +83,11 @@ def precision_not_exercised(cand: Candidate, args: tuple, values: dict[str, Any]
     if not fp32 or any(name not in values or not np.array_equal(
             np.asarray(values[name]), out, equal_nan=True) for name, out in fp32.items()):
         return None
+    if getattr(runner, "target", None):  # ncnn's ARM build, which has the fp16 kernels
+        return (f"{cand.precision} not exercised on {runner.target}: its outputs are "
+                f"bit-identical to this machine's fp32 run of the same files, so every layer "
+                f"on their path computed in fp32 there (a 31= feature mask, or no "
+                f"{cand.precision} kernel for the layer)")
     return (f"{cand.precision} not exercised: on this CPU ({platform.machine()}) ncnn ran "
             f"the model in fp32 (its outputs are bit-identical to an fp32 run of the same "
             f"files), so these figures hold no {cand.precision} storage or arithmetic, only "

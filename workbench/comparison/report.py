@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..shapes import unbatched
+from .fp16_risk import DEFAULT_MIN_SNR_DB, Fp16Risks, fp16_unsafe, overflow_note
 from .record import Record
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class CompareReport:
     # {candidate: its task metric's score} (wb.compare(..., task=...)): the model's answers
     task: dict[str, TaskScore] = field(default_factory=dict)
     _sensitivity: dict[str, Ranking] = field(default_factory=dict, repr=False)
+    _reference_values: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # -- what was aligned ---------------------------------------------------------------------
     @property
@@ -175,6 +177,8 @@ class CompareReport:
                 covers = f" covering {', '.join(div.covers)}" if div.covers else ""
                 tail = (f"first divergence at {div.reference}{covers} ({div.op_type} "
                         f"{div.name}, {div.mode} max abs {div.metrics.max_abs:.3g})")
+                overflow = overflow_note(self, div)
+                tail += f": {overflow}" if overflow else ""
             elif not v.passed:
                 tail = self._no_culprit(cand.name)
             else:  # never "all within tolerance" over too little compared
@@ -375,6 +379,31 @@ class CompareReport:
             raise InputError(f"sensitive(k={k!r}): expected a positive number of layers",
                              "e.g. rep.sensitive(3)")
         return [s.record for s in self.sensitivity(candidate)[:k]]
+
+    def fp16_unsafe(self, candidate: str | None = None,
+                    min_snr_db: float = DEFAULT_MIN_SNR_DB) -> Fp16Risks:
+        """The layers of an fp16 ncnn candidate (an ARM target's fp16 arithmetic) whose own
+        output overflows fp16 or falls under ``min_snr_db``, in graph order, each with its
+        inputs' and output's range: ``wb.ncnn_featmask(nc, rep.fp16_unsafe().layers,
+        fp16_arithmetic=False)`` keeps them in fp32 (comparison/fp16_risk.py).
+
+        Args:
+            candidate: the candidate's name (None: the first ncnn fp16 one).
+            min_snr_db: the isolated SNR under which a layer is listed.
+
+        Returns:
+            Fp16Risks (a list of Fp16Risk, with ``.layers`` and ``.summary()``).
+
+        Raises:
+            InputError: no such fp16 candidate, or the comparison has no isolated run.
+        """
+        return fp16_unsafe(self, candidate, min_snr_db)
+
+    def reference_values(self) -> dict[str, Any]:
+        """Every reference tensor on the first input set: run again once, then kept."""
+        if not self._reference_values:
+            self._reference_values.update(self.reference.run(self.inputs, capture="all"))
+        return self._reference_values
 
     # -- one tensor, again ------------------------------------------------------------------
     def tensors(self, name: str, candidate: str | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -20,14 +20,19 @@ from typing import Any
 from .. import customops as cops
 from .. import shapes
 from ..customops import missing_ncnn_hint, register_ncnn_layers
-from ..errors import BackendCrashed, InputError, MissingOpError, ModelFileError
+from ..diagnostics import Diagnostic
+from ..errors import BackendCrashed, InputError, MissingOpError, ModelFileError, NcnnRunError
 from ..ncnn_bin import walk_bin
 from . import worker_main
 from .base import BlobCapture, ModelIO, Runner, TensorSpec, split_inputs, to_numpy
 from .memory import check_fits
+from .ncnn_arm import check_target
+from .ncnn_arm import place as arm_place
 from .ncnn_emulate import check_emulate, execute, load_rounded
 from .ncnn_failure import bad_mat, explain, explain_crash
 from .ncnn_feed import check_input
+from .ncnn_flags import NcnnFlags, check_precision, instead, options
+from .ncnn_flags import flags as ncnn_flags
 from .ncnn_io import INT_DTYPES, declare_shapes, parse_ncnn_py, pnnx_param_for
 from .ncnn_masks import HINT as MASK_HINT
 from .ncnn_masks import byte_masks, note
@@ -35,9 +40,7 @@ from .ncnn_masks import describe as describe_masks
 from .ncnn_model import check_model_files, unloadable_layers
 from .recorded import check_recorded
 from .remote import RemoteHandle
-from .worker import worker
-
-PRECISIONS = ("fp32", "fp16", "bf16")
+from .worker import NATIVE, worker
 
 
 class NcnnRunner(Runner):
@@ -49,13 +52,15 @@ class NcnnRunner(Runner):
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
                  isolated: bool = True, timeout: float | None = None, check_sizes: bool = True,
-                 emulate: str | None = None) -> None:
+                 emulate: str | None = None, target: str | None = None) -> None:
         """An ncnn model (.ncnn.param + .ncnn.bin) in ncnn.
 
         Args:
             source: the Artifact wb.to_ncnn returned, or a path to the .ncnn.param.
-            precision: "fp32" (fp16 storage and arithmetic off), "fp16" (ncnn's defaults)
-                or "bf16" (ncnn's bf16 storage, fp16 off).
+            precision: "fp32" (fp16 storage and arithmetic off), "fp16" (ncnn's defaults:
+                fp16 storage, and fp16 arithmetic on a CPU that has it), "fp16-storage"
+                (fp16 storage, fp32 arithmetic) or "bf16" (bf16 storage, fp16 off);
+                ``self.flags`` says exactly what ran.
             num_threads: ncnn's threads.
             isolated: run in the crash-isolating worker process (a segfault becomes
                 BackendCrashed); False runs in this process.
@@ -69,11 +74,12 @@ class NcnnRunner(Runner):
                 layers run in fp32 here (``ncnn_emulate``: storage only, not fp16
                 arithmetic, ARM's kernels or int8; ``self.emulation.diagnostic`` says so).
                 None runs ncnn as it is.
+            target: None runs this machine's ncnn; an ARM target (``arm_env.TARGETS``:
+                "arm64-v8.2", "arm64-v8.0", "arm64-v8.6") runs ncnn's own aarch64 build in
+                a worker under QEMU user mode (``ncnn_arm``; set up by ``make
+                arm-target``), always isolated: never a fall back to this machine.
         """
-
-        if precision not in PRECISIONS:
-            raise InputError(f"precision={precision!r} is not one of {PRECISIONS}",
-                             "fp32 for accuracy checks; fp16 is what ncnn does by default")
+        check_precision(precision)
         self.param = Path(getattr(source, "path", source))
         self.source = source  # an Artifact's record tells the input shapes (ncnn_feed)
         if not self.param.name.endswith(".ncnn.param"):
@@ -91,6 +97,8 @@ class NcnnRunner(Runner):
 
         self.emulate = emulate
         self.emulation = check_emulate(emulate, precision, self._graph, self.bin)
+        self.target = target
+        self.arm = check_target(target, emulate, isolated)
         # SDPA layers that read a byte mask as float: a run may corrupt the process's memory
         self.byte_masks = byte_masks(self._graph)
         self.precision = precision
@@ -104,13 +112,42 @@ class NcnnRunner(Runner):
         ship = cops.for_worker(self.param) if isolated else b""  # see OrtRunner
         self.isolated = isolated = isolated and ship is not None
         self._net = None
+        if self.arm is not None and not isolated and not worker_main.SERVING:
+            raise InputError(f"{self.param.name} holds Python custom layers that cannot "
+                             f"travel to the {target} worker", "compare it on this machine's "
+                             "ncnn (target=None), or give the op an ncnn kernel in C++")
         if isolated:
+            where = precision + (f" {target}" if target else "")
             self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
                                         (str(self.param),),
                                         {"precision": precision, "num_threads": num_threads,
-                                         "emulate": emulate},
-                                        f"ncnn ({emulate or precision})", timeout=timeout,
-                                        custom_ops=ship)
+                                         "emulate": emulate, "target": target},
+                                        f"ncnn ({emulate or where})", timeout=timeout,
+                                        custom_ops=ship,
+                                        place=arm_place(target) if target else NATIVE)
+
+    @property
+    def flags(self) -> NcnnFlags:
+        """Exactly which ncnn precision features this runner's runs use (fp16 arithmetic
+        only where the CPU has it: an ARMv8.2 target; never on x86, whose ncnn computes
+        fp32)."""
+        int8 = bool(self._int8_scales()) or any(
+            str(ly.params.get(8, "0")).lstrip("-").isdigit() and int(ly.params.get(8, "0")) > 0
+            for ly in self._graph.layers if ly.type in ("Convolution", "ConvolutionDepthWise",
+                                                        "InnerProduct"))
+        if self.emulation is not None:
+            return ncnn_flags("fp32", False, int8, self.target)  # layers run fp32 here
+        has = self.arm.fp16_arithmetic if self.arm is not None else False
+        return ncnn_flags(self.precision, has, int8, self.target)
+
+    @property
+    def notes(self) -> list[Diagnostic]:
+        """What the runner says of its precision: fp16 arithmetic asked of a target without
+        it (what runs instead)."""
+        if self.arm is None:
+            return []
+        note = instead(self.flags, f"target {self.target!r} ({self.arm.stands_for})")
+        return [note] if note is not None else []
 
     @property
     def graph(self) -> Any:
@@ -123,12 +160,10 @@ class NcnnRunner(Runner):
             import ncnn
 
             net = ncnn.Net()
-            fp16 = self.precision == "fp16" and self.emulation is None  # emulated: fp32
-            net.opt.use_bf16_storage = self.precision == "bf16" and self.emulation is None
-            # must be set before load_param: ncnn enables fp16 by default
-            net.opt.use_fp16_storage = fp16
-            net.opt.use_fp16_packed = fp16
-            net.opt.use_fp16_arithmetic = fp16
+            # must be set before load_param: ncnn enables fp16 by default; emulated: fp32
+            for flag, on in options(self.precision if self.emulation is None
+                                    else "fp32").items():
+                setattr(net.opt, flag, on)
             net.opt.num_threads = self.num_threads
 
             register_ncnn_layers(net, self.param)  # Python layers of @wb.custom_op ops
@@ -184,7 +219,14 @@ class NcnnRunner(Runner):
             f"run it with isolated=True (the default: a crash stays in the worker); {MASK_HINT}")
 
     def _explain_crash(self, feed: dict[str, Any], crashed: BackendCrashed) -> Exception:
-        """The crash explained from its feed: the layer to blame (ncnn_failure)."""
+        """The crash explained from its feed: the layer to blame (ncnn_failure, which
+        re-runs the model layer by layer on this machine's ncnn: not for an ARM target,
+        whose crash may be ARM's own; there the worker's log says what it printed)."""
+        if self.arm is not None:
+            crashed.hint = (f"ncnn's aarch64 build crashed under QEMU ({self.arm.qemu_cpu}, "
+                            f"as {self.target}); compare the same model with target=None: if "
+                            "it runs there, the crash is in ARM's kernels. " + crashed.hint)
+            return crashed
         return self._explained(feed, "", crashed=crashed)
 
     def _after_run(self) -> None:
@@ -365,13 +407,17 @@ class NcnnRunner(Runner):
         return {name: result[name] for name in wanted if name in result}
 
     def _explained(self, feed: dict[str, Any], what: str, crashed: Any = None) -> Exception:
-        """The error for a failed run, naming the layer to blame (see ncnn_failure)."""
-
+        """The error for a failed run, naming the layer to blame (see ncnn_failure; on an
+        ARM target, ncnn's words only: the locator probes with this machine's ncnn)."""
+        if self.arm is not None and crashed is None:
+            return NcnnRunError(f"{self.param.name}: {what} in ncnn's aarch64 build "
+                                f"({self.target}, QEMU {self.arm.qemu_cpu})",
+                                "run the same model with target=None: if it fails there too, "
+                                "its error names the layer; if not, the failure is ARM's own")
         batch = {n: s.batch_axis for n, s in self.in_specs.items()}
         if crashed is not None:
             err = explain_crash(self.param, self.bin, feed, self.precision, batch, crashed)
             if self.byte_masks:  # the cause is in the graph: say it, not "check the shapes"
-
                 err.hint = note(self.byte_masks)
             return err
         return explain(self.param, self.bin, feed, self.precision, batch, what)
