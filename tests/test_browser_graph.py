@@ -95,7 +95,7 @@ def test_graph_view_draws_error_colours_and_a_click_shows_the_plot(ran):
     assert [i for i, _, f in drawn if f] == failing and failing
     error_fills = {c for c in colors.values() if c != "#d9d9d9"}
     assert len(error_fills) >= 3, error_fills  # a scale, not one flat colour
-    assert small.get_attribute("data-engine") == "dagre"
+    assert small.get_attribute("data-engine") == "layered"  # one layout, from Python
     assert small.locator(".wb-legend").inner_text().startswith("accumulated error")
     nb.screenshot("graphview-error-colours")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import graphlib
 import html
-import io
 import math
 from typing import Any
 
@@ -18,8 +17,13 @@ import anywidget
 import ipywidgets as widgets
 import traitlets
 
+from ..comparison import plots
 from ..errors import InputError
-from .graphview import widget_source
+from .figures import CSS_DPI, DENSITY, figure_html
+from .widgetfiles import widget_source
+
+__all__ = ["CSS_DPI", "DENSITY", "CompareTable", "CompareView", "compare_view", "figure_html",
+           "shared_reference_order"]
 
 SHOWN = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
          "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed"]
@@ -238,8 +242,6 @@ class CompareView(widgets.VBox):
         return [{**r, "order": x[str(r.get("reference") or r["name"])]} for r in self.all_rows]
 
     def _draw_figures(self) -> None:
-        from ..comparison import plots
-
         # report.plot, but on the shared x (each candidate's own order would put one module
         # at different places)
         first = self.report.first_divergence
@@ -255,24 +257,7 @@ class CompareView(widgets.VBox):
         self.figures_w.value = "".join(figure_html(fig) for fig in self.figures)
 
 
-CSS_DPI = 96  # CSS pixels per inch: a figure's inches shown at this size, text at its points
-DENSITY = 2  # device pixels per CSS pixel drawn: sharp on high-density screens
 MAX_WIDTH_IN = 10.0  # 960 CSS px: a JupyterLab output's width beside the file browser
-
-
-def figure_html(fig: Any, density: int = DENSITY) -> str:
-    """A figure as an <img>: its own size in CSS pixels (inches x 96: text at its point size,
-    never shrunk to the output's width; a wide figure scrolls sideways), drawn at ``density``
-    device pixels per CSS pixel (PNG bytes: the same whatever matplotlib backend is active)."""
-    import base64
-
-    width, height = (round(v * CSS_DPI) for v in fig.get_size_inches())
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=CSS_DPI * density)
-    data = base64.b64encode(buf.getvalue()).decode("ascii")
-    return (f"<div class='wb-figure' style='overflow-x:auto;max-width:100%'>"
-            f"<img src='data:image/png;base64,{data}' width='{width}' height='{height}' "
-            f"style='max-width:none;width:{width}px;height:{height}px' alt='figure'></div>")
 
 
 def compare_view(report: Any, metric: str = "max_abs", figures: bool = True,

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..comparison.align import CONSTANT_OPS
 from ..errors import InputError
+from ..graph import GraphSummary
+from ..onnx_io import check_model_file, detect_format, load_onnx
+from ..params import parse_ncnn_param, parse_pnnx_param
 
 FOLDED_OPS = {"Constant", "MemoryData", "pnnx.Attribute"}  # folded into their consumers
 COLLAPSE_ABOVE = 100  # graphs with more drawn nodes than this start collapsed to modules
@@ -35,8 +39,6 @@ def graph_payload(source: Any) -> dict[str, Any]:
     (its modules, outermost first), label, attrs, fold (index of the consumer a folded
     constant is drawn in, or -1)}; ``edges`` are [producer index, consumer index] pairs and
     ``shapes`` the shape text of each edge's tensor ('' where unknown)."""
-    from ..graph import GraphSummary
-
     if isinstance(source, GraphSummary):
         raise InputError("a GraphSummary has no node list to draw",
                          "pass the Artifact (or its path): GraphView(artifact)")
@@ -70,21 +72,15 @@ _PAYLOADS: OrderedDict[tuple, dict[str, Any]] = OrderedDict()
 
 
 def _read_payload(path: Path, title: str) -> dict[str, Any]:
-    from ..onnx_io import check_model_file, detect_format, load_onnx
-
     if detect_format(path) == "onnx" and path.is_file():  # parsed once, here
         return _onnx_payload(load_onnx(path, external_data=False), title)
     fmt = check_model_file(path)  # a clear error for a missing file or a folder
     if fmt == "ncnn":
-        from ..params import parse_ncnn_param
-
         param = parse_ncnn_param(path)
         return _payload("ncnn", title, [
             (la.name, la.type, la.bottoms, la.tops, dotted_path(la.name),
              {str(k): _short(v) for k, v in la.params.items()}) for la in param.layers], {})
     if fmt == "pnnx":
-        from ..params import parse_pnnx_param
-
         param = parse_pnnx_param(path)
         shapes = {n: "x".join(str(d) for d in o.shape) for n, o in param.operands.items()
                   if o.shape}
@@ -275,7 +271,7 @@ def visible_items(nodes: list[dict[str, Any]], groups: list[dict[str, Any]],
                   node_group: list[int], open_: set[int]) -> tuple[list[int], list[int]]:
     """What each node is drawn as, with the groups in ``open_`` expanded: (per node, the item:
     node index ``i`` itself, ``-1 - g`` for a closed group g, or None-like ``-(10**9)`` for a
-    folded constant), and the list of distinct items drawn. Same rule as graphview.js."""
+    folded constant), and the list of distinct items drawn (graphlayout.py lays them out)."""
     closed_at = []  # per group: the outermost closed group at or above it, or -1
     for k, g in enumerate(groups):
         up = closed_at[g["parent"]] if g["parent"] >= 0 else -1
@@ -365,8 +361,6 @@ def node_accounts(nodes: list[dict[str, Any]], alignment: Any) -> list[NodeAccou
     """One NodeAccount per node, from its output tensors' places in ``alignment`` (pairs,
     attributed, unaligned with the reason). A node whose outputs are in none of them was not
     captured; a Constant node that was not is still a constant."""
-    from ..comparison.align import CONSTANT_OPS
-
     if alignment is None:
         return [NodeAccount("", "") for _ in nodes]
     out = []

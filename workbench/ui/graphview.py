@@ -1,36 +1,33 @@
 """GraphView: an artifact's graph in the notebook, nodes coloured by error or op type.
 
-The browser side is ``widgets/graphview.js`` (anywidget, plain ES module, SVG): layout by the
-vendored dagre for graphs up to 200 nodes, a linear-time layered layout above that (dagre
-needs seconds at that size). Colours are computed here, in Python, so what the browser paints
-is what the tests check. Clicking a node sets ``selected``; the view then shows that op's
-numbers and diff plots (``CompareReport.plot_tensor``) in the Output next to the graph.
+The widget and its controls live here; what it ships is made elsewhere, by idea: the graph
+(graphmodel.py), the layout (graphlayout.py, in Python, shared with the saved figure), the
+paint (graphpaint.py), the browser half (graphcanvas.py, drawing in ``widgets/graph/``).
+Colours are computed here, in Python, so what the browser paints is what the tests check.
+Clicking a node sets ``selected``; the view then shows that op's numbers and diff plots
+(``CompareReport.plot_tensor``) in the Output next to the graph.
 """
 
 from __future__ import annotations
 
 import html
-import math
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import anywidget
 import ipywidgets as widgets
 import traitlets
+from IPython.display import HTML, display
 
 from ..errors import InputError
+from . import graphpaint
+from .figures import figure_html
+from .graphcanvas import GraphCanvas
 from .graphcolors import (
     ERROR_STOPS,
-    GROUP_FILL,
-    HIGHER_BETTER,
     METRIC_ORDER,
     MISSING,
-    higher_better_colors,
     op_colors,
     tolerance_colors,
-    tolerance_ratio,
     value_colors,
 )
 from .graphmodel import (
@@ -39,49 +36,19 @@ from .graphmodel import (
     attach_modules,
     build_groups,
     graph_payload,
+    in_module,
     initial_expanded,
     node_accounts,
+    node_modules,
+    visible_items,
 )
+from .graphpanel import node_html
+from .graphsave import save_graph
 
-__all__ = ["MISSING", "ERROR_STOPS", "GraphView", "NodeAccount", "graph_payload", "node_accounts",
-           "op_colors", "tolerance_colors", "value_colors"]
+__all__ = ["MISSING", "ERROR_STOPS", "GraphCanvas", "GraphView", "NodeAccount", "graph_payload",
+           "node_accounts", "op_colors", "tolerance_colors", "value_colors"]
 
 COLOR_BY = ("op_type", "accumulated", "isolated")
-
-
-@cache
-def widget_source(name: str) -> str:
-    """The text of a browser-side file shipped in the package (``widgets/<name>``)."""
-    return (resources.files("workbench") / "widgets" / name).read_text(encoding="utf-8")
-
-
-# -- the widget ----------------------------------------------------------------------------
-
-
-class GraphCanvas(anywidget.AnyWidget):
-    """The browser half: draws ``graph`` with ``colors``; ``selected`` is the clicked node id."""
-
-    _esm = traitlets.Unicode().tag(sync=True)
-    _css = traitlets.Unicode().tag(sync=True)
-    _dagre = traitlets.Unicode().tag(sync=True)
-    graph = traitlets.Dict().tag(sync=True)
-    colors = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    strokes = traitlets.List(traitlets.Bool()).tag(sync=True)
-    tooltips = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    legend = traitlets.Dict().tag(sync=True)
-    title = traitlets.Unicode().tag(sync=True)
-    selected = traitlets.Unicode("").tag(sync=True)
-    render_ms = traitlets.Dict().tag(sync=True)  # the browser's own timing of its last draw
-    expanded = traitlets.List(traitlets.Unicode()).tag(sync=True)  # open module groups
-    group_colors = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    group_strokes = traitlets.List(traitlets.Bool()).tag(sync=True)
-    group_tooltips = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    highlighted = traitlets.List(traitlets.Unicode()).tag(sync=True)  # node ids lit (linked)
-    clicked_group = traitlets.Unicode("").tag(sync=True)  # "module|time" of a module's click
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(_esm=widget_source("graphview.js"), _css=widget_source("graphview.css"),
-                         _dagre=widget_source("vendor/dagre.esm.js"), **kwargs)
 
 
 class GraphView(widgets.HBox):
@@ -137,34 +104,11 @@ class GraphView(widgets.HBox):
                                                             overflow="auto"))
         self.output.add_class("wb-graphview-output")
         self.canvas = GraphCanvas(
-            graph={"nodes": [{"id": n["id"], "op": n["op"], "label": n["label"], "why": a.text,
-                              "kind": a.kind, "g": g, "fold": n["fold"]}
-                             for n, a, g in zip(nodes, self.accounts, self._node_group,
-                                                strict=True)],
-                   "edges": self.payload["edges"], "shapes": self.payload["shapes"],
-                   "groups": [{k: g[k] for k in ("id", "label", "parent", "size")}
-                              for g in self.groups]},
+            graph=self._canvas_graph(), title=_title(self.payload, nodes),
             expanded=initial_expanded(nodes, self.groups, self._node_group),
             group_colors=gcolors, group_strokes=gstrokes, group_tooltips=gtips,
-            colors=colors, strokes=strokes, legend=legend, tooltips=self._tooltips(),
-            title=_title(self.payload, nodes))
-        modes = ["op_type"] + [m for m in ("accumulated", "isolated")
-                               if (values is not None and m == color_by) or any(
-                                   m in rs for rs in self.records.values())]
-        self.color_w = widgets.ToggleButtons(
-            options=[(m.replace("_", " "), m) for m in modes], value=color_by,
-            description="colour by", style={"button_width": "108px"})
-        self.color_w.observe(lambda c: self.recolor(c["new"]), names="value")
-        self.color_w.add_class("wb-graphview-color-by")
-        metrics = self._metrics()
-        self.metric_w = widgets.Dropdown(options=metrics or [metric], value=metric,
-                                         description="metric", layout={"width": "200px"})
-        self.metric_w.observe(lambda c: self.set_metric(c["new"]), names="value")
-        self.metric_w.add_class("wb-graphview-metric")
-        bar = widgets.HBox([self.color_w] + ([self.metric_w] if len(metrics) > 1 else []),
-                           layout=widgets.Layout(flex_flow="row wrap"))  # wraps when narrow
-        left = widgets.VBox([bar, self.canvas] if len(modes) > 1 else [self.canvas],
-                            layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
+            colors=colors, strokes=strokes, legend=legend, tooltips=self._tooltips())
+        left = self._controls(values is not None, color_by, metric)
         self.panel = panel
         if not panel:
             left.layout = widgets.Layout(flex="1 1 0", min_width="300px")
@@ -179,6 +123,38 @@ class GraphView(widgets.HBox):
         with self.output:
             print("Click a node to see its numbers" + (" and diff plots." if self.records
                                                         else "."))
+
+    def _canvas_graph(self) -> dict[str, Any]:
+        """What the browser gets of the graph: per node its id, op type, label, why it has a
+        value or none, its innermost group and fold; the edges, their shapes, the groups."""
+        return {"nodes": [{"id": n["id"], "op": n["op"], "label": n["label"], "why": a.text,
+                           "kind": a.kind, "g": g, "fold": n["fold"]}
+                          for n, a, g in zip(self.payload["nodes"], self.accounts,
+                                             self._node_group, strict=True)],
+                "edges": self.payload["edges"], "shapes": self.payload["shapes"],
+                "groups": [{k: g[k] for k in ("id", "label", "parent", "size")}
+                           for g in self.groups]}
+
+    def _controls(self, given: bool, color_by: str, metric: str) -> widgets.VBox:
+        """The colour-by toggle and the metric menu above the canvas (shown when there is a
+        choice), and the canvas."""
+        modes = ["op_type"] + [m for m in ("accumulated", "isolated")
+                               if (given and m == color_by) or any(
+                                   m in rs for rs in self.records.values())]
+        self.color_w = widgets.ToggleButtons(
+            options=[(m.replace("_", " "), m) for m in modes], value=color_by,
+            description="colour by", style={"button_width": "108px"})
+        self.color_w.observe(lambda c: self.recolor(c["new"]), names="value")
+        self.color_w.add_class("wb-graphview-color-by")
+        metrics = self._metrics()
+        self.metric_w = widgets.Dropdown(options=metrics or [metric], value=metric,
+                                         description="metric", layout={"width": "200px"})
+        self.metric_w.observe(lambda c: self.set_metric(c["new"]), names="value")
+        self.metric_w.add_class("wb-graphview-metric")
+        bar = widgets.HBox([self.color_w] + ([self.metric_w] if len(metrics) > 1 else []),
+                           layout=widgets.Layout(flex_flow="row wrap"))  # wraps when narrow
+        return widgets.VBox([bar, self.canvas] if len(modes) > 1 else [self.canvas],
+                            layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
 
     # -- what is shown ----------------------------------------------------------------------
     @property
@@ -215,8 +191,6 @@ class GraphView(widgets.HBox):
     def modules_of(self) -> dict[str, tuple[str, ...]]:
         """{node id: the torch modules it stands for}: its records' references and what a
         fused one ``covers``, its attributed module, its exporter scope (see node_modules)."""
-        from .graphmodel import node_modules
-
         if self._modules is None:
             alignment = (self.report.alignments.get(self.candidate.name)
                          if self.candidate is not None else None)
@@ -226,8 +200,6 @@ class GraphView(widgets.HBox):
     def nodes_in(self, module: str) -> list[str]:
         """The drawn nodes that stand for ``module`` or a module inside it (folded constants
         are drawn in their readers, so they are left out)."""
-        from .graphmodel import in_module
-
         return [nid for (nid, mods), n in zip(self.modules_of().items(), self.payload["nodes"],
                                               strict=True)
                 if n["fold"] < 0 and any(in_module(m, module) for m in mods)]
@@ -336,8 +308,6 @@ class GraphView(widgets.HBox):
     def drawn_items(self) -> list[str]:
         """What is drawn with the groups as they are open now: node ids, and ``module:<name>``
         for each closed group (folded constants are in neither)."""
-        from .graphmodel import visible_items
-
         opened = {self._group_index[g] for g in self.canvas.expanded if g in self._group_index}
         _rep, items = visible_items(self.payload["nodes"], self.groups, self._node_group,
                                     opened)
@@ -347,8 +317,6 @@ class GraphView(widgets.HBox):
     def save(self, path: str | Path, expanded: bool | None = None) -> Path:
         """Write the graph as drawn (colours, legend, modules open as now) to an SVG or PNG
         file; ``expanded=True`` draws every module open. Returns the path written."""
-        from .graphsave import save_graph
-
         return save_graph(self, path, expanded)
 
     def _group_of(self, module: str) -> int:
@@ -364,49 +332,14 @@ class GraphView(widgets.HBox):
                          if names else "this graph has no module groups")
 
     def _group_members(self) -> list[list[int]]:
-        members: list[list[int]] = [[] for _ in self.groups]
-        for i, n in enumerate(self.payload["nodes"]):
-            k = self._node_group[i] if n["fold"] < 0 else -1
-            while k >= 0:
-                members[k].append(i)
-                k = self.groups[k]["parent"]
-        return members
+        return graphpaint.group_members(self.payload["nodes"], self.groups, self._node_group)
 
     def _group_paint(self, colors: list[str], strokes: list[bool]
                      ) -> tuple[list[str], list[bool], list[str]]:
-        """Per group: a fill (its worst node's colour when colouring by a value), an outline
-        when a node inside is over tolerance, and a tooltip (size, op types, worst node)."""
-        nodes = self.payload["nodes"]
-        fills, outs, tips = [], [], []
-        for g, mem in zip(self.groups, self._group_members(), strict=True):
-            ops: dict[str, int] = {}
-            for i in mem:
-                ops[nodes[i]["op"]] = ops.get(nodes[i]["op"], 0) + 1
-            top = ", ".join(f"{o} {c}" for o, c in sorted(ops.items(), key=lambda x: -x[1])[:4])
-            tip = f"module {g['id']} ({len(mem)} nodes: {top})\nclick to open"
-            fill = GROUP_FILL
-            if self.color_by != "op_type":
-                scored = [(self._badness(i), i) for i in mem if self.values[i] is not None]
-                if scored:
-                    _b, worst = max(scored)
-                    fill = colors[worst]
-                    tip += (f"\nworst {self.color_by} {self.metric}: "
-                            f"{self.values[worst]:.3g} at {nodes[worst]['id']}")
-                else:
-                    fill = MISSING
-                    tip += f"\nno {self.color_by} value inside"
-            fills.append(fill)
-            outs.append(any(strokes[i] for i in mem))
-            tips.append(tip)
-        return fills, outs, tips
-
-    def _badness(self, i: int) -> float:
-        if self.ratios is not None and self.ratios[i] is not None:
-            return self.ratios[i]
-        v = self.values[i]
-        if v is None or math.isnan(v):
-            return math.inf
-        return -v if self.metric in HIGHER_BETTER else v
+        """Per group: a fill, an outline and a tooltip (graphpaint.group_paint)."""
+        return graphpaint.group_paint(self.payload["nodes"], self.groups, self._group_members(),
+                                      colors, strokes, self.values, self.ratios, self.color_by,
+                                      self.metric)
 
     # -- report -> per-node values ----------------------------------------------------------
     def _match_candidate(self, source: Any, name: str | None) -> Any:
@@ -438,33 +371,15 @@ class GraphView(widgets.HBox):
         return out
 
     def _node_values(self, values: dict[str, float] | None) -> list[float | None]:
-        n = len(self.payload["nodes"])
+        """Per node, the value coloured (``values``, or the report's ``metric`` in mode
+        ``color_by``); sets ``ratios`` (error / tolerance) when the report gives both."""
+        nodes = self.payload["nodes"]
         self.ratios = None  # error / tolerance per node, when a report gives both
         if values is not None:
-            if self.color_by == "op_type":
-                raise InputError("values were given but color_by='op_type' colours by op type",
-                                 "pass color_by='accumulated' or 'isolated' to colour by them")
-            if not isinstance(values, dict):
-                raise InputError(f"values must be a dict {{node or tensor name: number}}, got "
-                                 f"a {type(values).__name__}", "values={'conv1': 0.01}")
-            unknown = [k for k in values if k not in self._index and k not in self._producer]
-            if unknown:
-                names = [nd["id"] for nd in self.payload["nodes"][:6]]
-                raise InputError(f"values name {len(unknown)} node(s) not in the graph: "
-                                 f"{unknown[:5]}", f"use node names (e.g. {names}) or the "
-                                 "tensors they produce")
-            out: list[float | None] = [None] * n
-            for k, v in values.items():
-                try:
-                    num = float(v)
-                except (TypeError, ValueError):
-                    raise InputError(f"values[{k!r}] is {v!r}, expected a number",
-                                     "values={'conv1': 0.01}") from None
-                i = self._index.get(k, self._producer.get(k))
-                out[i] = num if out[i] is None else max(out[i], num)
-            return out
+            return graphpaint.given_values(nodes, values, self.color_by, self._index,
+                                           self._producer)
         if self.color_by == "op_type":
-            return [None] * n
+            return [None] * len(nodes)
         if self.report is None:
             raise InputError(f"color_by={self.color_by!r} needs a comparison",
                              "GraphView(artifact, color_by='accumulated', "
@@ -472,67 +387,21 @@ class GraphView(widgets.HBox):
         if not any(self.color_by in modes for modes in self.records.values()):
             raise InputError(f"the report has no {self.color_by} error for {self.candidate.name}",
                              "run wb.compare(..., mode='both') for accumulated and isolated")
-        out: list[float | None] = [None] * n
-        ratios: list[float | None] = [None] * n
-        for i, modes in self.records.items():
-            recs = modes.get(self.color_by, [])
-            vals = [float(getattr(r.metrics, self.metric, None)) for r in recs
-                    if getattr(r.metrics, self.metric, None) is not None]
-            worst = min if self.metric in HIGHER_BETTER else max
-            out[i] = worst(vals) if vals else None
-            rs = [tolerance_ratio(r.metrics) for r in recs]
-            rs = [x for x in rs if x is not None]
-            ratios[i] = max(rs) if rs else None
+        out, ratios = graphpaint.report_values(len(nodes), self.records, self.color_by,
+                                               self.metric)
         self.ratios = ratios if self.metric == "max_abs" else None  # the tolerance is on max_abs
         return out
 
-    def _failing(self) -> list[bool]:
-        mode = self.color_by if self.color_by != "op_type" else "accumulated"
-        return [any(not r.metrics.passed
-                    for r in self.records.get(i, {}).get(mode, []))
-                for i in range(len(self.payload["nodes"]))]
-
     def _colors(self) -> tuple[list[str], list[bool], dict[str, Any]]:
         nodes = self.payload["nodes"]
-        drawn = [n["fold"] < 0 for n in nodes]  # folded constants are no nodes drawn
-        folded = [["constants folded into their readers (not drawn)", "#ffffff",
-                   len(nodes) - sum(drawn)]] if not all(drawn) else []
-        strokes = self._failing()
-        if self.color_by == "op_type":
-            colors, items = op_colors([n["op"] for n in nodes], drawn)
-            return colors, strokes, {"kind": "categories", "title": "op type",
-                                     "items": items + folded}
-        items = [["no value", MISSING, sum(v is None for v, d in zip(self.values, drawn,
-                                                                     strict=True) if d)]]
-        if any(strokes):
-            items.append(["over tolerance (outlined)", "#7f0000", sum(strokes)])
-        if self.ratios is not None:
-            return tolerance_colors(self.ratios), strokes, {
-                "kind": "scale", "title": f"{self.color_by} error / tolerance",
-                "stops": list(ERROR_STOPS), "min_label": "\u22640.001", "mid_label": "1",
-                "max_label": "\u2265100", "items": items + folded, "log": True}
-        title = self.color_by if self.metric == "max_abs" else f"{self.color_by} {self.metric}"
-        if self.metric in HIGHER_BETTER:
-            colors, lo, hi = higher_better_colors(self.values)
-            lo, hi = hi, lo  # the green end of the bar is the high value
-        else:
-            colors, lo, hi = value_colors(self.values)
-        return colors, strokes, {
-            "kind": "scale", "title": title, "stops": list(ERROR_STOPS),
-            "min_label": "-" if lo is None else f"{lo:.3g}",
-            "max_label": "-" if hi is None else f"{hi:.3g}", "items": items + folded,
-            "log": self.metric not in HIGHER_BETTER}
+        strokes = graphpaint.failing(self.records, len(nodes), self.color_by)
+        colors, legend = graphpaint.node_colors(nodes, self.values, self.ratios, strokes,
+                                                self.color_by, self.metric)
+        return colors, strokes, legend
 
     def _tooltips(self) -> list[str]:
-        out = []
-        for i, (n, v) in enumerate(zip(self.payload["nodes"], self.values, strict=True)):
-            tip = f"{n['id']} ({n['op']})"
-            if v is not None:
-                tip += f"\n{self.color_by}: {v:.3g}"
-            if why := self._why(i):
-                tip += f"\n{why}"
-            out.append(tip)
-        return out
+        return graphpaint.tooltips(self.payload["nodes"], self.values, self.color_by,
+                                   [self._why(i) for i in range(len(self.payload["nodes"]))])
 
     def _node_index(self, node: str, what: str) -> int:
         i = self._index.get(node, self._producer.get(node))
@@ -554,8 +423,6 @@ class GraphView(widgets.HBox):
             try:
                 self._show(change["new"])
             except Exception as exc:  # a plot that fails must not take the widget down
-                from IPython.display import HTML, display
-
                 self.last_error = exc
                 hint = getattr(exc, "hint", "")
                 display(HTML(f'<div class="wb-graphview-error"><b>{type(exc).__name__}</b>: '
@@ -564,10 +431,6 @@ class GraphView(widgets.HBox):
                              + "</div>"))
 
     def _show(self, node_id: str) -> None:
-        from IPython.display import HTML, display
-
-        from .graphpanel import node_html
-
         i = self._node_index(node_id, "node")
         recs = self.records.get(i, {})
         self.last_html = node_html(self, i)
@@ -578,8 +441,6 @@ class GraphView(widgets.HBox):
             return
         tensor = max((r for rs in recs.values() for r in rs),
                      key=lambda r: r.metrics.max_abs or 0.0).name
-        from .compareview import figure_html
-
         figs = [f for f in self.report.plot_tensor(tensor, candidate=self.candidate.name)
                 if f is not None]
         self.last_figures = figs

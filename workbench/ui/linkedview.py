@@ -18,7 +18,10 @@ import ipywidgets as widgets
 import traitlets
 
 from ..errors import InputError
+from .compareview import shared_reference_order
+from .figures import figure_html
 from .graphmodel import in_module
+from .graphview import GraphView
 
 CALL_PREFIXES = ("F.", "Tensor.", "torch.")  # functional calls at the model's top level
 
@@ -65,8 +68,6 @@ def _parent_of(name: str, modules: set[str]) -> str:
 def module_tree(report: Any) -> list[TreeItem]:
     """The torch modules and calls the report's records name (and the modules around them),
     depth first, each module's children in the order the model runs them."""
-    from .compareview import shared_reference_order
-
     model = getattr(getattr(report, "reference", None), "model", None)
     types = ({n: type(m).__name__ for n, m in model.named_modules() if n}
              if model is not None else {})
@@ -140,8 +141,6 @@ class LinkedView(widgets.VBox):
 
     def __init__(self, report: Any, candidates: list[str] | None = None,
                  plots: bool = True) -> None:
-        from .graphview import GraphView
-
         if not hasattr(report, "records") or not hasattr(report, "alignments"):
             raise InputError(f"LinkedView takes a CompareReport, got a {type(report).__name__}",
                              "wb.ui.linked(wb.compare(model, [onx, nc], inputs))")
@@ -319,8 +318,6 @@ class LinkedView(widgets.VBox):
             self._plot(sel.plotted)
 
     def _plot(self, rec: Any) -> None:
-        from .compareview import figure_html
-
         try:
             figs = [f for f in self.report.plot_tensor(rec.name, candidate=rec.candidate)
                     if f is not None]
