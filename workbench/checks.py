@@ -14,6 +14,7 @@ import numpy as np
 from .artifact.record import Artifact
 from .diagnostics import Diagnostic
 from .errors import InputError
+from .runtime.ort_runner import OrtRunner
 from .tolerances import max_errors, within
 
 INPUTS_FILE = "example_inputs.npz"
@@ -132,7 +133,6 @@ def error_vs_torch(artifact_path: Any, ref: tuple[dict[str, np.ndarray], list[np
     """Max abs error of an ONNX model against torch's stored outputs on the example inputs."""
     if ref is None:
         return None
-    from .runtime.ort_runner import OrtRunner
 
     runner = runner or OrtRunner(artifact_path)
     try:

@@ -8,7 +8,12 @@ from typing import Any
 
 from .artifact.record import Artifact
 from .artifact.workspace import Workspace, as_workspace
+from .comparison.compare import compare
 from .errors import WorkbenchError
+from .stages.export import export
+from .stages.ncnn import to_ncnn
+from .stages.raising import raise_ops
+from .stages.simplify import simplify
 
 STAGES = ("export", "simplify", "raise", "ncnn", "compare")
 
@@ -89,12 +94,6 @@ class Pipeline:
 
     def run(self, progress: bool = True) -> PipelineResult:
         from tqdm.auto import tqdm
-
-        from .comparison.compare import compare
-        from .stages.export import export
-        from .stages.ncnn import to_ncnn
-        from .stages.raising import raise_ops
-        from .stages.simplify import simplify
 
         ws = as_workspace(self.workspace)
         result = PipelineResult()

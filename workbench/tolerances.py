@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from numbers import Real
 from typing import Any
 
+from .errors import InputError
+
 EPS = 1e-6
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
@@ -31,8 +33,6 @@ def check_tolerance(atol: Any, rtol: Any, where: str) -> tuple[float, float]:
     """(atol, rtol) as floats, or an InputError naming ``where`` (the call they were given to)."""
     for name, value in (("atol", atol), ("rtol", rtol)):
         if not is_tolerance_number(value):
-            from .errors import InputError
-
             raise InputError(f"{where}: {name}={value!r}, expected a finite non-negative number",
                              f"e.g. atol={DEFAULT_ATOL}, rtol={DEFAULT_RTOL} (the fp32 default); "
                              f"an output passes when max |torch - backend| <= atol + rtol * "
@@ -45,8 +45,6 @@ def for_precision(precision: str) -> tuple[float, float]:
     try:
         return PRECISION_TOLERANCES[precision]
     except KeyError:
-        from .errors import InputError
-
         raise InputError(f"no default tolerance for precision {precision!r}",
                          f"one of {', '.join(PRECISION_TOLERANCES)}") from None
 

@@ -6,6 +6,7 @@ named numpy arrays in one pass.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -14,6 +15,9 @@ from .base import Runner
 __all__ = ["Runner", "TorchRunner", "OrtRunner", "NcnnRunner", "runner_for"]
 
 
+# The runners load when first asked for (PEP 562), as ``workbench._lazy`` does for the package:
+# a worker process (the aarch64 one under QEMU above all, where every module costs 100x)
+# imports this package for one backend's runner only.
 def __getattr__(name: str) -> Any:
     if name == "TorchRunner":
         from .torch_runner import TorchRunner
@@ -33,9 +37,7 @@ def __getattr__(name: str) -> Any:
 def runner_for(thing: Any, num_threads: int | None = None) -> Runner:
     """The runner for an ``nn.Module``, an ONNX artifact or path, or a runner itself.
     ``num_threads`` sets the intra-op threads of an ONNX Runtime or ncnn runner made here."""
-    from pathlib import Path
-
-
+    # each backend's runner module loads only when its kind of model comes (see __getattr__)
     if isinstance(thing, Runner):
         return thing
     fmt = getattr(thing, "format", None)

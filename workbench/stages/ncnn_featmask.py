@@ -30,6 +30,8 @@ from ..errors import InputError, ModelFileError
 from ..fileio import atomic_write_text
 from ..onnx_io import check_model_file
 from ..params import NcnnParam, parse_ncnn_param
+from ..runtime.ncnn_model import check_model_files
+from ..runtime.recorded import artifact_at, check_recorded
 
 PARAM = ".ncnn.param"
 KEY = 31  # ncnn's param id of the feature mask
@@ -289,7 +291,6 @@ def _source(nc: Any) -> tuple[Artifact | None, Path]:
 
 def _artifact_at(path: Path) -> Artifact | None:
     """The artifact of a workspace whose main file ``path`` is, else None."""
-    from ..runtime.recorded import artifact_at
 
     art = artifact_at(path)
     folder = path.absolute().parent.parent
@@ -303,8 +304,6 @@ def _artifact_at(path: Path) -> Artifact | None:
 
 def _check_files(parent: Artifact | None, param: Path) -> NcnnParam:
     """The parent as its stage wrote it (sha256), its .bin beside and fitting the .param."""
-    from ..runtime.ncnn_model import check_model_files
-    from ..runtime.recorded import check_recorded
 
     # changed on disk since its stage wrote it (an artifact's record, or the artifact.json
     # beside a path): ModelFileError naming the file, as NcnnRunner would refuse it
