@@ -248,81 +248,118 @@ def _int(params: dict[int, Any], key: int, default: int) -> int:
 
 def likely_cause(layer: Any, inputs: list[tuple[int, ...]],
                  output: tuple[int, ...] | None) -> str:
-    """What about ``layer`` (its type, parameters) and its input shapes makes ncnn fail."""
-    p, t = layer.params, layer.type
-    first = inputs[0] if inputs else None
-    if t.startswith("Pooling") and first is not None and len(first) >= 2:
-        if _int(p, 4, 0):  # global pooling takes any size
-            return ""
-        kw = _int(p, 1, 0)
-        kh = _int(p, 11, kw)
-        h, w = first[-2], first[-1]
-        pad = _int(p, 3, 0)
-        if kw > w + 2 * pad or kh > h + 2 * pad:
-            return (f"its kernel {kh}x{kw} is larger than its input {h}x{w}: the model was "
-                    "converted at a larger input size (a pooling sized for it), so feed that "
-                    "size, or make the pooling adaptive/global (nn.AdaptiveAvgPool2d(1))")
-    if t.startswith(("Convolution", "Deconvolution")) and first is not None:
-        num_out, k = _int(p, 0, 0), _int(p, 1, 0)
-        kh, size = _int(p, 11, k), _int(p, 6, 0)
-        group = _int(p, 7, 1) if "DepthWise" in t else 1
-        if num_out and k and kh and size and len(first) >= 2:
-            per = size // max(num_out * k * kh, 1)
-            want = per * group
-            have = first[0] if len(first) >= 3 else (first[0] if len(first) == 2 else None)
-            if have is not None and want and have != want:
-                return (f"it was built for {want} input channels (weights {size} = {num_out} "
-                        f"x {per} x {kh}x{k}), its input has {have}: an input or an earlier "
-                        "layer with another channel count (a .param edited, or weights of "
-                        "another model)")
-            if t.startswith("Convolution") and len(first) >= 3 and (
-                    kh > first[-2] + 2 * _int(p, 4, 0) or k > first[-1] + 2 * _int(p, 4, 0)):
-                return (f"its kernel {kh}x{k} is larger than its input {first[-2]}x"
-                        f"{first[-1]}: feed the size it was converted at")
-    if t == "InnerProduct" and first is not None:
-        num_out, size = _int(p, 0, 0), _int(p, 2, 0)
-        if num_out and size:
-            want, have = size // num_out, first[-1]
-            total = 1
-            for d in first:
-                total *= d
-            if have != want and total != want:
-                return (f"it was built for {want} input features (weights {size} = {num_out} x "
-                        f"{want}), its input {list(first)} has {have}: the input or the layer "
-                        "before it changed size since conversion")
-    if t == "BinaryOp" and len(inputs) == 2 and not _broadcasts(*inputs):
-        return (f"its two operands {list(inputs[0])} and {list(inputs[1])} do not broadcast "
-                "against each other: a shape fixed at conversion (a constant, a reshape) "
-                "meets an input of another size; feed the converted size")
-    if t == "Concat" and len(inputs) >= 2:
-        axis = _int(p, 0, 0)
-        ranks = {len(s) for s in inputs}
-        if len(ranks) > 1:
-            return f"it joins blobs of different ranks {[list(s) for s in inputs]}"
-        rank = ranks.pop()
-        axis = axis + rank if axis < 0 else axis
-        if any([d for a, d in enumerate(s) if a != axis]
-               != [d for a, d in enumerate(inputs[0]) if a != axis] for s in inputs):
-            return (f"it joins blobs {[list(s) for s in inputs]} on axis {axis}: their other "
-                    "axes differ")
-    if t == "Reshape" and first is not None:
-        want = [_int(p, k, -233) for k in (11, 2, 1, 0)]  # d, c, h, w as written
-        have = 1
-        for d in first:
-            have *= d
-        fixed = [d for d in want if d not in (-233, 0, -1)]
-        prod = 1
-        for d in fixed:
-            prod *= d
-        if fixed and -1 not in want and prod != have:
-            return (f"it reshapes {have} elements ({list(first)}) to {prod}: the sizes it holds "
-                    "come from the conversion's input; feed that size")
+    """What about ``layer`` (its type, parameters) and its input shapes makes ncnn fail: the
+    first of the causes its type can have that fits, or a size that came out empty."""
+    for types, cause in _CAUSES:
+        if layer.type.startswith(types):
+            why = cause(layer.params, layer.type, inputs)
+            if why:
+                return why
     if output is not None and output and min(output) <= 0:
         return (f"its output size came out as {list(output)}: its parameters do not fit an "
                 "input of this size (feed the size the model was converted at)")
-    if t in ("MemoryData",):
+    if layer.type == "MemoryData":
         return "a constant blob could not be made: the .bin does not hold what the .param says"
     return ""
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    total = 1
+    for d in shape:
+        total *= d
+    return total
+
+
+def _pooling(p: dict, t: str, inputs: list[tuple[int, ...]]) -> str:
+    first = inputs[0] if inputs else None
+    if first is None or len(first) < 2 or _int(p, 4, 0):  # global pooling takes any size
+        return ""
+    kw = _int(p, 1, 0)
+    kh = _int(p, 11, kw)
+    h, w = first[-2], first[-1]
+    pad = _int(p, 3, 0)
+    if kw > w + 2 * pad or kh > h + 2 * pad:
+        return (f"its kernel {kh}x{kw} is larger than its input {h}x{w}: the model was "
+                "converted at a larger input size (a pooling sized for it), so feed that "
+                "size, or make the pooling adaptive/global (nn.AdaptiveAvgPool2d(1))")
+    return ""
+
+
+def _convolution(p: dict, t: str, inputs: list[tuple[int, ...]]) -> str:
+    first = inputs[0] if inputs else None
+    num_out, k = _int(p, 0, 0), _int(p, 1, 0)
+    kh, size = _int(p, 11, k), _int(p, 6, 0)
+    group = _int(p, 7, 1) if "DepthWise" in t else 1
+    if first is None or not (num_out and k and kh and size and len(first) >= 2):
+        return ""
+    per = size // max(num_out * k * kh, 1)
+    want = per * group
+    have = first[0]
+    if want and have != want:
+        return (f"it was built for {want} input channels (weights {size} = {num_out} "
+                f"x {per} x {kh}x{k}), its input has {have}: an input or an earlier "
+                "layer with another channel count (a .param edited, or weights of "
+                "another model)")
+    if t.startswith("Convolution") and len(first) >= 3 and (
+            kh > first[-2] + 2 * _int(p, 4, 0) or k > first[-1] + 2 * _int(p, 4, 0)):
+        return (f"its kernel {kh}x{k} is larger than its input {first[-2]}x"
+                f"{first[-1]}: feed the size it was converted at")
+    return ""
+
+
+def _inner_product(p: dict, t: str, inputs: list[tuple[int, ...]]) -> str:
+    first = inputs[0] if inputs else None
+    num_out, size = _int(p, 0, 0), _int(p, 2, 0)
+    if first is None or not (num_out and size):
+        return ""
+    want, have = size // num_out, first[-1]
+    if have != want and _product(first) != want:
+        return (f"it was built for {want} input features (weights {size} = {num_out} x "
+                f"{want}), its input {list(first)} has {have}: the input or the layer "
+                "before it changed size since conversion")
+    return ""
+
+
+def _binary_op(p: dict, t: str, inputs: list[tuple[int, ...]]) -> str:
+    if t != "BinaryOp" or len(inputs) != 2 or _broadcasts(*inputs):
+        return ""
+    return (f"its two operands {list(inputs[0])} and {list(inputs[1])} do not broadcast "
+            "against each other: a shape fixed at conversion (a constant, a reshape) "
+            "meets an input of another size; feed the converted size")
+
+
+def _concat(p: dict, t: str, inputs: list[tuple[int, ...]]) -> str:
+    if t != "Concat" or len(inputs) < 2:
+        return ""
+    ranks = {len(s) for s in inputs}
+    if len(ranks) > 1:
+        return f"it joins blobs of different ranks {[list(s) for s in inputs]}"
+    axis = _int(p, 0, 0)
+    axis = axis + ranks.pop() if axis < 0 else axis
+    others = [[d for a, d in enumerate(s) if a != axis] for s in inputs]
+    if any(o != others[0] for o in others):
+        return (f"it joins blobs {[list(s) for s in inputs]} on axis {axis}: their other "
+                "axes differ")
+    return ""
+
+
+def _reshape(p: dict, t: str, inputs: list[tuple[int, ...]]) -> str:
+    first = inputs[0] if inputs else None
+    if t != "Reshape" or first is None:
+        return ""
+    want = [_int(p, k, -233) for k in (11, 2, 1, 0)]  # d, c, h, w as written
+    fixed = [d for d in want if d not in (-233, 0, -1)]
+    have, prod = _product(first), _product(tuple(fixed))
+    if fixed and -1 not in want and prod != have:
+        return (f"it reshapes {have} elements ({list(first)}) to {prod}: the sizes it holds "
+                "come from the conversion's input; feed that size")
+    return ""
+
+
+# (layer type prefixes, the cause that type can have), tried in order
+_CAUSES = ((("Pooling",), _pooling), (("Convolution", "Deconvolution"), _convolution),
+           (("InnerProduct",), _inner_product), (("BinaryOp",), _binary_op),
+           (("Concat",), _concat), (("Reshape",), _reshape))
 
 
 def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
