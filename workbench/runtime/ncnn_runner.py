@@ -80,21 +80,11 @@ class NcnnRunner(Runner):
                 arm-target``), always isolated: never a fall back to this machine.
         """
         check_precision(precision)
-        self.param = Path(getattr(source, "path", source))
         self.source = source  # an Artifact's record tells the input shapes (ncnn_feed)
-        if not self.param.name.endswith(".ncnn.param"):
-            raise InputError(f"NcnnRunner needs a .ncnn.param file, got {self.param.name!r}",
-                             "pass the artifact wb.to_ncnn returned, or its .ncnn.param path")
-        self.bin = self.param.with_name(self.param.name[: -len(".param")] + ".bin")
-        for f in (self.param, self.bin):
-            if not f.exists():
-                raise InputError(f"ncnn model file {str(f)!r} does not exist",
-                                 "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
-
+        self.param, self.bin = _model_files(source)
         check_recorded(source, self.param)  # as its stage wrote it: an Artifact, or a path in one
         # what ncnn itself would run wrongly; the parsed graph serves every later check
         self._graph = check_model_files(self.param, self.bin)
-
         self.emulate = emulate
         self.emulation = check_emulate(emulate, precision, self._graph, self.bin)
         self.target = target
@@ -104,27 +94,35 @@ class NcnnRunner(Runner):
         self.precision = precision
         self.num_threads = num_threads
         self.check_sizes = check_sizes
+        self._declared_shapes(source)
+        self._net = None
+        ship = cops.for_worker(self.param) if isolated else b""  # see OrtRunner
+        self.isolated = isolated and ship is not None
+        if self.isolated:
+            self._remote = self._twin(timeout, ship)
+        elif self.arm is not None and not worker_main.SERVING:
+            raise InputError(f"{self.param.name} holds Python custom layers that cannot "
+                             f"travel to the {target} worker", "compare it on this machine's "
+                             "ncnn (target=None), or give the op an ncnn kernel in C++")
+
+    def _declared_shapes(self, source: Any) -> None:
+        """The inputs' and outputs' specs the conversion declared (``_ncnn.py`` and the
+        ``.pnnx.param``'s shapes); none without the script."""
         py = self.param.with_name(self.param.name[: -len(".ncnn.param")] + "_ncnn.py")
         self.in_specs, self.out_specs = parse_ncnn_py(py) if py.exists() else ({}, {})
         if self.in_specs or self.out_specs:
             declare_shapes(pnnx_param_for(source, self.param), self.in_specs,
-                            self.out_specs)
-        ship = cops.for_worker(self.param) if isolated else b""  # see OrtRunner
-        self.isolated = isolated = isolated and ship is not None
-        self._net = None
-        if self.arm is not None and not isolated and not worker_main.SERVING:
-            raise InputError(f"{self.param.name} holds Python custom layers that cannot "
-                             f"travel to the {target} worker", "compare it on this machine's "
-                             "ncnn (target=None), or give the op an ncnn kernel in C++")
-        if isolated:
-            where = precision + (f" {target}" if target else "")
-            self._remote = RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner",
-                                        (str(self.param),),
-                                        {"precision": precision, "num_threads": num_threads,
-                                         "emulate": emulate, "target": target},
-                                        f"ncnn ({emulate or where})", timeout=timeout,
-                                        custom_ops=ship,
-                                        place=arm_place(target) if target else NATIVE)
+                           self.out_specs)
+
+    def _twin(self, timeout: float | None, ship: bytes) -> RemoteHandle:
+        """The handle of this runner's twin: in the native worker, or its ARM target's."""
+        where = self.precision + (f" {self.target}" if self.target else "")
+        return RemoteHandle("workbench.runtime.ncnn_runner:NcnnRunner", (str(self.param),),
+                            {"precision": self.precision, "num_threads": self.num_threads,
+                             "emulate": self.emulate, "target": self.target},
+                            f"ncnn ({self.emulate or where})", timeout=timeout,
+                            custom_ops=ship,
+                            place=arm_place(self.target) if self.target else NATIVE)
 
     @property
     def flags(self) -> NcnnFlags:
@@ -451,6 +449,20 @@ class NcnnRunner(Runner):
             self._aliases = {top: layer.bottoms[0] for layer in self._graph.layers
                              if layer.type == "Split" for top in layer.tops}
         return self._aliases
+
+
+def _model_files(source: Any) -> tuple[Path, Path]:
+    """The .ncnn.param and .ncnn.bin of ``source`` (an Artifact or a path), both present."""
+    param = Path(getattr(source, "path", source))
+    if not param.name.endswith(".ncnn.param"):
+        raise InputError(f"NcnnRunner needs a .ncnn.param file, got {param.name!r}",
+                         "pass the artifact wb.to_ncnn returned, or its .ncnn.param path")
+    bin_ = param.with_name(param.name[: -len(".param")] + ".bin")
+    for f in (param, bin_):
+        if not f.exists():
+            raise InputError(f"ncnn model file {str(f)!r} does not exist",
+                             "an ncnn model is a .ncnn.param and a .ncnn.bin side by side")
+    return param, bin_
 
 
 def _narrow(a: Any) -> Any:
