@@ -180,6 +180,27 @@ def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
                                    onnx=onnx, ort=ort, ncnn=ncnn, fake=fake)
     import torch
 
+    _check_declaration(name, fn, onnx, ort, ncnn, fake)
+    with _LOCK:
+        _replace_or_refuse(name, fn)
+        try:
+            op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema)
+        except Exception as e:
+            raise CustomOpError(f"torch.library.custom_op({name!r}) rejected the declaration: "
+                                f"{str(e).splitlines()[0]}",
+                                "annotate every argument and the return (torch.Tensor, int, "
+                                "float, bool, list[int]...), or pass schema=") from e
+        op.register_fake(fake or fn)
+        tensors, attrs = _arguments(name, op)
+        spec = CustomOp(name, fn, tensors, attrs, len(op._opoverload._schema.returns), onnx,
+                        ort, ncnn, op)
+        torch.onnx.register_custom_op_symbolic(name, _torchscript_symbolic(spec), 1)
+        _OPS[name] = spec
+    return op
+
+
+def _check_declaration(name: str, fn: Any, onnx: Any, ort: Any, ncnn: Any, fake: Any) -> None:
+    """Each part of a ``custom_op`` declaration is what it must be, or InputError."""
     _check_name(name, "custom_op")
     if not callable(fn):
         raise InputError(f"custom_op({name!r}) decorates a function, got {type(fn).__name__}",
@@ -197,49 +218,45 @@ def custom_op(name: str, fn: Callable | None = None, *, mutates_args: Any = (),
         raise InputError(f"custom_op({name!r}, onnx=fn): fn's first parameter must be the graph "
                          f"'g', got ({', '.join(_positional(onnx))})",
                          "e.g. onnx=lambda g, a, b: g.op('Add', g.op('Mul', a, two), b)")
-    with _LOCK:
-        old = _OPS.get(name)
-        if old is not None and _same_definition(old.fn, fn):
-            unregister(name)  # a notebook cell run again: the new code replaces the old
-        elif old is None and _torch_has(name):
-            raise CustomOpError(
-                f"torch already has an op {name!r}, defined outside wb.custom_op (e.g. by "
-                "torch.library elsewhere)", "pick another name, or keep that op and give it an "
-                f"ONNX conversion: wb.register_symbolic({name!r}, lambda g, x: g.op({name!r}, "
-                "x), opset=17)")
-        elif old is not None:
-            raise CustomOpError(f"custom op {name!r} is already declared in this process",
-                                f"wb.unregister({name!r}) first, or pick another name")
-        try:
-            op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema)
-        except Exception as e:
-            raise CustomOpError(f"torch.library.custom_op({name!r}) rejected the declaration: "
-                                f"{str(e).splitlines()[0]}",
-                                "annotate every argument and the return (torch.Tensor, int, "
-                                "float, bool, list[int]...), or pass schema=") from e
-        op.register_fake(fake or fn)
-        s = op._opoverload._schema
-        tensors, attrs = [], []
-        for a in s.arguments:
-            t = str(a.type)
-            t = t[len("Optional["):-1] if t.startswith("Optional[") else t
-            if t == "Tensor":
-                tensors.append(a.name)
-            elif t in _KINDS:
-                attrs.append((a.name, _KINDS[t]))
-            else:
-                op._lib._destroy()
-                from torch._library import custom_ops as tco
 
-                tco.OPDEFS.pop(name, None)
-                raise CustomOpError(f"custom op {name!r}: argument {a.name!r} has type {t}, "
-                                    "which has no ONNX attribute form",
-                                    "use Tensor, int, float, bool, str, list[int] or "
-                                    "list[float] arguments")
-        spec = CustomOp(name, fn, tensors, attrs, len(s.returns), onnx, ort, ncnn, op)
-        torch.onnx.register_custom_op_symbolic(name, _torchscript_symbolic(spec), 1)
-        _OPS[name] = spec
-    return op
+
+def _replace_or_refuse(name: str, fn: Any) -> None:
+    """A notebook cell run again replaces its own op; any other op of that name is refused."""
+    old = _OPS.get(name)
+    if old is not None and _same_definition(old.fn, fn):
+        unregister(name)  # a notebook cell run again: the new code replaces the old
+    elif old is None and _torch_has(name):
+        raise CustomOpError(
+            f"torch already has an op {name!r}, defined outside wb.custom_op (e.g. by "
+            "torch.library elsewhere)", "pick another name, or keep that op and give it an "
+            f"ONNX conversion: wb.register_symbolic({name!r}, lambda g, x: g.op({name!r}, "
+            "x), opset=17)")
+    elif old is not None:
+        raise CustomOpError(f"custom op {name!r} is already declared in this process",
+                            f"wb.unregister({name!r}) first, or pick another name")
+
+
+def _arguments(name: str, op: Any) -> tuple[list[str], list[tuple[str, Any]]]:
+    """The op's tensor arguments and its attributes (name, kind) from its torch schema; an
+    argument with no ONNX attribute form undoes the declaration and is a CustomOpError."""
+    tensors, attrs = [], []
+    for a in op._opoverload._schema.arguments:
+        t = str(a.type)
+        t = t[len("Optional["):-1] if t.startswith("Optional[") else t
+        if t == "Tensor":
+            tensors.append(a.name)
+        elif t in _KINDS:
+            attrs.append((a.name, _KINDS[t]))
+        else:
+            op._lib._destroy()
+            from torch._library import custom_ops as tco
+
+            tco.OPDEFS.pop(name, None)
+            raise CustomOpError(f"custom op {name!r}: argument {a.name!r} has type {t}, "
+                                "which has no ONNX attribute form",
+                                "use Tensor, int, float, bool, str, list[int] or "
+                                "list[float] arguments")
+    return tensors, attrs
 
 
 def _torch_has(name: str) -> bool:
