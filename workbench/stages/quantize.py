@@ -5,7 +5,7 @@ kept and never touched) with the precision, the method, the calibration record (
 seed, indices, sha256) and what stayed in float in its params, and the final-output SNR
 against its parent in its metrics. ONNX Runtime: static QDQ or dynamic quantization through
 onnxruntime.quantization (precision/ort_quant.py). ncnn: the calibration table and the int8
-model in ncnn2table's and ncnn2int8's formats (precision/ncnn_table.py, ncnn_int8.py).
+model in ncnn2table's and ncnn2int8's formats (precision/ncnn_calibration.py, int8_table.py, ncnn_int8.py).
 
 A quantized model whose outputs equal its parent's bit for bit never ran in int8: that is
 an error diagnostic, not a figure.
