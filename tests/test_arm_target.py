@@ -178,3 +178,24 @@ def test_the_emulated_worker_crashing_is_backend_crashed_and_the_next_run_works(
     assert "aarch64" in e.value.hint and "target=None" in e.value.hint
     out = r.run((x,))["out0"]  # a fresh emulated worker
     assert r.worker_pid != pid and np.isfinite(out).all()
+
+
+def test_an_int8_model_runs_on_arm_with_its_own_kernels_and_compares(small):
+    model, x, nc = small
+    g = torch.Generator().manual_seed(2)
+    samples = [torch.randn(1, 3, 8, 8, generator=g) for _ in range(4)]
+    q8 = wb.quantize(nc, samples, backend="ncnn", progress=False)
+    arm = NcnnRunner(q8, target="arm64-v8.2")
+    assert arm.flags.int8 and arm.flags.label.startswith("int8")
+    x86_out = NcnnRunner(q8).run((x,))["out0"]
+    arm_out = arm.run((x,))["out0"]
+    with torch.no_grad():
+        ref = model(x).numpy()
+    # int8 on both, close to the float model; ARM's int8 kernels are its own (not compared
+    # bit for bit with x86's)
+    for out in (x86_out, arm_out):
+        assert np.abs(out - ref).max() < 0.1 * np.abs(ref).max()
+    rep = wb.compare(model, [q8, arm], (x,), progress=False)
+    names = [c.name for c in rep.candidates]
+    assert any(n.startswith("ncnn int8 arm64-v8.2") for n in names), names
+    assert all(f > 0.9 for f in rep.aligned_fraction.values()), rep.aligned_fraction

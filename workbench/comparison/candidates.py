@@ -47,7 +47,9 @@ def as_candidate(thing: Any, index: int) -> Candidate:
         return Candidate(f"onnxruntime{int8} {_label(thing, runner.path)}", runner, "onnx",
                          runner.path, own, int8.strip() or "fp32")
     if isinstance(runner, NcnnRunner):
-        precision = "int8" if _stored_precision(thing) == "int8" else runner.precision
+        # an int8 model, whether given as its artifact or as a runner of it
+        int8 = "int8" in (_stored_precision(thing), _stored_precision(runner.source))
+        precision = "int8" if int8 else runner.precision
         label = precision
         if getattr(runner, "emulate", None):  # storage rounded between layers, not native
             label = f"{precision} emulated {runner.emulate}"
