@@ -102,7 +102,8 @@ def fp16_unsafe(report: CompareReport, candidate: str | None = None,
 
     Args:
         report: a comparison with mode "both" or "isolated".
-        candidate: the candidate's name (None: the first ncnn candidate asked for fp16).
+        candidate: the candidate's name (None: the first ncnn candidate that ran fp16
+            arithmetic, else the first asked for fp16).
         min_snr_db: the isolated SNR under which a layer is listed (40 dB: fp16 storage
             alone keeps about 68).
 
@@ -153,6 +154,9 @@ def _fp16_candidate(report: CompareReport, name: str | None) -> Any:
     fp16 = [c for c in report.candidates if c.kind == "ncnn" and c.precision == "fp16"
             and c.name not in report.failed]
     if name is None:
+        # the one whose layers computed in fp16 (an ARM target), before a storage emulation
+        fp16.sort(key=lambda c: not getattr(getattr(c.runner, "flags", None),
+                                            "fp16_arithmetic", False))
         if not fp16:
             raise InputError("fp16_unsafe: no ncnn candidate asked for fp16 ran in this "
                              f"comparison (candidates: {[c.name for c in report.candidates]})",
