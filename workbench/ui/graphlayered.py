@@ -7,7 +7,6 @@ mean of the neighbours. graphlayout.py feeds it the items the graph view draws.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 ROW_H = 40  # a row: the taller of an op's box and a closed module's box
@@ -95,11 +94,10 @@ def layered_layout(n: int, edges: list[tuple[int, int]], widths: list[float],
     for vid in range(n, len(item_rank)):
         layers[item_rank[vid]].append(vid)
 
-    def key(v: int) -> list[int]:
-        return keys[v if v < n else source_of[v]]
-
-    _order_rows(layers, up, down, key)
-    xs = _place_x(layers, up, down, item_w, key)
+    # each item's open modules (a virtual point: its edge's source's), one object per item
+    item_key = keys + [keys[source_of[v]] for v in range(n, len(item_rank))]
+    _order_rows(layers, up, down, item_key)
+    xs = _place_x(layers, up, down, item_w, item_key)
     ranksep = RANKSEP_MODULES if any(keys) else RANKSEP
     margin = 12 + 8 * max((len(k) for k in keys), default=0)
     x0 = min((x - w / 2 for x, w in zip(xs, item_w, strict=True)), default=0.0)
@@ -113,20 +111,26 @@ def layered_layout(n: int, edges: list[tuple[int, int]], widths: list[float],
 
 
 def _order_rows(layers: list[list[int]], up: list[list[int]], down: list[list[int]],
-                key: Callable[[int], list[int]]) -> None:
+                item_key: list[list[int]]) -> None:
     """Order each row in place: three down-and-up barycentre sweeps, then a stable sort by
     module (outermost first; an item directly in a module before its sub-modules' items)."""
-    order = {v: k for layer in layers for k, v in enumerate(layer)}
+    order = [0] * len(item_key)  # each item's place in its row
+    for layer in layers:
+        for k, v in enumerate(layer):
+            order[v] = k
+    at = order.__getitem__
 
     def sweep(ranks: range, nbrs: list[list[int]]) -> None:
         for r in ranks:
             layer = layers[r]
             if len(layer) < 2:  # a chain's row: nothing to order
                 continue
-            bc = {v: (sum(order[u] for u in nbrs[v]) / len(nbrs[v]) if nbrs[v] else order[v])
-                  for v in layer}
-            layer.sort(key=lambda v: (bc[v], order[v]))
-            order.update({v: k for k, v in enumerate(layer)})
+            bc = [sum(map(at, nbrs[v])) / len(nbrs[v]) if nbrs[v] else k
+                  for k, v in enumerate(layer)]
+            # stable: equal barycentres keep their order
+            layer[:] = [layer[k] for k in sorted(range(len(layer)), key=bc.__getitem__)]
+            for k, v in enumerate(layer):
+                order[v] = k
 
     nr = len(layers)
     for _ in range(3):
@@ -134,45 +138,48 @@ def _order_rows(layers: list[list[int]], up: list[list[int]], down: list[list[in
         sweep(range(nr - 2, -1, -1), down)
     for layer in layers:
         if len(layer) > 1:
-            layer.sort(key=key)  # stable: barycentre order within a module
+            layer.sort(key=item_key.__getitem__)  # stable: barycentre order within a module
 
 
 def _place_x(layers: list[list[int]], up: list[list[int]], down: list[list[int]],
-             item_w: list[float], key: Callable[[int], list[int]]) -> list[float]:
+             item_w: list[float], item_key: list[list[int]]) -> list[float]:
     """x of every item: top-down under the mean of the items above, bottom-up over the
     items below (a chain's start moves over its reader), top-down again."""
     xs = [0.0] * len(item_w)
+    at = xs.__getitem__
 
     def sep(a: int, b: int) -> float:  # wider apart where module boxes meet
-        ka, kb = key(a), key(b)
+        ka, kb = item_key[a], item_key[b]
+        if ka is kb or ka == kb:
+            return GAP
         c = 0
         while c < min(len(ka), len(kb)) and ka[c] == kb[c]:
             c += 1
         return GAP + 8 * (len(ka) - c + len(kb) - c)
 
-    def place(layer: list[int], wish: Callable[[int], float | None]) -> None:
-        """A row left to right at its items' wishes (None: right of the left neighbour),
-        pushed apart where needed, then shifted back by the mean miss."""
+    def place(layer: list[int], nbrs: list[list[int]], alone: bool) -> None:
+        """A row left to right, each item at the mean x of its ``nbrs`` (one without: where
+        it is, or with ``alone`` right of its left neighbour), pushed apart where needed,
+        then shifted back by the mean miss."""
         right, drift, counted = -math.inf, 0.0, 0
         for k, v in enumerate(layer):
-            want = wish(v)
+            ns = nbrs[v]
+            want = sum(map(at, ns)) / len(ns) if ns else None if alone else xs[v]
             lo = right + sep(layer[k - 1], v) + item_w[v] / 2 if k else -math.inf
             xs[v] = max((lo if k else 0.0) if want is None else want, lo)
             right = xs[v] + item_w[v] / 2
             if want is not None:
                 drift += want - xs[v]
                 counted += 1
-        shift = drift / counted if counted else 0.0
-        for v in layer:
-            xs[v] += shift
-
-    def mean(ns: list[int]) -> float:
-        return sum(xs[u] for u in ns) / len(ns)
+        if counted and drift:
+            shift = drift / counted
+            for v in layer:
+                xs[v] += shift
 
     for layer in layers:
-        place(layer, lambda v: mean(up[v]) if up[v] else None)
+        place(layer, up, True)
     for layer in reversed(layers[:-1]):
-        place(layer, lambda v: mean(down[v]) if down[v] else xs[v])
+        place(layer, down, False)
     for layer in layers[1:]:
-        place(layer, lambda v: mean(up[v]) if up[v] else xs[v])
+        place(layer, up, False)
     return xs
