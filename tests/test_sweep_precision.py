@@ -181,7 +181,7 @@ def test_a_store_of_the_earlier_schema_opens_read_only_and_is_upgraded_to_write(
         assert cell.status == "ok" and cell.stages[0].atol is None
         assert "precision" not in cell.choices
     with SweepDB(ws) as db:  # resumed: the columns are added, nothing lost
-        assert db.meta()["schema"] == "2" and db.integrity() == "ok"
+        assert db.meta()["schema"] == "3" and db.integrity() == "ok"
         assert db.cells()[0].stages[0].status == "ok"
         db.save(CellResult(cells[0].id, [StageResult("model", "ok", atol=0.5, rtol=0.25)]),
                 str(ws))

@@ -119,12 +119,78 @@ def cmd_simplify(args: argparse.Namespace) -> int:
 def cmd_to_ncnn(args: argparse.Namespace) -> int:
     from .stages.ncnn import to_ncnn
 
-    kw = {"workspace": args.out, "fp16": args.fp16, "atol": args.atol, "rtol": args.rtol}
+    target, precisions = _target_args(args, default=("fp32", "fp16"))
+    if target is None and args.precision is not None:
+        raise InputError("to-ncnn --precision chooses what runs on an ARM --target",
+                         "add --target arm64-v8.2 (or another); on this machine to-ncnn "
+                         "checks ncnn's fp32 and fp16 runs already")
+    kw = {"workspace": args.out, "fp16": args.fp16, "atol": args.atol, "rtol": args.rtol,
+          "progress": not args.json}
+    model = inputs = None
     if args.source.endswith(".onnx") or Path(args.source).suffix == ".onnx":
         art = to_ncnn(args.source, **kw)
     else:
         model, inputs = _model_and_inputs(args.source, args.input, args.dtype)
         art = to_ncnn(model, inputs, **kw)
+    if target is None:
+        return _report_artifacts(args, [art])
+    return _report_target(args, art, target, precisions, model, inputs)
+
+
+def _target_args(args: argparse.Namespace, default: tuple[str, ...]
+                 ) -> tuple[str | None, tuple[str, ...]]:
+    """--target and --precision checked before anything runs: an unknown target, a missing
+    ARM environment or an unknown precision is bad input (exit 2, hinted)."""
+    from .runtime.ncnn_flags import check_precision
+    from .sweeps.on_target import check_target
+
+    target = check_target(args.target)
+    precisions = tuple(p.strip() for p in (args.precision or "").split(",") if p.strip()) \
+        or default
+    for p in precisions:
+        check_precision(p)
+    return target, precisions
+
+
+def _report_target(args: argparse.Namespace, art: Any, target: str, precisions: tuple[str, ...],
+                   model: Any, inputs: Any) -> int:
+    """The converted model checked on ``target`` too: each precision's run against torch."""
+    from .runtime.arm_env import TARGETS
+    from .sweeps.on_target import reference_for, run_on_target
+
+    args_in, reference = reference_for(art, model, inputs)
+    tol = (art.params.get("atol"), art.params.get("rtol"))
+    runs = run_on_target(art, args_in, reference, target, precisions=precisions,
+                         tolerance=tol if None not in tol else None, progress=not args.json)
+    ok = art.ok and all(r.ok for r in runs)
+    if args.json:
+        _json({"ok": ok, "artifacts": [_artifact(art)], "target": target,
+               "stands_for": TARGETS[target].stands_for,
+               "target_runs": [r.to_dict() for r in runs]})
+        return 0 if ok else 1
+    _report_artifacts(args, [art])
+    print(f"on {target} ({TARGETS[target].stands_for}; emulated by QEMU: its time is not "
+          "a phone's):")
+    for r in runs:
+        print(f"  {r.line()}")
+        for d in r.notes:
+            print(f"    {d}")
+        if not r.ok and r.hint:
+            print(f"    hint: {r.hint}")
+    return 0 if ok else 1
+
+
+def cmd_featmask(args: argparse.Namespace) -> int:
+    from .stages.ncnn_featmask import ncnn_featmask
+
+    layers = [n.strip() for n in args.layers.split(",") if n.strip()]
+    flags = {k: getattr(args, k) for k in ("fp16_arithmetic", "fp16_storage", "bf16", "int8")
+             if getattr(args, k) is not None}
+    if not flags:
+        raise InputError("featmask: no feature turned off",
+                         "e.g. --fp16-arithmetic off (the fix for an fp16 overflow on ARM); "
+                         "also --fp16-storage, --bf16, --int8")
+    art = ncnn_featmask(args.file, layers, workspace=args.out, **flags)
     return _report_artifacts(args, [art])
 
 
@@ -166,8 +232,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
         tol = (DEFAULT_ATOL if args.atol is None else args.atol,
                DEFAULT_RTOL if args.rtol is None else args.rtol)
-    rep = compare(model, list(args.candidates), inputs, mode=args.mode, tolerance=tol,
-                  progress=not args.json)
+    target, precisions = _target_args(args, default=("fp32",))
+    cands = _candidates(args.candidates, target, precisions, args.precision is not None)
+    rep = compare(model, cands, inputs, mode=args.mode, tolerance=tol, progress=not args.json)
     div = rep.first_divergence
     if args.json:
         _json({"ok": rep.ok, "summary": rep.summary(),
@@ -183,11 +250,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def _candidates(paths: list[str], target: str | None, precisions: tuple[str, ...],
+                asked: bool) -> list[Any]:
+    """The candidates: each ncnn one as a runner on ``target`` in each of ``precisions`` when
+    either was given (compare labels them by what ran and where), the others as paths."""
+    from .runtime.ncnn_runner import NcnnRunner
+
+    if target is None and not asked:
+        return list(paths)
+    ncnn = [p for p in paths if p.endswith(".ncnn.param")]
+    if not ncnn:
+        raise InputError(f"--target/--precision apply to ncnn candidates; none among {paths}",
+                         "give a model.ncnn.param (from `workbench to-ncnn`)")
+    return [c for p in paths for c in (
+        [NcnnRunner(p, precision=q, target=target) for q in precisions] if p in ncnn else [p])]
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweeps.run import sweep
 
     matrix: dict[str, list[str]] = {}
-    for key in ("exporter", "opset", "simplify", "raise_", "ncnn", "precision"):
+    for key in ("exporter", "opset", "simplify", "raise_", "ncnn", "precision", "target"):
         value = getattr(args, key)
         if value:
             matrix[key.rstrip("_")] = [v.strip() for v in value.split(",") if v.strip()]
@@ -290,12 +373,20 @@ EXAMPLES = {
                 "  workbench simplify model.onnx --json || echo 'numbers changed'",
     "raise": "  workbench raise model.onnx --rules GELU,LayerNorm --opset 23",
     "to-ncnn": "  workbench to-ncnn model.onnx --fp16\n"
-               "  workbench to-ncnn mypkg.nets:make_net --input 1x3x224x224 --json",
+               "  workbench to-ncnn mypkg.nets:make_net --input 1x3x224x224 --json\n"
+               "  workbench to-ncnn mypkg.nets:make_net --target arm64-v8.2 "
+               "--precision fp32,fp16",
     "compare": "  workbench compare mypkg.nets:make_net model.onnx model.ncnn.param "
                "--input 1x3x224x224\n"
-               "  workbench compare workbench.zoo:vit vit.onnx --atol 1e-4 --rtol 1e-3 --json",
+               "  workbench compare workbench.zoo:vit vit.onnx --atol 1e-4 --rtol 1e-3 --json\n"
+               "  workbench compare mypkg.nets:make_net model.ncnn.param --target arm64-v8.2 "
+               "--precision fp16 --mode both",
+    "featmask": "  workbench featmask runs/x/0003-ncnn/model.ncnn.param --layers linear_0 "
+                "--fp16-arithmetic off\n"
+                "  workbench featmask model.ncnn.param --layers conv_1,conv_2 --bf16 off --json",
     "sweep": "  workbench sweep resnet vit --exporter torchscript,dynamo --ncnn fp32,fp16\n"
              "  workbench sweep resnet --precision fp32,int8\n"
+             "  workbench sweep resnet --target none,arm64-v8.2 --ncnn fp32,fp16\n"
              "  workbench sweep mypkg.nets:a mypkg.nets:b --workspace runs/nightly "
              "--report report.html\n"
              "  workbench sweep --scheduler tcp://10.0.0.5:8786 --shared /mnt/runs/zoo\n"
@@ -323,6 +414,25 @@ def _inputs_args(p: argparse.ArgumentParser, required: bool = False) -> None:
                    help="example input shape, e.g. 1x3x224x224 (repeat for several inputs; "
                    "not needed when the factory returns (model, inputs))")
     p.add_argument("--dtype", default="float32")
+
+
+def _off(text: str) -> bool | None:
+    """--fp16-arithmetic off -> False (the feature masked off); on -> None (left as it is)."""
+    word = text.strip().lower()
+    if word in ("off", "false", "no", "0"):
+        return False
+    if word in ("on", "true", "yes", "1"):
+        return None
+    raise argparse.ArgumentTypeError(f"{text!r}: expected off (or on: leave the feature as "
+                                     "the net's options set it)")
+
+
+def _target_flags(p: argparse.ArgumentParser, precision_help: str) -> None:
+    p.add_argument("--target", default=None, help="run ncnn on an ARM target: arm64-v8.0, "
+                   "arm64-v8.2 (fp16 arithmetic), arm64-v8.6 (bf16, i8mm): ncnn's own aarch64 "
+                   "build under QEMU user mode (set up by `make arm-target`; emulated time is "
+                   "not phone time); default: this machine")
+    p.add_argument("--precision", default=None, help=precision_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -371,6 +481,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--rtol", type=float, default=None,
                    help="its tolerance relative to max |torch| (default 1e-3; 1e-2 with --fp16)")
     n.add_argument("--out", default=None, help="workspace folder")
+    _target_flags(n, "with --target: comma-separated ncnn precisions run there, each checked "
+                  "against torch: fp32, fp16 (storage, and arithmetic where the CPU has it), "
+                  "fp16-storage, bf16 (default fp32,fp16)")
     q = _sub(sub, "quantize", "quantize an ONNX file (ONNX Runtime) or an ncnn model to int8, "
              "calibrated on a folder of .npy files or images (exit 1 when its checks fail)",
              cmd_quantize)
@@ -400,6 +513,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--atol", type=float, default=None)
     c.add_argument("--rtol", type=float, default=None)
     c.add_argument("--table", action="store_true", help="also print every row (CSV)")
+    _target_flags(c, "the ncnn candidates' precision: fp32 (default), fp16 (storage, and "
+                  "arithmetic where the CPU has it), fp16-storage, bf16; comma-separated: "
+                  "each ncnn candidate once per precision")
+    f = _sub(sub, "featmask", "turn ncnn features off on named layers (ncnn's per-layer 31= "
+             "mask) in a child ncnn artifact: the fix for a layer whose fp16 arithmetic "
+             "overflows on an ARM phone, fp16 kept everywhere else", cmd_featmask)
+    f.add_argument("file", help="a model.ncnn.param (of a to-ncnn, quantize or featmask "
+                   "artifact, or with its .ncnn.bin beside it)")
+    f.add_argument("--layers", required=True, help="comma-separated ncnn layer names (the "
+                   ".param's second column; compare's rep.fp16_unsafe().layers)")
+    for flag, what in (("fp16-arithmetic", "fp16 arithmetic (bit 0)"),
+                       ("fp16-storage", "fp16 storage and packing (bit 1)"),
+                       ("bf16", "bf16 storage (bit 2)"),
+                       ("int8", "int8 (bit 3; read by ncnn's Vulkan layers only)")):
+        f.add_argument(f"--{flag}", type=_off, default=None, metavar="off",
+                       help=f"off: no {what} in these layers")
+    f.add_argument("--out", default=None, help="workspace folder (default: the model's)")
     w = _sub(sub, "sweep", "every model through every stage under a matrix of choices, in "
              "fresh processes, locally or on a Dask cluster; results in WORKSPACE/sweep.db; a "
              "re-run resumes (exit 1 when a cell fails)", cmd_sweep)
@@ -410,7 +540,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--opset", help="comma-separated opsets, e.g. 13,17 (default: the exporter's)")
     w.add_argument("--simplify", help="comma-separated: onnxslim,onnxsim,onnxscript,none")
     w.add_argument("--raise", dest="raise_", help="comma-separated: on,off")
-    w.add_argument("--ncnn", help="comma-separated: fp32,fp16,none")
+    w.add_argument("--ncnn", help="comma-separated: fp32,fp16,fp16-storage,none (the weights "
+                   "written; on an ARM --target also the precision ncnn runs there: fp16 is "
+                   "fp16 storage and arithmetic where the CPU has it)")
+    w.add_argument("--target", help="comma-separated: none (this machine), arm64-v8.0, "
+                   "arm64-v8.2, arm64-v8.6: the ncnn candidates run there (ncnn's aarch64 "
+                   "build under QEMU, `make arm-target`)")
     w.add_argument("--precision", help="comma-separated: fp32,int8 (int8: wb.quantize on ONNX "
                    "Runtime and ncnn, calibrated on 4 seeded samples; int8-onnxruntime or "
                    "int8-ncnn for one backend)")

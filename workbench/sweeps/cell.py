@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import WorkbenchError
-from .matrix import Cell
+from .matrix import FP16_WEIGHTS, Cell, run_precision
 
 STAGES = ("model", "export", "simplify", "raise", "ncnn", "ort-int8", "ncnn-int8", "compare")
 INT8_STAGES = ("ort-int8", "ncnn-int8")
@@ -49,6 +49,12 @@ class StageResult:
     rtol: float | None = None
     snr_db: float | None = None
     min_snr_db: float | None = None
+    # ncnn stages: where the candidate ran ("" this machine, else the ARM target) and the
+    # precision features that ran there (NcnnFlags.label: "fp32", "fp16 arithmetic"...);
+    # on a target, its output check's max abs vs torch there (max_abs stays the conversion's)
+    target: str = ""
+    flags: str = ""
+    target_max_abs: float | None = None
 
 
 @dataclass
@@ -148,7 +154,7 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
         from ..stages.ncnn import to_ncnn
 
         arts["ncnn"] = run("ncnn", lambda: to_ncnn(model, inputs, workspace=ws,
-                                                   fp16=opts["ncnn"] == "fp16"))
+                                                   fp16=opts["ncnn"] in FP16_WEIGHTS))
     onnx_stage = next((s for s in ("raise", "simplify", "export") if arts.get(s) is not None),
                       None)
     precision = opts["precision"]
@@ -160,7 +166,7 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
             arts["ort-int8"] = run("ort-int8", lambda: quantize(
                 arts[onnx_stage], as_declared(samples, arts[onnx_stage]),
                 backend="onnxruntime", workspace=ws, progress=False))
-        if precision in ("int8", "int8-ncnn") and opts["ncnn"] == "fp16":
+        if precision in ("int8", "int8-ncnn") and opts["ncnn"] in FP16_WEIGHTS:
             out["ncnn-int8"] = StageResult(
                 "ncnn-int8", "off", hint="ncnn int8 is made from the fp32 model: the cell "
                 "with ncnn=fp32 has it", tools=tools)
@@ -171,12 +177,27 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
         for stage in INT8_STAGES:
             if arts.get(stage) is not None:
                 _judge_int8(out[stage], arts[stage])
+    # the ncnn candidates as runners on the cell's target (None: this machine), each row
+    # recording where it ran and the flags that ran; on a target, the output check there too
+    from .cell_target import NCNN_STAGES, check_on_target, ncnn_runners
+
+    target = opts["target"]
+    runners = ncnn_runners(arts, opts, out, lambda stage, e: _mark_failed(out[stage], e,
+                                                                           folder))
+    if target is not None and "ncnn" in runners and out["ncnn"].status == "ok":
+        try:
+            check_on_target(out["ncnn"], arts["ncnn"], model, inputs, target,
+                            run_precision(opts["ncnn"], target))
+        except Exception as e:  # the row says why (a crash there is the comparison's too)
+            _mark_failed(out["ncnn"], e, folder)
     # every candidate compared with the tolerance of its precision: one comparison per
     # precision present (the ONNX stages fp32, ncnn its weights', int8 its own)
-    of: dict[str, str] = {onnx_stage or "": "fp32", "ncnn": opts["ncnn"], "ort-int8": "int8",
-                          "ncnn-int8": "int8"}
-    cands = [(s, arts[s], of[s]) for s in (onnx_stage, "ncnn", *INT8_STAGES)
-             if s and arts.get(s) is not None]
+    of: dict[str, str] = {onnx_stage or "": "fp32",
+                          "ncnn": "fp16" if opts["ncnn"] in FP16_WEIGHTS else "fp32",
+                          "ort-int8": "int8", "ncnn-int8": "int8"}
+    compared = [s for s in (onnx_stage, "ncnn", *INT8_STAGES) if s and arts.get(s) is not None
+                and (s in runners or s not in NCNN_STAGES)]  # a runner refused: not compared
+    cands = [(s, runners.get(s, arts[s]), of[s]) for s in compared]
     if cands:
         from ..comparison.compare import compare
         from ..comparison.metrics import Tolerance
@@ -230,6 +251,13 @@ def _failed(stage: str, e: BaseException, folder: Path) -> StageResult:
     return StageResult(stage, "failed", type(e).__name__, str(e) or repr(e),
                        f"an unexpected {type(e).__name__} in {stage}: the traceback is in "
                        "this cell's errors.log")
+
+
+def _mark_failed(row: StageResult, e: BaseException, folder: Path) -> None:
+    """``row`` (a stage that made its artifact) failed afterwards, by ``e``: its status and
+    error as ``_failed`` gives them, its figures kept."""
+    f = _failed(row.stage, e, folder)
+    row.status, row.error_class, row.error, row.hint = f.status, f.error_class, f.error, f.hint
 
 
 def _record_comparisons(reps: list[tuple[str, list[tuple[str, Any]], Any]],

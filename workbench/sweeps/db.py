@@ -23,7 +23,7 @@ from .matrix import Cell, show
 
 DB_NAME = "sweep.db"
 LOCK_NAME = "sweep.lock"
-SCHEMA_VERSION = 2  # 2: the tolerance and int8 SNR columns of stages
+SCHEMA_VERSION = 3  # 2: the tolerance and int8 SNR columns of stages; 3: target, flags
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS cells (
@@ -36,17 +36,20 @@ CREATE TABLE IF NOT EXISTS stages (
     stage TEXT NOT NULL, status TEXT NOT NULL, error_class TEXT, error TEXT, hint TEXT,
     nodes INTEGER, max_abs REAL, max_abs_fp16 REAL, aligned_fraction REAL,
     first_divergence TEXT, seconds REAL, warnings INTEGER, artifact TEXT, tools TEXT,
-    atol REAL, rtol REAL, snr_db REAL, min_snr_db REAL, PRIMARY KEY (cell_id, stage));
+    atol REAL, rtol REAL, snr_db REAL, min_snr_db REAL, target TEXT, flags TEXT,
+    target_max_abs REAL, PRIMARY KEY (cell_id, stage));
 CREATE TABLE IF NOT EXISTS ops (
     cell_id TEXT NOT NULL REFERENCES cells(cell_id), candidate TEXT NOT NULL,
     ord INTEGER NOT NULL, reference TEXT, op_type TEXT, max_abs REAL, passed INTEGER);
 """
 _STAGE_COLS = ("stage", "status", "error_class", "error", "hint", "nodes", "max_abs",
                "max_abs_fp16", "aligned_fraction", "first_divergence", "seconds", "warnings",
-               "artifact", "tools", "atol", "rtol", "snr_db", "min_snr_db")
+               "artifact", "tools", "atol", "rtol", "snr_db", "min_snr_db", "target", "flags",
+               "target_max_abs")
 # columns added since schema 1, with their types: added to an older store opened for writing,
 # read as None from one opened read-only (an earlier sweep to diff against)
-_ADDED = {"atol": "REAL", "rtol": "REAL", "snr_db": "REAL", "min_snr_db": "REAL"}
+_ADDED = {"atol": "REAL", "rtol": "REAL", "snr_db": "REAL", "min_snr_db": "REAL",
+          "target": "TEXT", "flags": "TEXT", "target_max_abs": "REAL"}
 
 
 @dataclass
@@ -68,7 +71,7 @@ class CellRecord:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={show(v)}" for k, v in self.choices.items())
+        return " ".join(f"{k}={show(v, k)}" for k, v in self.choices.items())
 
     @property
     def done(self) -> bool:
@@ -216,7 +219,8 @@ class SweepDB:
             d = dict.fromkeys(_STAGE_COLS) | dict(zip(cols, r[1:], strict=True))
             d["tools"] = json.loads(d["tools"] or "{}")
             d = {k: ("" if v is None and k in ("error_class", "error", "hint",
-                                                "first_divergence", "artifact") else v)
+                                                "first_divergence", "artifact", "target",
+                                                "flags") else v)
                  for k, v in d.items()}
             stages.setdefault(r[0], []).append(StageResult(**d))
         ops: dict[str, list[OpPoint]] = {}

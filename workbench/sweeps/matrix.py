@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
+from ..runtime.arm_env import TARGETS
 
 # Each axis: its allowed values (None: any int in a range) and its default.
 AXES: dict[str, tuple[tuple[Any, ...] | None, Any]] = {
@@ -16,13 +17,29 @@ AXES: dict[str, tuple[tuple[Any, ...] | None, Any]] = {
     "opset": (None, None),  # None: the exporter's own default
     "simplify": (("onnxslim", "onnxsim", "onnxscript", "none"), "onnxslim"),
     "raise": ((True, False), True),
-    "ncnn": (("fp32", "fp16", "none"), "fp32"),
+    # the weights pnnx writes; fp16-storage also runs ncnn with fp16 storage (fp32 arithmetic),
+    # and on an ARM target every value is also the precision ncnn runs there (RUN_PRECISION)
+    "ncnn": (("fp32", "fp16", "fp16-storage", "none"), "fp32"),
     # int8 through wb.quantize on every backend the cell has, or on one
     "precision": (("fp32", "int8", "int8-onnxruntime", "int8-ncnn"), "fp32"),
+    # where the ncnn candidates run: None, this machine's ncnn; an ARM target, ncnn's own
+    # aarch64 build under QEMU user mode (workbench.runtime.arm_env.TARGETS)
+    "target": ((None, *TARGETS), None),
 }
 # Axes that stay out of a cell's choices (its id and label) at their default: a sweep that does
 # not cross them is the same sweep, with the same cell ids, as before they existed (resume).
-IMPLICIT = {"precision"}
+IMPLICIT = {"precision", "target"}
+FP16_WEIGHTS = ("fp16", "fp16-storage")  # ncnn values that write fp16 weights
+
+
+def run_precision(ncnn: str, target: str | None) -> str:
+    """The precision ncnn runs a cell's ncnn model in (``NcnnRunner(precision=)``): on an ARM
+    target, the ``ncnn`` value itself (fp16: fp16 storage, and fp16 arithmetic where the CPU
+    has it, as a phone runs ncnn by default); on this machine fp32, except fp16-storage (fp16
+    weights alone are read into fp32: what the sweep has always compared)."""
+    if target is not None or ncnn == "fp16-storage":
+        return ncnn
+    return "fp32"
 _ALIASES = {"precision": {"int8-ort": "int8-onnxruntime", "ort": "int8-onnxruntime",
                           "ncnn-int8": "int8-ncnn", "ort-int8": "int8-onnxruntime",
                           "float": "fp32", "none": "fp32"}}
@@ -46,10 +63,7 @@ class Cell:
     @property
     def label(self) -> str:
         """'torchscript opset=- onnxslim raise ncnn fp32'-like: the choices in one line."""
-        parts = []
-        for k, v in self.choices:
-            parts.append(f"{k}={show(v)}")
-        return " ".join(parts)
+        return " ".join(f"{k}={show(v, k)}" for k, v in self.choices)
 
     @property
     def id(self) -> str:
@@ -102,8 +116,11 @@ class Matrix:
         return json.dumps(self.axes, sort_keys=True)
 
 
-def show(v: Any) -> str:
-    """A choice as a label shows it: on/off, 'default' for the exporter's own opset."""
+def show(v: Any, key: str | None = None) -> str:
+    """A choice as a label shows it: on/off, 'default' for the exporter's own opset, 'host'
+    for the target of this machine."""
+    if v is None and key == "target":
+        return "host"
     return "on" if v is True else "off" if v is False else "default" if v is None else str(v)
 
 
@@ -120,6 +137,8 @@ def _value(key: str, v: Any) -> Any:
             raise InputError(f"matrix['opset']: {v!r} is not an opset from {OPSETS.start} to "
                              f"{OPSETS.stop - 1}", _example(key))
         return n
+    if key == "target":
+        return _target(v)
     if key == "raise" and isinstance(v, str) and v.lower() in _BOOL_WORDS:
         return _BOOL_WORDS[v.lower()]
     if isinstance(v, str):
@@ -139,10 +158,26 @@ def _value(key: str, v: Any) -> Any:
     return v
 
 
+def _target(v: Any) -> str | None:
+    """A target value: None (or none/host/x86) for this machine, else a known ARM target's
+    name (its environment is checked where the cells run, not here: a Dask worker may have it
+    where this machine does not)."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("none", "host", "x86",
+                                                                  "native", "")):
+        return None
+    if not isinstance(v, str) or v.strip() not in TARGETS:
+        known = "; ".join(f"{t.name}: {t.stands_for}" for t in TARGETS.values())
+        raise InputError(f"matrix['target']: unknown ARM target {v!r}; expected None (this "
+                         f"machine) or one of {', '.join(TARGETS)}",
+                         f"{_example('target')}. The targets: {known}")
+    return v.strip()
+
+
 def _example(key: str | None) -> str:
     examples = {"exporter": "'exporter': ['torchscript', 'dynamo']", "opset": "'opset': [13, 17]",
                 "simplify": "'simplify': ['onnxslim', 'none']", "raise": "'raise': [True, False]",
                 "ncnn": "'ncnn': ['fp32', 'fp16']",
+                "target": "'target': [None, 'arm64-v8.2']",
                 "precision": "'precision': ['fp32', 'int8'] (or 'int8-onnxruntime', "
                              "'int8-ncnn': one backend)"}
     if key is None:

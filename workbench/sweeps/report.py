@@ -120,13 +120,18 @@ def _matrix(cells: list[CellRecord], links: bool = True) -> str:
 
 def _figures(cells: list[CellRecord]) -> str:
     e = _esc
+    # a sweep over ARM targets: where each ncnn candidate ran, what ran, its output error there
+    arm = any(s.target for c in cells for s in c.stages)
+    arm_th = ("<th title='where the candidate ran and the precision features that ran'>ran as"
+              "</th><th title='its output check on the ARM target (emulated by QEMU)'>max abs "
+              "on target</th>") if arm else ""
     out = ["<h2 id='figures'>Error figures</h2>",
            "<table><tr><th>model</th><th>choices</th><th>stage</th><th>status</th>"
            "<th>nodes</th><th>max abs vs torch</th><th>max abs fp16</th>"
            "<th title='atol + rtol·|torch| per element, by the candidate&#39;s precision'>"
            "tolerance</th><th title='int8: output SNR vs the float model, and its bar'>"
            "SNR dB</th><th>aligned</th>"
-           "<th>first divergence</th><th>warnings</th><th>seconds</th></tr>"]
+           f"<th>first divergence</th>{arm_th}<th>warnings</th><th>seconds</th></tr>"]
     for c in cells:
         first = True
         for s in c.stages:
@@ -141,10 +146,18 @@ def _figures(cells: list[CellRecord]) -> str:
                 f"<td class='num'>{_g(s.max_abs_fp16)}</td>"
                 f"<td class='num tol'>{_tol(s)}</td><td class='num'>{_snr(s)}</td>"
                 f"<td class='num'>{_pct(s.aligned_fraction)}</td>"
-                f"<td>{e(s.first_divergence)}</td><td class='num'>{_n(s.warnings)}</td>"
+                f"<td>{e(s.first_divergence)}</td>{_ran_as(s) if arm else ''}"
+                f"<td class='num'>{_n(s.warnings)}</td>"
                 f"<td class='num'>{s.seconds:.2f}</td></tr>")
     out.append("</table>")
     return "\n".join(out)
+
+
+def _ran_as(s: Any) -> str:
+    """The two target cells of a figures row: 'fp16 arithmetic on arm64-v8.2', its max abs."""
+    where = f" on {s.target}" if s.target else (" here" if s.flags else "")
+    return (f"<td class='ran'>{_esc(s.flags + where)}</td>"
+            f"<td class='num'>{_g(s.target_max_abs)}</td>")
 
 
 def _errors(cells: list[CellRecord]) -> str:

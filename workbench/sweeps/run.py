@@ -109,9 +109,17 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
             names (``"resnet"``), or module-level callables, each returning
             ``(model, example_inputs)``; None: the project's zoo (``workbench.zoo.ZOO``).
         matrix: {choice: [values]} over ``exporter``, ``opset``, ``simplify``, ``raise``,
-            ``ncnn`` and ``precision`` (fp32, int8; see ``workbench.sweeps.matrix.AXES``);
-            choices left out keep defaults. Each candidate is compared with the tolerance
-            of its precision (``workbench.tolerances.for_precision``); int8 by its SNR.
+            ``ncnn`` (fp32, fp16, fp16-storage, none), ``precision`` (fp32, int8) and
+            ``target`` (see ``workbench.sweeps.matrix.AXES``); choices left out keep
+            defaults. Each candidate is compared with the tolerance of its precision
+            (``workbench.tolerances.for_precision``); int8 by its SNR. ``target``: where
+            the ncnn candidates run, None (this machine) or an ARM target
+            (``{"target": [None, "arm64-v8.2"]}``): ncnn's own aarch64 build under QEMU
+            user mode, started by the process that runs the cell (locally or on a Dask
+            worker, which needs ``make arm-target`` too); there the ``ncnn`` value is also
+            the precision ncnn runs (fp16: fp16 storage and arithmetic where the CPU has
+            it), and each ncnn row records ``target``, ``flags`` (what ran) and
+            ``target_max_abs`` (its output check there).
         workspace: the sweep's folder (``sweep.db`` and ``cells/``); a re-run resumes it.
         client: a ``dask.distributed.Client``: the cells run on its cluster.
         scheduler: a Dask scheduler address (``tcp://host:8786``) to connect to instead.
@@ -132,6 +140,10 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
     specs = _specs(models)
     names = _names(specs)
     mat = Matrix.of(matrix)
+    if client is None and scheduler is None and any(mat.axes.get("target", [None])):
+        from ..runtime.arm_env import arm_env
+
+        arm_env()  # the cells would run here: a missing piece is one hinted error, now
     cells = mat.cells(specs, names)
     folder = _folder(workspace)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)

@@ -1,4 +1,5 @@
-"""The compare panel: op by op, the table and the graph coloured by error."""
+"""The compare panel: op by op, the table and the graph coloured by error; its ncnn candidates
+run on a chosen target (this machine, or ncnn's ARM build under QEMU) in a chosen precision."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from ...artifact.workspace import Workspace
 from ...comparison.compare import compare
 from ...comparison.task import check_task
 from ...errors import InputError
-from ..code import Code, call
+from ...runtime.ncnn_flags import PRECISIONS, check_precision
+from ...sweeps.on_target import check_target, target_options
+from ..code import Code, call, literal
 from ..compareview import CompareView
 from ..graphview import GraphView
 from ..html import error_html, esc
@@ -21,20 +24,25 @@ from .base import StagePanel
 # -- compare -------------------------------------------------------------------------------
 class ComparePanel(StagePanel):
     """Op by op, torch against the ONNX and ncnn artifacts: mode, tolerance; with ``task``
-    (a task metric, ``wb.TopK(1, data=...)``) each candidate's answers are scored too."""
+    (a task metric, ``wb.TopK(1, data=...)``) each candidate's answers are scored too. The
+    ncnn candidates run on ``target`` (None: this machine; an ARM target: ncnn's aarch64
+    build under QEMU) in ``ncnn_precision`` (``NcnnRunner(precision=)``)."""
 
     stage, title, var = "compare", "6. Compare op by op", "rep"
 
     def __init__(self, model: Any, inputs: Any, candidates: list[Any] | None = None, *,
                  workspace: Workspace | str | None = None, mode: str = "both",
-                 tolerance: float | None = None, task: Any = None) -> None:
+                 tolerance: float | None = None, task: Any = None, target: str | None = None,
+                 ncnn_precision: str = "fp32") -> None:
         self.task = None if task is None else check_task(task)
         self.model = model
         self.inputs = inputs
         self.candidates: list[Any] = list(candidates or [])
         self.left_out: dict[str, str] = {}  # artifact id -> why compare does not check it
         self.compared: list[Any] = []  # the candidates of the last successful run
-        self._init = dict(mode=mode, tolerance=tolerance)
+        self._init = dict(mode=mode, tolerance=tolerance,
+                          target=check_target(target, installed=False),
+                          ncnn_precision=check_precision(ncnn_precision))
         super().__init__(workspace=workspace)
         self.netron_button.layout.display = "none"
 
@@ -48,12 +56,31 @@ class ComparePanel(StagePanel):
         tol = self._init["tolerance"]
         self.tolerance = widgets.Text(value="" if tol is None else str(tol),
                                       description="tolerance", placeholder="default")
+        self.target = widgets.Dropdown(options=target_options(), value=self._init["target"],
+                                       description="ncnn on",
+                                       layout=widgets.Layout(width="640px"))
+        self.ncnn_precision = widgets.Dropdown(options=list(PRECISIONS),
+                                               value=self._init["ncnn_precision"],
+                                               description="ncnn in")
         self.candidates_html = widgets.HTML()
         self._show_candidates()
-        return [widgets.HBox([self.mode, self.tolerance]), self.candidates_html]
+        return [widgets.HBox([self.mode, self.tolerance]),
+                widgets.HBox([self.target, self.ncnn_precision]), self.candidates_html]
 
     def _watched(self) -> list[Any]:
-        return [self.mode, self.tolerance]
+        return [self.mode, self.tolerance, self.target, self.ncnn_precision]
+
+    def ncnn_settings(self) -> dict[str, Any]:
+        """How the ncnn candidates run: {"target", "precision"} (NcnnRunner's keywords)."""
+        return {"target": self.target.value, "precision": self.ncnn_precision.value}
+
+    def _as_runners(self) -> bool:
+        s = self.ncnn_settings()
+        return s["target"] is not None or s["precision"] != "fp32"
+
+    @staticmethod
+    def _is_ncnn(c: Any) -> bool:
+        return getattr(c, "format", None) == "ncnn" or str(c).endswith(".ncnn.param")
 
     def set_candidates(self, candidates: list[Any], left_out: dict[str, str] | None = None
                        ) -> None:
@@ -94,7 +121,15 @@ class ComparePanel(StagePanel):
         if not self.candidates:
             raise InputError("nothing to compare yet", "run export (and ncnn) first")
         cands = list(self.candidates)
-        report = compare(self.model, cands, self.inputs, progress=self._on_step, **settings)
+        run = cands
+        if self._as_runners():
+            from ...runtime.ncnn_runner import NcnnRunner
+
+            ncnn = self.ncnn_settings()
+            check_target(ncnn["target"])  # a missing ARM environment: said before any run
+            run = [NcnnRunner(c, num_threads=1, **ncnn) if self._is_ncnn(c) else c
+                   for c in cands]
+        report = compare(self.model, run, self.inputs, progress=self._on_step, **settings)
         self.compared = cands
         return report
 
@@ -147,10 +182,26 @@ class ComparePanel(StagePanel):
             return lines + [f"# settings not readable: {e.message}"], True
         return lines + [self._body_for(names, settings), f"print({self.var}.summary())"], True
 
+    def _runner_names(self, names: list[str]) -> list[str]:
+        """``names`` with each ncnn candidate's wrapped in the runner that runs it on the
+        target in the precision chosen (the candidates by position; a name the panel does not
+        hold, as the pipeline's ``nc``, by its variable name)."""
+        if not self._as_runners():
+            return names
+        s = self.ncnn_settings()
+        kw = "".join(f", {k}={literal(v)}" for k, v in (("precision", s["precision"]),
+                                                       ("target", s["target"])) if v)
+        kinds = [self._is_ncnn(c) for c in self.candidates] if len(self.candidates) == len(
+            names) else [n == "nc" or n.endswith(".ncnn.param'") for n in names]
+        return [f"wb.runtime.NcnnRunner({n}{kw})" if k else n for n, k in zip(names, kinds,
+                                                                            strict=True)]
+
     def _body_for(self, names: list[str], settings: dict[str, Any] | None = None) -> str:
         """The compare call on the candidates held in variables ``names`` (a task's data and
-        Custom fn as variables, a comment line saying so)."""
+        Custom fn as variables, a comment line saying so); ncnn candidates as runners when a
+        target or an ncnn precision is chosen."""
         settings = dict(self.settings() if settings is None else settings)
+        names = self._runner_names(names)
         head = []
         task = settings.get("task")
         if task is not None:
