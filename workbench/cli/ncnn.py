@@ -39,7 +39,7 @@ def _target_args(args: argparse.Namespace, default: tuple[str, ...]
     """--target and --precision checked before anything runs: an unknown target, a missing
     ARM environment or an unknown precision is bad input (exit 2, hinted)."""
     from ..runtime.ncnn_flags import check_precision
-    from ..sweeps.on_target import check_target
+    from ..stages.ncnn_target import check_target
 
     target = check_target(args.target)
     precisions = tuple(p.strip() for p in (args.precision or "").split(",") if p.strip()) \
@@ -53,7 +53,7 @@ def _report_target(args: argparse.Namespace, art: Any, target: str, precisions: 
                    model: Any, inputs: Any) -> int:
     """The converted model checked on ``target`` too: each precision's run against torch."""
     from ..runtime.arm_env import TARGETS
-    from ..sweeps.on_target import reference_for, run_on_target
+    from ..stages.ncnn_target import reference_for, run_on_target
 
     args_in, reference = reference_for(art, model, inputs)
     tol = (art.params.get("atol"), art.params.get("rtol"))

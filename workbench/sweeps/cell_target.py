@@ -54,7 +54,7 @@ def check_on_target(row: StageResult, art: Any, model: Any, inputs: Any, target:
     """The ncnn model's outputs on ``target`` against torch (``on_target.run_on_target``):
     ``target_max_abs`` on ``row``, and a row that was ok becomes a mismatch past the
     tolerance (the run's line and hint say what ran and what to do)."""
-    from .on_target import reference_for, run_on_target
+    from ..stages.ncnn_target import reference_for, run_on_target
 
     args, reference = reference_for(art, model, inputs)
     (run,) = run_on_target(art, args, reference, target, precisions=(precision,))

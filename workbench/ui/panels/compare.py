@@ -13,7 +13,7 @@ from ...comparison.compare import compare
 from ...comparison.task import check_task
 from ...errors import InputError
 from ...runtime.ncnn_flags import PRECISIONS, check_precision
-from ...sweeps.on_target import check_target, target_options
+from ...stages.ncnn_target import check_target, target_options
 from ..code import Code, call, literal
 from ..compareview import CompareView
 from ..graphview import GraphView

@@ -10,7 +10,7 @@ import ipywidgets as widgets
 from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ...stages.ncnn import to_ncnn
-from ...sweeps.on_target import check_target, on_target, target_options
+from ...stages.ncnn_target import check_target, on_target, target_options
 from ..code import Code, call, literal
 from ..html import artifact_html, diagnostics_html, esc
 from .base import StagePanel, comma_names
@@ -139,7 +139,7 @@ class NcnnPanel(StagePanel):
         given = ["model", "inputs"] if self.from_.value == "module" else []
         head = call("runs", "on_target", [self.var, literal(where["target"]), *given],
                     {"precisions": where["precisions"]})
-        return ["from workbench.sweeps.on_target import on_target",
+        return ["from workbench.stages.ncnn_target import on_target",
                 f"# ncnn's own aarch64 build under QEMU user mode ({where['target']}); "
                 "emulated time is not phone time",
                 head, "for run in runs:", "    print(run.line())"]
