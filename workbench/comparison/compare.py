@@ -35,6 +35,14 @@ from .candidates import (
 from .formulas import formula_notes, mask_note, pow_note
 from .isolated import isolated
 from .metrics import TensorMetrics, Tolerance, resolve_tolerance
+from .noise_floor import (
+    FloorInputs,
+    count_over,
+    fallback_floor,
+    floor_inputs,
+    judged,
+    noise_floors,
+)
 from .report import CompareReport, Record
 from .schedule import Schedule, torch_threads
 from .task import check_task, evaluate_candidates, evaluation_set
@@ -119,14 +127,15 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
     base_tol = tolerance if isinstance(tolerance, Tolerance) else (
         Tolerance() if tolerance is None else resolve_tolerance(tolerance, None, None, "", ""))
 
-    def tol_of(t: CandidateTensor) -> tuple[Tolerance, bool]:
-        """The tensor's tolerance, and whether its rtol is taken against the whole tensor's
-        max |ref| (a Fourier transform's, unless the caller set one for it)."""
+    def tol_of(t: CandidateTensor) -> tuple[Tolerance, bool, bool]:
+        """The tensor's tolerance, whether its rtol is taken against the whole tensor's
+        max |ref| (a Fourier transform's, unless the caller set one for it), and whether the
+        caller gave it (an fp32 candidate is otherwise judged by its noise floor)."""
         tol = resolve_tolerance(base_tol, per_op_tolerance, per_tensor_tolerance, t.op_type,
                                 t.name)
-        spread = t.op_type in SPREAD_OPS and t.op_type not in (per_op_tolerance or {}) \
-            and t.name not in (per_tensor_tolerance or {})
-        return tol, spread
+        given = t.op_type in (per_op_tolerance or {}) or t.name in (per_tensor_tolerance or {})
+        spread = t.op_type in SPREAD_OPS and not given
+        return tol, spread, given or tolerance is not None
 
     modules = {n for n, _ in reference.named_modules()} if hasattr(reference,
                                                                    "named_modules") else set()
@@ -187,6 +196,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         continue
                     values, tensors, al = got
                     got = None  # `values` alone holds them (isolated mode lets them go early)
+                    # what an fp32 candidate's noise floors are computed from (noise_floor.py)
+                    floors = floor_inputs(cand, al, values, _feeds(cand, own_args[k]))
                     if cand.name not in checked:  # on the first input set
                         checked.add(cand.name)
                         why = [precision_not_exercised(cand, copies(args), values),
@@ -221,16 +232,17 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         iso = None  # what is measured is in runs
                     for run_mode, vals in runs:
                         recs, skipped = _measure(schedule, cand, run_mode, vals, ref_values,
-                                                 al, tensors, tol_of, side)
+                                                 al, tensors, tol_of, side, floors)
                         side = None
                         unmeasured[cand.name].update(skipped)
                         for rec in recs:  # the worst over the input sets
                             key = (cand.name, run_mode, rec.name)
-                            if key not in worst or rec.metrics.max_abs > \
-                                    worst[key].metrics.max_abs:
+                            if key not in worst or (not rec.metrics.passed,
+                                                    rec.metrics.max_abs) > (
+                                    not worst[key].metrics.passed, worst[key].metrics.max_abs):
                                 worst[key] = rec
                         bar.advance()
-                    runs = vals = None
+                    runs = vals = floors = None
                     captures.done(k)
     # task: each candidate's answers over the evaluation set (the ones that ran)
     scores = {}
@@ -309,12 +321,23 @@ def _layout(values: dict[str, Any]) -> dict[str, tuple]:
     return {n: (np.shape(v), np.asarray(v).dtype) for n, v in values.items()}
 
 
+def _feeds(cand: Candidate, args: tuple) -> dict[str, Any] | None:
+    """The candidate's inputs as it is fed them (their magnitudes start the floors)."""
+    try:
+        return cand.runner.feed(args)
+    except Exception:  # noqa: BLE001 - the capture already said what is wrong with them
+        return None
+
+
 def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str, Any],
              ref_values: dict[str, Any], al: Alignment, tensors: list[CandidateTensor],
-             tol_of: Any, side: Any = None) -> tuple[list[Record], dict[str, str]]:
+             tol_of: Any, side: Any = None, floors: FloorInputs | None = None
+             ) -> tuple[list[Record], dict[str, str]]:
     """The records of one candidate's run (its aligned tensors present in ``vals``), and
     {tensor: why} for the pairs that could not be measured. ``side`` runs meanwhile (see
-    Schedule.measure)."""
+    Schedule.measure). An fp32 candidate's records are then decided by one rule each
+    (``noise_floor.judged``): its noise floor times FACTOR, or the caller's tolerance over
+    the whole tensor; ``floors`` None (a low precision): atol + rtol * |ref| per element."""
     import numpy as np
 
     order = {t.name: t for t in tensors}
@@ -324,9 +347,9 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
         return al.as_candidate(t.name, ref_values[rname])
 
     def measure(job: tuple) -> TensorMetrics | str:
-        t, rname, (tol, spread) = job
+        t, rname, (tol, spread, _) = job
         ref = reference(t, rname)
-        if spread:  # every element within the whole-tensor bound (see SPREAD_OPS)
+        if spread and floors is None:  # every element within the whole-tensor bound
             try:
                 tol = Tolerance(tol.bound(ref), 0.0)
             except (InputError, TypeError, ValueError):
@@ -334,10 +357,18 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
         return measure_pair(ref, vals[t.name], tol)
 
     records, skipped = [], {}
-    for (t, rname, _), m in zip(jobs, schedule.measure(measure, jobs, side), strict=True):
+    measured = [(job, m) for job, m in zip(jobs, schedule.measure(measure, jobs, side),
+                                           strict=True)]
+    floor_of = {} if floors is None else noise_floors(floors, run_mode, {
+        job[0].name: m for job, m in measured if not isinstance(m, str)})
+    for (t, rname, (tol, _, given)), m in measured:
         if isinstance(m, str):  # listed with its reason; the rest goes on
             skipped[t.name] = f"{run_mode}: {m}"
             continue
+        if floors is not None:  # one rule decides, and its bound is the tolerance
+            floor, basis = floor_of.get(t.name) or (fallback_floor(m.ref_absmax), "fallback")
+            m = judged(m, floor, basis, tol if given else None, lambda bound, t=t, r=rname:
+                       count_over(reference(t, r), vals[t.name], bound))
         shapes = shape_relation(np.shape(reference(t, rname)), np.shape(vals[t.name]))
         relation = al.relation(t.name)
         records.append(Record(cand.name, run_mode, t.order, t.name, rname, t.op_type, m,

@@ -130,6 +130,13 @@ class TensorMetrics:
     rtol; ``tolerance`` the whole-tensor bound atol + rtol * ``ref_absmax`` (max |ref| over
     its finite values, 0.0 if none); ``shape`` the compared shape (after
     ``squeeze_to_match``); ``nan_*``/``inf_*`` count non-finite values on each side.
+
+    In a comparison's records of an fp32 candidate one rule decides (noise_floor.judged):
+    ``noise_floor`` is fp32's own rounding in the op the candidate computes (with the error
+    its inputs carry, accumulated), ``floor_basis`` what it was derived from ("terms",
+    "exact", "smooth", "fallback"), ``tolerance`` the bound that decided ``passed`` (4 times
+    the floor, or the caller's tolerance over the whole tensor) and ``frac_over_tol`` the
+    share of elements over that bound. A low-precision candidate's ``noise_floor`` is 0.0.
     """
 
     max_abs: float = 0.0
@@ -148,6 +155,8 @@ class TensorMetrics:
     shape: tuple[int, ...] = ()
     tolerance: float = 0.0
     ref_absmax: float = 0.0
+    noise_floor: float = 0.0
+    floor_basis: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The metrics as a plain dict for JSON and table rows (``shape`` a list;

@@ -196,7 +196,7 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
     solid, isolated dashed. Zeros and missing values are drawn at a floor and infinities at a
     ceiling, each with its own marker, so no op drops out; failing records get a red x. With
     ``tolerance`` a horizontal line is drawn at it; without, for max_abs, each record's own
-    ``tolerance``. ``highlight`` names a record (e.g. the first divergence) to circle and label.
+    ``tolerance`` and, an fp32 candidate's, its ``noise_floor`` (the tolerance is 4x it). ``highlight`` names a record (e.g. the first divergence) to circle and label.
     When several records share a candidate, mode and order, the worst one is drawn.
     """
     rows = _records(records, ("candidate", "mode", "order"))
@@ -250,18 +250,7 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
         ax.axhline(tol_y, color="0.2", linestyle="-.", linewidth=1.2,
                    label=f"tolerance {tolerance:g}")
     elif metric == "max_abs":
-        for cand in cand_names:
-            tols: dict[int, float] = {}
-            for (c, _), pts in series.items():
-                for x, p in pts.items():
-                    t = _num(p["row"].get("tolerance"))
-                    if c == cand and math.isfinite(t) and t > 0:
-                        tols.setdefault(x, t)
-            if tols:
-                xs = sorted(tols)
-                ax.plot(xs, [tols[x] for x in xs], color=colour[cand], marker="_",
-                        markersize=10, markeredgewidth=2.5, linestyle="", alpha=0.45,
-                        label=f"tolerance ({cand})")
+        _bounds(ax, series, cand_names, colour)
 
     if failed:
         ax.plot(*zip(*failed, strict=True), **_FAIL, label="failed tolerance")
@@ -289,6 +278,33 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
                  f"{n_failed} failing point{'s' * (n_failed != 1)}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return fig
+
+
+# each record's own bounds on the max_abs axis: its tolerance (what decided it) and, for an
+# fp32 candidate, the noise floor that tolerance is a multiple of (noise_floor.py)
+_BOUNDS = (("tolerance", "tolerance", {"marker": "_", "markersize": 10, "markeredgewidth": 2.5,
+                                       "alpha": 0.45}),
+           ("noise_floor", "noise floor", {"marker": "2", "markersize": 7,
+                                           "markeredgewidth": 1.2, "alpha": 0.6}))
+
+
+def _bounds(ax: Axes, series: dict[tuple[str, str], dict[int, dict[str, Any]]],
+            cand_names: list[str], colour: dict[str, str]) -> None:
+    """Each candidate's per-record tolerance and noise floor, as markers at each op (the
+    first mode's where both modes have one: the bound is the op's, not the mode's, for a
+    tolerance given; the floor of the accumulated run carries its inputs' error)."""
+    for cand in cand_names:
+        for key, label, style in _BOUNDS:
+            found: dict[int, float] = {}
+            for (c, _), pts in series.items():
+                for x, p in pts.items():
+                    t = _num(p["row"].get(key))
+                    if c == cand and math.isfinite(t) and t > 0:
+                        found.setdefault(x, t)
+            if found:
+                xs = sorted(found)
+                ax.plot(xs, [found[x] for x in xs], color=colour[cand], linestyle="",
+                        label=f"{label} ({cand})", **style)
 
 
 def _highlight(ax: Axes, rows: Sequence[Mapping[str, Any]], view: _Metric, scale: _Scale,

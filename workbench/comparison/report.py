@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 SOURCE_SHARE, SOURCE_LEAD = 0.05, 10.0
 
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
-           "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed",
-           "relation"]
+           "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "noise_floor", "tolerance",
+           "passed", "relation"]
 
 
 @dataclass
@@ -176,7 +176,8 @@ class CompareReport:
             if div:
                 covers = f" covering {', '.join(div.covers)}" if div.covers else ""
                 tail = (f"first divergence at {div.reference}{covers} ({div.op_type} "
-                        f"{div.name}, {div.mode} max abs {div.metrics.max_abs:.3g})")
+                        f"{div.name}, {div.mode} max abs {div.metrics.max_abs:.3g} over "
+                        f"tolerance {_bound(div.metrics)})")
                 overflow = overflow_note(self, div)
                 tail += f": {overflow}" if overflow else ""
             elif not v.passed:
@@ -471,6 +472,17 @@ class CompareReport:
         return json.dumps({"summary": self.summary(), "aligned_fraction": self.aligned_fraction,
                            "records": self.rows(), "task": {r.pop("candidate"): r for r in
                                                             self.task_rows()}}, default=str)
+
+
+def _bound(m: Any) -> str:
+    """A record's tolerance in words: "1.2e-05 (4x its fp32 noise floor)" when its noise
+    floor decided it, else the number (a tolerance given, a low precision's)."""
+    from .noise_floor import FACTOR
+
+    floor = getattr(m, "noise_floor", 0.0)
+    if floor > 0 and m.tolerance == FACTOR * floor:
+        return f"{m.tolerance:.3g}, {FACTOR:g}x its fp32 noise floor"
+    return f"{m.tolerance:.3g}"
 
 
 def _fmt(v: Any) -> str:

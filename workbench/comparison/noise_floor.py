@@ -1,0 +1,440 @@
+"""fp32's own rounding as the yardstick of an fp32 candidate: the noise floor of each tensor,
+and the verdict it decides.
+
+The bound. An fp32 op that sums n terms t_1..t_n (a convolution's or a matmul's w*x over its
+reduction, plus its bias) rounds at every step; with round-to-nearest and the rounding errors
+independent and of mean zero, its error stays within about sqrt(n) * u * sum |t_i|, with
+u = 2**-24 fp32's unit roundoff (Higham & Mary, "A new approach to probabilistic rounding
+error analysis", SISC 2019: lambda * sqrt(n) * u * sum |t_i| with probability at least
+1 - 2 exp(-lambda^2 / 2) per element). The classic bound gamma_n * sum |t_i| with
+gamma_n = n u / (1 - n u) holds for every summation order, but grows with n, not sqrt(n):
+at a 3x3 convolution over 512 channels (n = 4608) it is 68 times the sqrt(n) one, so loose
+that a weight damaged by 1% of its max would sit under it. The floor takes the sqrt(n) form
+at lambda = 1 and leaves the margin to ``FACTOR``. sum |t_i| is what cancellation hides and
+the output does not show: a BatchNorm folded into a convolution (running mean -76.65,
+variance 0.0024: scale 25.75, bias 1974) computes about -1973.6 + 1974.0, whose fp32 error
+(~1e-4) is that of 1974, not of the 0.4 it returns.
+
+Per tensor, not per element: for an op with weights (floor_ops.py reads them from the
+candidate's own files, where folding shows), the largest sum |t_i| over the outputs is
+bounded per output channel by sum_k |w_ck| * max |x| + |b_c|; the floor is
+``SIDES`` * sqrt(n) * u * its largest value: the reference's computation rounds too, and
+its terms (torch's conv, then its BatchNorm's (y - mean) * scale + shift) are bounded by the
+folded ones. Sums, means and products take the same form from their operands' magnitudes;
+data movement, max and clamping round nothing (one rounding of the output is allowed to
+every op); activations ``SMOOTH_ULPS`` ulps of their largest output. An op whose terms are
+not known (a normalisation, an attention, a recurrent layer, a custom op) falls back to
+``FALLBACK_ULPS`` ulps of its largest output per computation, so that its tolerance is about
+the former default rtol (1e-3) of the whole tensor's range: its ``floor_basis`` says
+"fallback".
+
+Accumulated error is the op's rounding plus the error its inputs already carry, which the
+comparison measured: an input error e becomes at most ``gain * e`` (a weighted op's largest
+row sum of |w|; 1 for data movement, a sum's operands, a mean; an activation's steepest
+slope; 2 for a softmax). Steps with no reference tensor of their own (a lowered op's
+pieces) carry their own floors to the aligned tensor after them, in both modes.
+
+The verdict: a tensor of an fp32 candidate is divergent when its max abs error exceeds
+``FACTOR`` (4) times its noise floor; the record's ``tolerance`` is that bound. 4 covers the
+largest element of millions (about six standard deviations of a sum whose partial sums
+stay near sum |t_i|, both computations, is under 2.5 floors); a fault stands far above it (a
+weight moved by 1% of its max: tens to thousands of floors). A tolerance the caller gives
+(``tolerance=``, ``per_op_tolerance=``, ``per_tensor_tolerance=``) overrides it and judges the
+whole tensor: max abs <= atol + rtol * max |ref|. Low precisions (fp16, bf16, int8) keep
+their own rules (tolerance.py's per-element atol + rtol * |ref|).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+from . import floor_ops as ops
+
+if TYPE_CHECKING:
+    from .metrics import TensorMetrics
+
+U = 2.0 ** -24  # fp32's unit roundoff
+SIDES = 2  # the reference's computation and the candidate's
+FACTOR = 4.0  # divergent above FACTOR * noise floor: the record's tolerance
+SMOOTH_ULPS = 64  # an activation's own error, in ulps of its largest output
+FALLBACK_ULPS = 2048  # an op whose terms are not known: ulps of its largest output
+
+
+@dataclass
+class FloorInputs:
+    """What one fp32 candidate's floors are computed from, on one input set: each tensor's
+    ``OpFloor``, and the magnitude (max |v|) and shape of the tensors that have no record
+    (its graph inputs, the steps of a lowered op) taken from its captured values."""
+
+    rules: dict[str, ops.OpFloor]
+    aligned: set[str]
+    mags: dict[str, float] = field(default_factory=dict)
+    shapes: dict[str, tuple] = field(default_factory=dict)
+    # a weighted op's largest input patch norm per group, a matmul's row x column norms
+    patch: dict[str, Any] = field(default_factory=dict)
+
+
+def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, Any] | None
+                 ) -> FloorInputs | None:
+    """The FloorInputs of an fp32 candidate (None for a low precision one: its own rules).
+    ``values`` its captured tensors, ``feeds`` its inputs as it was fed them."""
+    import numpy as np
+
+    if getattr(cand, "precision", "fp32") != "fp32":
+        return None
+    try:
+        rules = ops.op_floors(cand.kind, cand.path)
+    except Exception:  # noqa: BLE001 - an unreadable file: every op falls back
+        rules = {}
+    out = FloorInputs(rules, set(al.pairs))
+    every = {**(feeds or {}), **values}
+    wanted = set(rules) | {i for r in rules.values() for i in r.inputs}
+    for name in wanted:
+        v = every.get(name)
+        if v is None:
+            continue
+        out.shapes[name] = np.shape(v)
+        if name not in out.aligned:
+            out.mags[name] = absmax(v)
+    _patches(out, every)
+    return out
+
+
+def _patches(fi: FloorInputs, every: dict[str, Any]) -> None:
+    """fi.patch of every weighted op and matmul whose input is at hand (one pass per input
+    and way of reading it)."""
+    done: dict[tuple, Any] = {}
+    for name, r in fi.rules.items():
+        if not r.inputs or any(every.get(i) is None for i in r.inputs):
+            continue
+        if r.kind == ops.WEIGHTED and r.window is not None and r.cin:
+            key = (r.inputs[0], r.cin, r.groups, r.window)
+            if key not in done:
+                done[key] = patch_norms(every[r.inputs[0]], r.cin, r.groups, r.window)
+            got = done[key]
+        elif r.kind == ops.MATMUL and len(r.inputs) == 2:
+            got = matmul_norms(every[r.inputs[0]], every[r.inputs[1]])
+        else:
+            continue
+        if got is not None:
+            fi.patch[name] = got
+
+
+def absmax(v: Any) -> float:
+    """max |v| over the finite values of a float array (0 for any other dtype)."""
+    import numpy as np
+
+    a = np.asarray(v)
+    if a.dtype.kind != "f" or not a.size:
+        return 0.0
+    top = max(-float(a.min()), float(a.max()))
+    if not math.isfinite(top):
+        a = a[np.isfinite(a)]
+        top = float(np.abs(a).max()) if a.size else 0.0
+    return top
+
+
+def _size(shape: tuple | None) -> int:
+    return int(math.prod(shape)) if shape is not None else 0
+
+
+class _Eval:
+    """The floors of one run (``mode``) from its measured records, in topological order."""
+
+    def __init__(self, fi: FloorInputs, mode: str, measured: dict[str, TensorMetrics]):
+        self.fi, self.mode, self.measured = fi, mode, measured
+        self.floors: dict[str, float] = {}
+        self.basis: dict[str, str] = {}
+
+    def mag(self, name: str) -> float | None:
+        m = self.measured.get(name)
+        return m.ref_absmax if m is not None else self.fi.mags.get(name)
+
+    def err(self, name: str) -> float:
+        """The error ``name`` carries into the op that reads it."""
+        if name in self.measured and self.mode == "accumulated":
+            return self.measured[name].max_abs
+        if name in self.fi.aligned and self.mode == "isolated":
+            return 0.0  # fed from the reference
+        return self.floors.get(name, 0.0)  # a step's own floor; an input or constant: 0
+
+    def run(self) -> None:
+        for name, rule in self.fi.rules.items():
+            floor, basis = self.floor(name, rule)
+            self.floors[name] = floor
+            carried = [self.basis.get(i) for i in rule.inputs if i not in self.fi.aligned]
+            self.basis[name] = "fallback" if "fallback" in carried else basis
+
+    def floor(self, name: str, rule: ops.OpFloor) -> tuple[float, str]:
+        """(noise floor, basis) of one tensor: SIDES times its op's rounding plus the error
+        its inputs carry through it."""
+        m_out = self.mag(name)
+        m_in = [self.mag(i) for i in rule.inputs]
+        local_gains = None if m_out is None else _local(rule, m_out, m_in, [
+            self.fi.shapes.get(i) for i in rule.inputs], self.fi.shapes.get(name),
+            self.fi.patch.get(name))
+        basis = rule.kind if rule.kind in (ops.EXACT, ops.SMOOTH, ops.FALLBACK) else "terms"
+        if local_gains is None:  # terms unknown: a floor from the tensor's own magnitude
+            top_in = max((m for m in m_in if m), default=0.0)
+            m_out = m_out or 0.0
+            local = fallback_floor(m_out) / SIDES
+            gains = [2.0 * max(1.0, m_out / top_in if top_in else 1.0)] * len(rule.inputs)
+            combine, basis = sum, "fallback"
+        else:
+            local, gains, combine = local_gains
+            local = max(local, U * m_out)  # every op may round its output once
+        carried = [g * self.err(i) for g, i in zip(gains, rule.inputs, strict=True)]
+        return SIDES * local + (combine(carried) if carried else 0.0), basis
+
+
+def _terms(rule: ops.OpFloor, m_x: float, patch: Any) -> float:
+    """The largest sum |w| |x| + |b| over a weighted op's outputs: per output row the
+    smaller of sum |w| * max |x| and ||w||_2 * its group's largest input patch norm."""
+    import numpy as np
+
+    rows, bias = rule.rows * m_x, rule.bias
+    if patch is not None and rule.rows2 is not None and np.shape(rule.rows2) == np.shape(rows):
+        per = rows.size // max(np.size(patch), 1)
+        near = np.repeat(patch, per) if per * np.size(patch) == rows.size else np.max(patch)
+        rows = np.minimum(rows, rule.rows2 * near)
+    if bias is not None and np.shape(bias) == np.shape(rows):
+        return float(np.max(rows + bias))
+    return float(np.max(rows)) + (float(np.max(bias)) if bias is not None and np.size(bias)
+                                  else 0.0)
+
+
+def _local(rule: ops.OpFloor, m_out: float, m_in: list[float | None],
+           shapes: list[tuple | None], out_shape: tuple | None,
+           patch: Any = None) -> tuple | None:
+    """(one computation's rounding, the gain of each input, how carried errors combine) of
+    one op; None when its terms are not known."""
+    import numpy as np
+
+    k, lip = rule.kind, rule.lipschitz
+    if k == ops.EXACT:
+        return 0.0, [lip] * len(m_in), max
+    if any(m is None for m in m_in):
+        return None
+    if k == ops.WEIGHTED and m_in:
+        s = _terms(rule, m_in[0], patch)
+        return ops.ulp_terms(rule) * U * s, [float(np.max(rule.rows)) * lip], sum
+    if k == ops.MATMUL and len(m_in) == 2 and shapes[0]:
+        n = shapes[0][-1]
+        s = n * m_in[0] * m_in[1]
+        s = min(s, patch) if patch is not None else s
+        return math.sqrt(n) * U * s, [n * m_in[1], n * m_in[0]], sum
+    if k == ops.SUM:
+        return math.sqrt(max(rule.n, 1)) * U * (sum(m_in) + rule.const), [lip] * len(m_in), sum
+    if k == ops.PRODUCT:
+        gains = [rule.const * math.prod(m for j, m in enumerate(m_in) if j != i)
+                 for i in range(len(m_in))]
+        return len(m_in) * U * m_out, gains, sum
+    if k in (ops.MEAN, ops.REDUCE_SUM) and m_in:
+        n = rule.n or max(_size(shapes[0]) // max(_size(out_shape), 1), 1)
+        total = n if k == ops.REDUCE_SUM else 1
+        return math.sqrt(n) * U * total * m_in[0], [float(total)], sum
+    if k == ops.SMOOTH:
+        return SMOOTH_ULPS * U * m_out, [m_out if lip < 0 else lip] * len(m_in), sum
+    if k == ops.SOFTMAX and shapes and shapes[0]:
+        return SMOOTH_ULPS * math.sqrt(shapes[0][-1]) * U * m_out, [2.0] * len(m_in), sum
+    return None
+
+
+def noise_floors(fi: FloorInputs, mode: str, measured: dict[str, TensorMetrics]
+                 ) -> dict[str, tuple[float, str]]:
+    """{candidate tensor: (noise floor, basis)} of one run: ``mode`` "accumulated" (inputs
+    carry their measured error) or "isolated" (aligned inputs fed from the reference);
+    ``measured`` the run's metrics by candidate tensor. Basis: "terms" (the op's terms are
+    known), "exact", "smooth" (an activation) or "fallback" (its own magnitude)."""
+    ev = _Eval(fi, mode, measured)
+    ev.run()
+    return {n: (ev.floors[n], ev.basis[n]) for n in ev.floors}
+
+
+def op_noise_floor(rule: ops.OpFloor, out: Any, inputs: dict[str, Any]) -> float:
+    """The noise floor of one op computed alone on exact inputs (an isolated run): ``rule``
+    its OpFloor, ``out`` its output, ``inputs`` {name: array} of what it reads."""
+    import numpy as np
+
+    fi = FloorInputs({"out": rule}, set(inputs), {"out": absmax(out)},
+                     {"out": np.shape(out), **{n: np.shape(v) for n, v in inputs.items()}})
+    fi.mags.update({n: absmax(v) for n, v in inputs.items()})
+    _patches(fi, inputs)
+    return noise_floors(fi, "isolated", {})["out"][0]
+
+
+def fallback_floor(top: float) -> float:
+    """The noise floor of a tensor whose op's terms are not known, from its largest value."""
+    return SIDES * FALLBACK_ULPS * U * top
+
+
+def judged(m: TensorMetrics, floor: float, basis: str, tol: Any = None,
+           over: Any = None) -> TensorMetrics:
+    """``m`` decided by one rule, which its ``tolerance`` states: ``FACTOR`` * ``floor``, or
+    the caller's ``tol`` (a Tolerance) over the whole tensor, atol + rtol * max |ref|.
+    ``passed`` is max abs <= tolerance; ``frac_over_tol`` the share of elements over it
+    (``over(bound)`` counts them, asked only when some are); ``min_tol`` the smallest atol
+    that passes with the rule's rtol (0 for the floor's)."""
+    rtol = float(tol.rtol) if tol is not None else 0.0
+    bound = (float(tol.atol) + rtol * m.ref_absmax) if tol is not None else FACTOR * floor
+    if not math.isfinite(bound):  # magnitudes past fp32's range: the former default
+        bound, basis = DEFAULT_ATOL + DEFAULT_RTOL * m.ref_absmax, "fallback"
+    passed = m.max_abs <= bound and math.isfinite(m.max_abs)
+    frac = 0.0 if passed else (over(bound) / m.size if over is not None and m.size else 1.0)
+    return dataclasses.replace(m, tolerance=bound, passed=passed, frac_over_tol=frac,
+                               min_tol=max(0.0, m.max_abs - rtol * m.ref_absmax),
+                               noise_floor=floor, floor_basis=basis)
+
+
+def count_over(ref: Any, cand: Any, bound: float) -> int:
+    """Elements with |ref - cand| > bound (a NaN in ref is undefined there, not over; equal
+    infinities are equal)."""
+    import numpy as np
+
+    a = np.asarray(ref, dtype=np.float64).reshape(-1)
+    b = np.asarray(cand, dtype=np.float64).reshape(-1)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - b)
+        return int(np.count_nonzero(~(diff <= bound) & (a != b) & ~np.isnan(a)))
+
+
+# -- the input patch norms of weighted ops (Cauchy-Schwarz) -------------------------------------
+# A convolution's or a matmul's output sums |w| * |x| over its row of weights and a patch of
+# its input. sum_k |w_ck| * max |x| bounds it cheaply but assumes every input at its maximum:
+# 5-10 times too much on activations (heavy-tailed, post-ReLU), which would hide a weight
+# moved by 1e-3 of its max in a long reduction. By Cauchy-Schwarz the sum is also at most
+# ||w_c||_2 * ||x_patch||_2; the largest patch norm of the input (per group of input channels)
+# is one pass over it: the sum of x^2 over each group's channels at every position (a
+# compiled kernel, numba as in metrics.py; numpy without it), then the largest box sum of the
+# kernel's (dilated) extent. Once per tensor and input set.
+
+_KERNEL: Any = None  # the numba dispatcher once built; False if numba cannot be imported
+_LOADED: set[bool] = set()  # the variants (writeable or not) _KERNEL has run on here
+
+
+def _group_squares(x: Any, groups: int, out: Any) -> Any:
+    """out[b, g, p] = sum of x[b, c, p]^2 over group g's channels (x: (B, C, P) float32)."""
+    nb, nc, npos = x.shape
+    per = nc // groups
+    for b in range(nb):
+        for c in range(nc):
+            g = c // per
+            for p in range(npos):
+                v = x[b, c, p]
+                out[b, g, p] += v * v
+    return out
+
+
+def _kernel() -> Any:
+    global _KERNEL
+    if _KERNEL is None:
+        try:
+            from numba import njit
+
+            opts = {"nogil": True, "error_model": "numpy", "fastmath": {"reassoc", "nsz"}}
+            try:
+                _KERNEL = njit(cache=True, **opts)(_group_squares)
+            except RuntimeError:  # no writable cache dir: compiled in memory
+                _KERNEL = njit(**opts)(_group_squares)
+        except ImportError:
+            _KERNEL = False
+    return _KERNEL
+
+
+def patch_norms(x: Any, cin: int, groups: int, window: tuple[int, ...]) -> Any:
+    """The largest L2 norm of an input patch of each group: ``x`` laid out (..., cin,
+    *spatial) with ``len(window)`` spatial axes (0: rows of ``cin`` values, as a matmul
+    reads them), a patch ``window`` wide on each. None when ``x`` is not so laid out."""
+    import numpy as np
+
+    x = np.asarray(x)
+    nd = len(window)
+    if x.dtype.kind != "f" or x.size == 0 or groups < 1 or cin % groups:
+        return None
+    if nd == 0:
+        if x.size % cin:
+            return None
+        x3 = x.reshape(-1, cin, 1)
+        spatial: tuple[int, ...] = (1,)
+    else:
+        if x.ndim < nd + 1 or x.shape[-nd - 1] != cin or nd > 2:
+            return None
+        spatial = tuple(x.shape[-nd:])
+        x3 = x.reshape(-1, cin, math.prod(spatial))
+    x3 = np.ascontiguousarray(x3, dtype=np.float32)
+    sq = np.zeros((x3.shape[0], groups, x3.shape[2]), np.float32)
+    kernel = _kernel()
+    if kernel:
+        key = bool(x3.flags.writeable)  # a read-only array is another numba type
+        if key in _LOADED:
+            kernel(x3, groups, sq)
+        else:  # compiled or loaded from numba's cache: one process at a time
+            with _cache_lock():
+                kernel(x3, groups, sq)
+            _LOADED.add(key)
+    else:
+        sq = np.square(x3, dtype=np.float32).reshape(x3.shape[0], groups, cin // groups,
+                                                     -1).sum(axis=2)
+    if not np.isfinite(sq).all():
+        return None
+    if nd:
+        sq = _box_sums(sq.reshape(sq.shape[0], groups, *spatial), window)
+    return np.sqrt(sq.reshape(sq.shape[0], groups, -1).max(axis=(0, 2)).astype(np.float64))
+
+
+def _box_sums(q: Any, window: tuple[int, ...]) -> Any:
+    """Sums of ``q`` (B, G, *spatial, >= 0) over every window of the given extent (clipped
+    to the axis): every patch a kernel reads, padded or not, lies within one of them."""
+    import numpy as np
+
+    out = q.astype(np.float64)
+    for k, axis in zip(window, range(2, 2 + len(window)), strict=True):
+        k = min(k, out.shape[axis])
+        if k <= 1:
+            continue
+        c = np.cumsum(out, axis=axis)
+        zero = np.zeros_like(np.take(c, [0], axis=axis))
+        c = np.concatenate([zero, c], axis=axis)
+        out = np.take(c, range(k, c.shape[axis]), axis=axis) - \
+            np.take(c, range(0, c.shape[axis] - k), axis=axis)
+    return out
+
+
+def matmul_norms(a: Any, b: Any) -> float | None:
+    """max ||row of a|| * max ||column of b||: a bound on sum |a_ik| |b_kj| (a @ b)."""
+    import numpy as np
+
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind != "f" or b.dtype.kind != "f" or a.ndim < 1 or b.ndim < 2 or not a.size:
+        return None
+    ra = np.sqrt(np.square(a, dtype=np.float64).sum(axis=-1).max())
+    rb = np.sqrt(np.square(b, dtype=np.float64).sum(axis=-2).max())
+    top = float(ra * rb)
+    return top if math.isfinite(top) else None
+
+
+@contextlib.contextmanager
+def _cache_lock() -> Any:
+    """metrics._cache_lock's lock (the same file): one process at a time compiles or loads a
+    numba kernel into the shared cache (see there why)."""
+    import os
+    import tempfile
+
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path = os.path.join(tempfile.gettempdir(), f"workbench-numba-{os.getuid()}.lock")
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
