@@ -13,7 +13,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..artifact.tools import tool_versions
+from ..artifact.workspace import Workspace
+from ..comparison.compare import compare
+from ..comparison.metrics import Tolerance
 from ..errors import WorkbenchError
+from ..fileio import atomic_write_text
+from ..stages.export import export
+from ..stages.ncnn import to_ncnn
+from ..stages.quantize import quantize
+from ..stages.raising import raise_ops
+from ..stages.simplify import simplify
+from ..tolerances import INT8_MIN_SNR_DB, for_precision
+from .cell_target import NCNN_STAGES, check_on_target, ncnn_runners
+from .factory import model_and_inputs
 from .matrix import FP16_WEIGHTS, Cell, run_precision
 
 STAGES = ("model", "export", "simplify", "raise", "ncnn", "ort-int8", "ncnn-int8", "compare")
@@ -104,117 +117,142 @@ class CellResult:
 
 def run_cell(cell: Cell, folder: Path) -> CellResult:
     """Run every stage of ``cell`` with its artifacts in ``folder`` (a Workspace)."""
-    from ..artifact.tools import tool_versions
-    from ..artifact.workspace import Workspace
-
     t0 = time.perf_counter()
-    tools = tool_versions()
-    ws = Workspace(folder)
-    opts = cell.options
-    out: dict[str, StageResult] = {}
-    arts: dict[str, Any] = {}
-    ops: list[OpPoint] = []
-    model = inputs = None
+    run = _CellRun(cell, folder)
+    built = run.stage("model", lambda: model_and_inputs(cell.model))
+    if built is not None:
+        run.model, run.inputs = built
+        run.onnx_stages()
+        run.ncnn_stage()
+        run.int8_stages()
+    runners = run.ncnn_on_target()
+    run.compare(runners)
+    run.mark_not_run()
+    return CellResult(cell.id, [run.out[s] for s in STAGES], run.ops,
+                      seconds=round(time.perf_counter() - t0, 3))
 
-    def run(stage: str, fn: Any) -> Any:
+
+class _CellRun:
+    """One cell's stages, run in order: each stage's row in ``out``, its artifact in
+    ``arts``; a stage's failure is its row, never the cell's end."""
+
+    def __init__(self, cell: Cell, folder: Path) -> None:
+        self.cell, self.folder, self.opts = cell, folder, cell.options
+        self.tools = tool_versions()
+        self.ws = Workspace(folder)
+        self.out: dict[str, StageResult] = {}
+        self.arts: dict[str, Any] = {}
+        self.ops: list[OpPoint] = []
+        self.model: Any = None
+        self.inputs: Any = None
+
+    def stage(self, stage: str, fn: Any) -> Any:
+        """``fn()`` as ``stage``: its row (ok, or why it failed), timed."""
         t = time.perf_counter()
         try:
             value = fn()
         except Exception as e:  # every stage's failure is this cell's record, never fatal
-            out[stage] = _failed(stage, e, folder)
+            self.out[stage] = _failed(stage, e, self.folder)
             value = None
         else:
-            out[stage] = _from_artifact(stage, value, folder) if hasattr(value, "graph") else \
-                StageResult(stage, "ok")
-        out[stage].seconds = round(time.perf_counter() - t, 3)
-        out[stage].tools = tools
+            self.out[stage] = _from_artifact(stage, value, self.folder) if hasattr(
+                value, "graph") else StageResult(stage, "ok")
+        self.out[stage].seconds = round(time.perf_counter() - t, 3)
+        self.out[stage].tools = self.tools
         return value
 
-    from .factory import model_and_inputs
+    @property
+    def onnx_stage(self) -> str | None:
+        """The last ONNX stage that made an artifact (raise, simplify, export)."""
+        return next((s for s in ("raise", "simplify", "export")
+                     if self.arts.get(s) is not None), None)
 
-    built = run("model", lambda: model_and_inputs(cell.model))
-    if built is not None:
-        model, inputs = built
+    def onnx_stages(self) -> None:
+        opts, arts, ws = self.opts, self.arts, self.ws
         exp = {"exporter": opts["exporter"]} | ({"opset": opts["opset"]} if opts["opset"] else {})
-        from ..stages.export import export
-
-        arts["export"] = run("export", lambda: export(model, inputs, workspace=ws, **exp))
-    if arts.get("export") is not None:
+        arts["export"] = self.stage("export", lambda: export(self.model, self.inputs,
+                                                             workspace=ws, **exp))
+        if arts["export"] is None:
+            return
         if opts["simplify"] != "none":
-            from ..stages.simplify import simplify
-
-            arts["simplify"] = run("simplify", lambda: simplify(
+            arts["simplify"] = self.stage("simplify", lambda: simplify(
                 arts["export"], backend=opts["simplify"], workspace=ws))
         if opts["raise"]:
-            from ..stages.raising import raise_ops
-
             parent = arts.get("simplify") or arts["export"]
-            arts["raise"] = run("raise", lambda: raise_ops(parent, workspace=ws))
-    if built is not None and opts["ncnn"] != "none":
-        from ..stages.ncnn import to_ncnn
+            arts["raise"] = self.stage("raise", lambda: raise_ops(parent, workspace=ws))
 
-        arts["ncnn"] = run("ncnn", lambda: to_ncnn(model, inputs, workspace=ws,
-                                                   fp16=opts["ncnn"] in FP16_WEIGHTS))
-    onnx_stage = next((s for s in ("raise", "simplify", "export") if arts.get(s) is not None),
-                      None)
-    precision = opts["precision"]
-    if built is not None and precision != "fp32":
-        from ..stages.quantize import quantize
+    def ncnn_stage(self) -> None:
+        if self.opts["ncnn"] != "none":
+            self.arts["ncnn"] = self.stage("ncnn", lambda: to_ncnn(
+                self.model, self.inputs, workspace=self.ws,
+                fp16=self.opts["ncnn"] in FP16_WEIGHTS))
 
-        samples = calibration_samples(inputs)
+    def int8_stages(self) -> None:
+        precision, arts, onnx_stage = self.opts["precision"], self.arts, self.onnx_stage
+        if precision == "fp32":
+            return
+        samples = calibration_samples(self.inputs)
         if precision in ("int8", "int8-onnxruntime") and onnx_stage:
-            arts["ort-int8"] = run("ort-int8", lambda: quantize(
+            arts["ort-int8"] = self.stage("ort-int8", lambda: quantize(
                 arts[onnx_stage], as_declared(samples, arts[onnx_stage]),
-                backend="onnxruntime", workspace=ws, progress=False))
-        if precision in ("int8", "int8-ncnn") and opts["ncnn"] in FP16_WEIGHTS:
-            out["ncnn-int8"] = StageResult(
+                backend="onnxruntime", workspace=self.ws, progress=False))
+        if precision in ("int8", "int8-ncnn") and self.opts["ncnn"] in FP16_WEIGHTS:
+            self.out["ncnn-int8"] = StageResult(
                 "ncnn-int8", "off", hint="ncnn int8 is made from the fp32 model: the cell "
-                "with ncnn=fp32 has it", tools=tools)
+                "with ncnn=fp32 has it", tools=self.tools)
         elif precision in ("int8", "int8-ncnn") and arts.get("ncnn") is not None:
-            arts["ncnn-int8"] = run("ncnn-int8", lambda: quantize(
+            arts["ncnn-int8"] = self.stage("ncnn-int8", lambda: quantize(
                 arts["ncnn"], as_declared(samples, arts["ncnn"]), backend="ncnn",
-                workspace=ws, progress=False))
+                workspace=self.ws, progress=False))
         for stage in INT8_STAGES:
             if arts.get(stage) is not None:
-                _judge_int8(out[stage], arts[stage])
-    # the ncnn candidates as runners on the cell's target (None: this machine), each row
-    # recording where it ran and the flags that ran; on a target, the output check there too
-    from .cell_target import NCNN_STAGES, check_on_target, ncnn_runners
+                _judge_int8(self.out[stage], arts[stage])
 
-    target = opts["target"]
-    runners = ncnn_runners(arts, opts, out, lambda stage, e: _mark_failed(out[stage], e,
-                                                                           folder))
-    if target is not None and "ncnn" in runners and out["ncnn"].status == "ok":
-        try:
-            check_on_target(out["ncnn"], arts["ncnn"], model, inputs, target,
-                            run_precision(opts["ncnn"], target))
-        except Exception as e:  # the row says why (a crash there is the comparison's too)
-            _mark_failed(out["ncnn"], e, folder)
-    # every candidate compared with the tolerance of its precision: one comparison per
-    # precision present (the ONNX stages fp32, ncnn its weights', int8 its own)
-    of: dict[str, str] = {onnx_stage or "": "fp32",
-                          "ncnn": "fp16" if opts["ncnn"] in FP16_WEIGHTS else "fp32",
-                          "ort-int8": "int8", "ncnn-int8": "int8"}
-    compared = [s for s in (onnx_stage, "ncnn", *INT8_STAGES) if s and arts.get(s) is not None
-                and (s in runners or s not in NCNN_STAGES)]  # a runner refused: not compared
-    cands = [(s, runners.get(s, arts[s]), of[s]) for s in compared]
-    if cands:
-        from ..comparison.compare import compare
-        from ..comparison.metrics import Tolerance
-        from ..tolerances import for_precision
+    def ncnn_on_target(self) -> dict[str, Any]:
+        """The ncnn candidates as runners on the cell's target (None: this machine), each
+        row recording where it ran and the flags that ran; on a target, the output check
+        there too."""
+        target, out = self.opts["target"], self.out
+        runners = ncnn_runners(self.arts, self.opts, out, lambda stage, e: _mark_failed(
+            out[stage], e, self.folder))
+        if target is not None and "ncnn" in runners and out["ncnn"].status == "ok":
+            try:
+                check_on_target(out["ncnn"], self.arts["ncnn"], self.model, self.inputs,
+                                target, run_precision(self.opts["ncnn"], target))
+            except Exception as e:  # the row says why (a crash there is the comparison's too)
+                _mark_failed(out["ncnn"], e, self.folder)
+        return runners
 
+    def compare(self, runners: dict[str, Any]) -> None:
+        """Every candidate compared with the tolerance of its precision: one comparison per
+        precision present (the ONNX stages fp32, ncnn its weights', int8 its own)."""
+        onnx_stage, arts = self.onnx_stage, self.arts
+        of: dict[str, str] = {onnx_stage or "": "fp32",
+                              "ncnn": "fp16" if self.opts["ncnn"] in FP16_WEIGHTS else "fp32",
+                              "ort-int8": "int8", "ncnn-int8": "int8"}
+        compared = [s for s in (onnx_stage, "ncnn", *INT8_STAGES)
+                    if s and arts.get(s) is not None
+                    and (s in runners or s not in NCNN_STAGES)]  # a runner refused: not compared
+        cands = [(s, runners.get(s, arts[s]), of[s]) for s in compared]
+        if not cands:
+            return
         groups = {p: [(s, a) for s, a, q in cands if q == p] for _, _, p in cands}
 
         def compare_all() -> list[tuple[str, list[tuple[str, Any]], Any]]:
-            return [(p, group, compare(model, [a for _, a in group], inputs,
+            return [(p, group, compare(self.model, [a for _, a in group], self.inputs,
                                        tolerance=Tolerance(*for_precision(p)), progress=False))
                     for p, group in groups.items()]
 
-        reps = run("compare", compare_all)
+        reps = self.stage("compare", compare_all)
         if reps is not None:
-            _record_comparisons(reps, out, ops)
-    for stage in STAGES:  # what did not run: not chosen, or an earlier stage failed
-        if stage not in out:
+            _record_comparisons(reps, self.out, self.ops)
+
+    def mark_not_run(self) -> None:
+        """What did not run: not chosen ("off"), or an earlier stage failed ("skipped")."""
+        opts, precision = self.opts, self.opts["precision"]
+        for stage in STAGES:
+            if stage in self.out:
+                continue
             chosen = not ((stage == "simplify" and opts["simplify"] == "none")
                           or (stage == "raise" and not opts["raise"])
                           or (stage == "ncnn" and opts["ncnn"] == "none")
@@ -222,9 +260,8 @@ def run_cell(cell: Cell, folder: Path) -> CellResult:
                                                                         "int8-onnxruntime"))
                           or (stage == "ncnn-int8" and (precision not in ("int8", "int8-ncnn")
                                                         or opts["ncnn"] == "none")))
-            out[stage] = StageResult(stage, "skipped" if chosen else "off", tools=tools)
-    return CellResult(cell.id, [out[s] for s in STAGES], ops,
-                      seconds=round(time.perf_counter() - t0, 3))
+            self.out[stage] = StageResult(stage, "skipped" if chosen else "off",
+                                          tools=self.tools)
 
 
 def _from_artifact(stage: str, art: Any, folder: Path) -> StageResult:
@@ -305,7 +342,6 @@ def _record_comparisons(reps: list[tuple[str, list[tuple[str, Any]], Any]],
 def _judge_int8(row: StageResult, art: Any) -> None:
     """An int8 row is ok when its output SNR vs its float parent (the quantize stage's own
     check, on the example inputs) reaches INT8_MIN_SNR_DB."""
-    from ..tolerances import INT8_MIN_SNR_DB
 
     row.snr_db = _num(art.metrics.get("min_snr_db_vs_parent"))
     row.min_snr_db = INT8_MIN_SNR_DB
@@ -379,7 +415,6 @@ def _num(v: Any) -> float | None:
 def main(argv: list[str]) -> int:
     """``python -m workbench.sweeps.cell SPEC.json``: SPEC holds the cell, its folder and where
     to write the result (atomically: a reader sees the whole result or none)."""
-    from ..fileio import atomic_write_text
 
     spec = json.loads(Path(argv[0]).read_text())
     _stop_with_parent(spec.get("parent"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..runtime.ncnn_runner import NcnnRunner
+from ..stages.ncnn_target import reference_for, run_on_target
 from .matrix import run_precision
 
 if TYPE_CHECKING:  # cell imports this module when it runs
@@ -25,7 +27,6 @@ def ncnn_runners(arts: dict[str, Any], opts: dict[str, Any], out: dict[str, Stag
     exactly as before the target axis). A runner that cannot be made (the ARM environment
     missing: a hinted InputError) fails its row through ``failed(stage, error)`` and leaves
     the stage out."""
-    from ..runtime.ncnn_runner import NcnnRunner
 
     target = opts.get("target")
     runners = {}
@@ -54,7 +55,6 @@ def check_on_target(row: StageResult, art: Any, model: Any, inputs: Any, target:
     """The ncnn model's outputs on ``target`` against torch (``on_target.run_on_target``):
     ``target_max_abs`` on ``row``, and a row that was ok becomes a mismatch past the
     tolerance (the run's line and hint say what ran and what to do)."""
-    from ..stages.ncnn_target import reference_for, run_on_target
 
     args, reference = reference_for(art, model, inputs)
     (run,) = run_on_target(art, args, reference, target, precisions=(precision,))
