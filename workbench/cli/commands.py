@@ -1,5 +1,10 @@
 """The commands of the stages and the sweep: demo, inspect, export, raise, simplify, quantize,
-sweep and report (to-ncnn, compare and featmask: ``cli.ncnn``)."""
+sweep and report (to-ncnn, compare and featmask: ``cli.ncnn``).
+
+Each command imports the engine's stages inside itself, on purpose: ``workbench --help`` and a
+bad flag answer in 0.06 s, where importing the stages first costs 1.4 s (numpy and the stage
+modules).
+"""
 
 from __future__ import annotations
 

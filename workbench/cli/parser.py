@@ -101,13 +101,34 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "sweep", "report")),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    _add_demo(sub)
+    _add_inspect(sub)
+    _add_export(sub)
+    _add_simplify(sub)
+    _add_raise(sub)
+    _add_to_ncnn(sub)
+    _add_quantize(sub)
+    _add_compare(sub)
+    _add_featmask(sub)
+    _add_sweep(sub)
+    _add_report(sub)
+    return p
+
+
+def _add_demo(sub: Any) -> None:
     d = _sub(sub, "demo", "run the default super-resolution model through every stage",
              cmd_demo)
     d.add_argument("--workspace", default=None, help="folder for artifacts "
                    "(default ./workbench-runs/default)")
     d.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
+
+
+def _add_inspect(sub: Any) -> None:
     i = _sub(sub, "inspect", "print the graph summary of a model file", cmd_inspect)
     i.add_argument("file")
+
+
+def _add_export(sub: Any) -> None:
     e = _sub(sub, "export", "export MODULE:FACTORY to ONNX", cmd_export)
     e.add_argument("model", help="MODULE:FACTORY or path/to/file.py:FACTORY returning an "
                    "nn.Module or (model, example_inputs)")
@@ -118,18 +139,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NAME:AXIS[=DIM] dynamic axis, e.g. input:0=batch (repeatable)")
     e.add_argument("--simplify", action="store_true", help="also run the simplify stage")
     e.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
+
+
+def _add_simplify(sub: Any) -> None:
     s = _sub(sub, "simplify", "simplify an ONNX file (exit 1 when the numbers change)",
              cmd_simplify)
     s.add_argument("file", help="path to a .onnx file")
     s.add_argument("--backend", default="onnxslim", choices=["onnxslim", "onnxsim", "onnxscript"])
     s.add_argument("--out", default=None, help="workspace folder (default: the input's, or "
                    "./workbench-runs/default)")
+
+
+def _add_raise(sub: Any) -> None:
     r = _sub(sub, "raise", "raise lowered subgraphs of an ONNX file to high-level ops", cmd_raise)
     r.add_argument("file", help="path to a .onnx file")
     r.add_argument("--rules", default=None, help="comma-separated rule names (default: all)")
     r.add_argument("--target", default="standard", choices=["standard", "functions"])
     r.add_argument("--opset", type=int, default=None, help="upgrade the model's opset first")
     r.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
+
+
+def _add_to_ncnn(sub: Any) -> None:
     n = _sub(sub, "to-ncnn", "convert an ONNX file or MODULE:FACTORY to ncnn through pnnx "
              "(exit 1 when ncnn's numbers differ from torch's)", cmd_to_ncnn)
     n.add_argument("source", help="a .onnx file, or MODULE:FACTORY (traced by pnnx)")
@@ -143,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     _target_flags(n, "with --target: comma-separated ncnn precisions run there, each checked "
                   "against torch: fp32, fp16 (storage, and arithmetic where the CPU has it), "
                   "fp16-storage, bf16 (default fp32,fp16)")
+
+
+def _add_quantize(sub: Any) -> None:
     q = _sub(sub, "quantize", "quantize an ONNX file (ONNX Runtime) or an ncnn model to int8, "
              "calibrated on a folder of .npy files or images (exit 1 when its checks fail)",
              cmd_quantize)
@@ -163,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--limit", type=int, default=64, help="at most N calibration samples")
     q.add_argument("--seed", type=int, default=0, help="the seed that picks them")
     q.add_argument("--out", default=None, help="workspace folder for an imported .onnx file")
+
+
+def _add_compare(sub: Any) -> None:
     c = _sub(sub, "compare", "compare candidates with the torch model op by op "
              "(exit 1 when a tolerance fails)", cmd_compare)
     c.add_argument("model", help="MODULE:FACTORY: the torch reference")
@@ -175,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     _target_flags(c, "the ncnn candidates' precision: fp32 (default), fp16 (storage, and "
                   "arithmetic where the CPU has it), fp16-storage, bf16; comma-separated: "
                   "each ncnn candidate once per precision")
+
+
+def _add_featmask(sub: Any) -> None:
     f = _sub(sub, "featmask", "turn ncnn features off on named layers (ncnn's per-layer 31= "
              "mask) in a child ncnn artifact: the fix for a layer whose fp16 arithmetic "
              "overflows on an ARM phone, fp16 kept everywhere else", cmd_featmask)
@@ -189,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
         f.add_argument(f"--{flag}", type=_off, default=None, metavar="off",
                        help=f"off: no {what} in these layers")
     f.add_argument("--out", default=None, help="workspace folder (default: the model's)")
+
+
+def _add_sweep(sub: Any) -> None:
     w = _sub(sub, "sweep", "every model through every stage under a matrix of choices, in "
              "fresh processes, locally or on a Dask cluster; results in WORKSPACE/sweep.db; a "
              "re-run resumes (exit 1 when a cell fails)", cmd_sweep)
@@ -221,9 +263,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cell-timeout", type=float, default=1800.0,
                    help="seconds one cell may take (default 1800)")
     w.add_argument("--report", default=None, help="also write the HTML report here")
+
+
+def _add_report(sub: Any) -> None:
     o = _sub(sub, "report", "write a sweep's HTML report (one self-contained file)", cmd_report)
     o.add_argument("workspace", help="the sweep's folder (holds sweep.db)")
     o.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
     o.add_argument("--against", default=None, help="an earlier sweep's folder: show what "
                    "broke or improved since")
-    return p
