@@ -9,9 +9,9 @@ covers), attributed (a step inside a module or lowered op: torch computed no suc
 measure it against) or unaligned (with the reason).
 """
 
-from ._rule import AlignRule, Decision
+from ._rule import AlignRule, Decision, Invariant
 from .alignment import ACCEPT, CONSTANT_OPS, TIGHT, WINDOW, Alignment, CandidateTensor
-from .engine import RULES, align, without
+from .engine import INVARIANTS, RULES, align, without
 from .folded_scale import folded_scale
 from .index import ReferenceIndex
 from .names import (
@@ -25,8 +25,8 @@ from .names import (
 from .sampling import SAMPLE, Sample, samples
 
 __all__ = [
-    "ACCEPT", "CONSTANT_OPS", "RULES", "SAMPLE", "TIGHT", "WINDOW", "AlignRule", "Alignment",
-    "CandidateTensor", "Decision", "ReferenceIndex", "Sample", "align", "call_module",
+    "ACCEPT", "CONSTANT_OPS", "INVARIANTS", "RULES", "SAMPLE", "TIGHT", "WINDOW", "AlignRule", "Alignment",
+    "CandidateTensor", "Decision", "Invariant", "ReferenceIndex", "Sample", "align", "call_module",
     "folded_scale", "listed_modules", "listed_scope", "module_from_metadata",
     "module_from_scope", "samples", "weight_hint", "without",
 ]

@@ -3,7 +3,9 @@
 A rule is data, not an engine (as ``workbench.rules`` is for raising): ``engine.align``
 walks the candidate's tensors in topological order and asks the walk rules, in order, to
 decide each one; the first decision wins. Pinned rules add a relation to a tensor pinned by
-its name or weights; after rules revisit the whole alignment once the walk is done.
+its name or weights. After the walk, the invariants check the pairings (``order``,
+``evidence``), settle rules revisit them as a whole, the invariants on settled pairings
+check them (``one_owner``), and fill rules place what is left from the pairings that stand.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-STAGES = ("walk", "pinned", "after")
+STAGES = ("walk", "pinned", "settle", "fill")
 # what a pairing rests on: its values agree, or structure ties it (a scope or metadata name,
 # the module whose weights the layer holds, the model output's position, a layer type that
 # is one torch call, its place between two aligned neighbours)
@@ -30,13 +32,17 @@ class AlignRule:
       candidate tensor (None: not this rule's pattern; the next rule is asked);
       ``"pinned"``: ``(walk, visit, decision) -> None`` adds a relation (a folded scale, a
       folded record) to a tensor pinned to a module's output by its name or weights;
-      ``"after"``: ``(walk) -> None`` revisits the alignment after the walk.
+      ``"settle"``: ``(walk) -> None`` revisits the pairings after the walk, before the
+      invariants; ``"fill"``: ``(walk) -> None`` places what is left, after them.
+    - ``crosses``: why this rule's pairings may cross the call order within a scope (the
+      order invariant leaves them be); "" when they may not.
     """
 
     name: str
     pattern: str
     apply: Callable[..., Any]
     stage: str = "walk"
+    crosses: str = ""
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -46,6 +52,28 @@ class AlignRule:
 
     def __repr__(self) -> str:
         return f"AlignRule({self.name!r}, {self.stage})"
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """A property every alignment must have, checked after the walk and its settle rules:
+    ``apply(walk) -> None`` finds the pairings that break it and re-decides each (records
+    the new pairing in ``Alignment.invariants``) or rejects it (the tensor is unexplained,
+    with the reason), so that no verdict rests on it.
+
+    - ``name``: how ``Alignment.invariants`` and ``decided_by`` refer to it.
+    - ``statement``: the property, in words.
+    - ``settled``: checked on the settled pairings (after the settle rules have taken back
+      the states of a tensor written in place); else before them.
+    """
+
+    name: str
+    statement: str
+    apply: Callable[..., Any]
+    settled: bool = False
+
+    def __repr__(self) -> str:
+        return f"Invariant({self.name!r})"
 
 
 @dataclass

@@ -35,7 +35,8 @@ class Alignment:
     tensor; ``relations`` says how when not plainly equal, ``covers`` which modules a folded
     pair spans), ``attributed`` (a step inside a module, torch computed no such tensor) or
     ``unaligned`` (unexplained, with the reason; constants and index glue too).
-    ``decided_by`` names the rule that placed each aligned or attributed tensor."""
+    ``decided_by`` names the rule that placed each aligned or attributed tensor (or the
+    invariant that re-decided it); ``invariants`` says what each invariant changed."""
 
     pairs: dict[str, str] = field(default_factory=dict)  # candidate name -> reference name
     unaligned: dict[str, str] = field(default_factory=dict)  # candidate name -> why
@@ -53,6 +54,9 @@ class Alignment:
     # model computes something else there: a wrong verdict if left out of the count)
     outputs_unmatched: dict[str, str] = field(default_factory=dict)
     decided_by: dict[str, str] = field(default_factory=dict)  # candidate name -> rule name
+    # candidate name -> what an invariant did to its pairing (re-decided it, or rejected it:
+    # then the tensor is in ``unaligned`` with the reason) and why
+    invariants: dict[str, str] = field(default_factory=dict)
 
     @property
     def fraction(self) -> float:

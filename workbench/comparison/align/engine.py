@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import (
+    evidence,
     feeders,
     folded_follower,
     folded_scale,
@@ -22,6 +23,8 @@ from . import (
     model_output,
     named_module,
     one_call_layer,
+    one_owner,
+    order,
     permuted_layout,
     regrouped_elements,
     shared_states,
@@ -29,15 +32,15 @@ from . import (
     steps_between,
     value_match,
 )
-from ._rule import AlignRule
+from ._rule import AlignRule, Invariant
 from .alignment import Alignment, CandidateTensor
 from .index import ReferenceIndex
 from .outputs import check_outputs
 from .sampling import Sample
 from .walk import Walk
 
-# walk rules in the order they are asked (the first to decide a tensor wins), then the rules
-# a pinned tensor passes through, then the ones run over the whole alignment
+# walk rules in the order they are asked (the first to decide a tensor wins), the rules a
+# pinned tensor passes through, the settle rules, then the fill rules (after the invariants)
 RULES: tuple[AlignRule, ...] = (
     model_output.RULE,
     step_inside_module.RULE,
@@ -56,8 +59,19 @@ RULES: tuple[AlignRule, ...] = (
 )
 
 
-def without(*names: str, rules: Iterable[AlignRule] = RULES) -> tuple[AlignRule, ...]:
-    """``rules`` less the named ones (what a rule's test aligns with to see it matter)."""
+# checked in this order: crossings first (a swap keeps both tensors paired), then the pins
+# a name does not single out; after the settle rules, records claimed twice
+INVARIANTS: tuple[Invariant, ...] = (
+    order.INVARIANT,
+    evidence.INVARIANT,
+    one_owner.INVARIANT,
+)
+
+
+def without(*names: str, rules: Iterable[Any] = RULES) -> tuple[Any, ...]:
+    """``rules`` (or invariants) less the named ones (what a rule's test aligns with to see
+    it matter)."""
+    rules = tuple(rules)
     known = {r.name for r in rules}
     unknown = set(names) - known
     if unknown:
@@ -69,7 +83,8 @@ def align(reference: dict[str, Any] | ReferenceIndex, candidate: dict[str, Any],
           tensors: list[CandidateTensor], modules: set[str] | None = None,
           ref_samples: dict[str, Sample] | None = None,
           cand_samples: dict[str, Sample] | None = None,
-          rules: Iterable[AlignRule] = RULES) -> Alignment:
+          rules: Iterable[AlignRule] = RULES,
+          invariants: Iterable[Invariant] = INVARIANTS) -> Alignment:
     """Pair candidate tensors (in topological order) with reference tensors (in execution
     order).
 
@@ -84,6 +99,7 @@ def align(reference: dict[str, Any] | ReferenceIndex, candidate: dict[str, Any],
         ref_samples: kept reference samples, for the next candidate of the same run.
         cand_samples: the candidate's samples, taken ahead (see ``samples``).
         rules: the rules to apply (``RULES``; ``without(...)`` to leave some out).
+        invariants: the invariants checked after the walk (``INVARIANTS``).
 
     Returns:
         The Alignment: every float tensor aligned (with its relation), attributed to a
@@ -92,6 +108,6 @@ def align(reference: dict[str, Any] | ReferenceIndex, candidate: dict[str, Any],
     index = reference if isinstance(reference, ReferenceIndex) else ReferenceIndex(
         reference, modules or set(), ref_samples)
     walk = Walk(index, candidate, tensors, tuple(rules), cand_samples)
-    out = walk.run()
+    out = walk.run(tuple(invariants))
     check_outputs(out, tensors, index, candidate)
     return out

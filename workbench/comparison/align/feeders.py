@@ -63,4 +63,4 @@ RULE = AlignRule(
     "an unexplained tensor (no torch counterpart, or near one but tied to no module by a "
     "name or weights) read only by the steps or outputs of one module (an initial state's "
     "per-layer slices, a lowered roll's pieces, a Sigmoid before a Log): attributed to it",
-    _apply, stage="after")
+    _apply, stage="fill")

@@ -72,4 +72,4 @@ RULE = AlignRule(
     "two aligned tensors whose records are k and k + 2, with record k + 1 a leaf module's "
     "call equal to neither: the last unmatched candidate tensor between them of that "
     "call's shape (back through shape-only ops) is that call's output",
-    _apply, stage="after")
+    _apply, stage="fill")

@@ -33,4 +33,5 @@ RULE = AlignRule(
     "the candidate's k-th graph output (ONNX output k, pnnx's out<k>) and torch's output_k "
     "of the same shape (or the same elements): paired by position, with the record "
     "output_k repeats when it returns one unchanged",
-    _decide)
+    _decide,
+    crosses="a graph output is torch's output at its position, wherever the graph computes it")

@@ -78,4 +78,4 @@ RULE = AlignRule(
     "slice assignment of a tensor written in place a CopyTo in ncnn): compared on every "
     "element; when one equals the record, the ones far from it are unaligned as other "
     "states of it",
-    _apply, stage="after")
+    _apply, stage="settle")

@@ -39,4 +39,4 @@ RULE = AlignRule(
     "steps_between",
     "unmatched candidate tensors between a tensor aligned to record k and the next one "
     "aligned to record k + 1: steps of the call that made k + 1, attributed to its module",
-    _apply, stage="after")
+    _apply, stage="fill")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...shapes import squeezed, unbatched
-from ._rule import AlignRule, Decision, unaligned
+from ._rule import AlignRule, Decision, pair, unaligned
 from .alignment import CONSTANT_OPS, WINDOW, Alignment, CandidateTensor
 from .index import ReferenceIndex
 from .sampling import Sample, sample
@@ -85,15 +85,26 @@ class Walk:
         self.low = 0  # monotone lower bound in the reference order
         self.taken: set[int] = set()  # module calls a named tensor was pinned to
         self.decisions: dict[str, Decision] = {}  # every pairing and attribution, by tensor
+        self._by_name: dict[str, CandidateTensor] | None = None
 
     def stage(self, stage: str) -> list[AlignRule]:
         return [r for r in self.rules if r.stage == stage]
 
-    def run(self) -> Alignment:
+    def run(self, invariants: tuple[Any, ...] = ()) -> Alignment:
+        """Visit every tensor; check the pairings; settle them; check the settled ones; fill
+        the rest."""
         walk_rules = self.stage("walk")
         for t in self.tensors:
             self.visit(t, walk_rules)
-        for rule in self.stage("after"):
+        for invariant in invariants:
+            if not invariant.settled:
+                invariant.apply(self)
+        for rule in self.stage("settle"):
+            rule.apply(self)
+        for invariant in invariants:
+            if invariant.settled:
+                invariant.apply(self)
+        for rule in self.stage("fill"):
             rule.apply(self)
         return self.out
 
@@ -151,6 +162,54 @@ class Walk:
         del self.out.pairs[name]
         self.out.decided_by.pop(name, None)
         self.decisions.pop(name, None)
+
+    def _forget(self, name: str) -> None:
+        out = self.out
+        for held in (out.relations, out.covers, out.scales, out.layouts):
+            held.pop(name, None)
+
+    def reject(self, name: str, reason: str, invariant: str) -> None:
+        """An invariant rejects the pairing of ``name``: unexplained, with the reason."""
+        self.unpair(name)
+        self._forget(name)
+        self.out.unaligned[name] = f"{reason} (the {invariant} invariant)"
+        self.out.invariants[name] = f"rejected by the {invariant} invariant: {reason}"
+
+    def repair(self, name: str, ref: int, score: float, invariant: str, why: str) -> None:
+        """An invariant re-decides ``name``: plainly equal to record ``ref`` (its values
+        agree: ``score``)."""
+        self._forget(name)
+        self.out.pairs[name] = self.index.names[ref]
+        self.out.decided_by[name] = invariant
+        self.decisions[name] = pair(ref, "values", score=score, rule=invariant)
+        self.out.invariants[name] = f"re-decided by the {invariant} invariant: {why}"
+
+    def tensor(self, name: str) -> CandidateTensor:
+        return self._names()[name]
+
+    def descends(self, later: CandidateTensor, earlier: CandidateTensor) -> bool:
+        """``later`` is computed from ``earlier`` (through the graph's inputs)."""
+        todo, seen = [later.name], set()
+        while todo:
+            name = todo.pop()
+            if name == earlier.name:
+                return True
+            if name in seen or name not in self._names():
+                continue
+            seen.add(name)
+            t = self.tensor(name)
+            if t.order >= earlier.order:  # topological order: no ancestor comes later
+                todo.extend(t.inputs)
+        return False
+
+    def _names(self) -> dict[str, CandidateTensor]:
+        if self._by_name is None:
+            self._by_name = {t.name: t for t in self.tensors}
+        return self._by_name
+
+    def sample_of(self, name: str) -> Sample:
+        """The sample of candidate tensor ``name`` (taken ahead, or now)."""
+        return self.cand_samples.get(name) or sample(self.candidate[name])
 
 
 def _unexplained(v: Visit) -> Decision:
