@@ -141,7 +141,7 @@ _TENSORS: OrderedDict[tuple, list[CandidateTensor]] = OrderedDict()
 
 def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
     """The tensors a candidate produces, in topological order, with module hints. Kept for
-    an unchanged file (parsing a ResNet-50's ONNX took longer than aligning it)."""
+    an unchanged file (parsing a 50-layer residual CNN's ONNX took longer than aligning it)."""
     st = cand.path.stat()
     key = (cand.kind, str(cand.path.resolve()), st.st_mtime_ns, st.st_size,
            frozenset(modules))
@@ -156,7 +156,7 @@ def candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTenso
 def _unscoped_hints(model: Any, hints: list[str | None], modules: set[str]
                     ) -> list[str | None]:
     """Hints for the nodes whose scope names no module ("" is the model's own forward, a
-    module too): a scope without its ModuleList index (SqueezeBERT's
+    module too): a scope without its ModuleList index (an encoder whose scopes drop it:
     '/model/encoder/attention_1/Reshape' is layer 1's attention: the k-th module of the
     list, when the graph numbers each list's scopes no further than the list is long, so
     that each module is called once), else the module whose parameters it reads."""
@@ -206,7 +206,7 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
         inferred = [h is None for h in hints]
         hints = _unscoped_hints(model, hints, modules)
         # a convolution is its weight's module, whatever its output is called: onnxslim
-        # names HuBERT's first Conv for the GroupNorm Reshape it folded in
+        # names a Conv that a GroupNorm follows for the norm's Reshape it folded in
         # ('.../layer_norm/Reshape_output_0'), which made the conv a step of the norm
         params = {t.name for t in model.graph.initializer}
         weighted: set[int] = set()
@@ -222,8 +222,8 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
                     and (own := module_from_scope(node.name, modules)) not in (None, hints[k]) \
                     and own not in parents:
                 # a Linear's MatMul keeps its node name when a simplifier removes the ops
-                # after it and gives it the last one's output name: FocalNet's fc2 MatMul,
-                # its zero bias and `gamma_2 * x` (1.0) removed, writes
+                # after it and gives it the last one's output name: a block's fc2 MatMul,
+                # its zero bias and a unit layer scale `gamma_2 * x` removed, writes
                 # '/layers.0/Mul_1_output_0'. It is fc2's output (a later record folded in),
                 # not a step of the layer, so that a damaged fc2 is named there
                 hints[k], inferred[k] = own, False

@@ -293,7 +293,7 @@ def _candidates(candidates: Any, mode: str, timeout: float | None) -> list[Candi
             # accumulated comparison has kept them they stay kept, in any mode: the files'
             # pages exist either way (kept for the next run), so a mapping costs page tables,
             # not memory, and an accumulated comparison after an isolated one maps nothing
-            # again (ResNet-50: 349 -> 329 ms, medians of 12 alternating rounds)
+            # again (a 50-layer residual CNN: 349 -> 329 ms, medians of 12 alternating rounds)
             remote.keep_mapped = remote.keep_mapped or mode == "accumulated"
     return cands
 

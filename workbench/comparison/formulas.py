@@ -4,9 +4,9 @@ bases, ``pow_note``).
 
 A conversion can keep every weight and still change the function: ncnn's GELU layer
 computes the exact form, 0.5 x (1 + erf(x / sqrt 2)), unless its param 0 (fast_gelu) is 1,
-and pnnx writes transformers' tanh-approximate GELU (``NewGELUActivation``, "gelu_new":
-ALBERT, GPT-2...) as a GELU with 0=0. Each such activation then deviates by up to ~4.7e-4
-(max |erf GELU - tanh GELU|, near |x| = 2): seen on a transformers ALBERT, ncnn against
+and pnnx writes transformers' tanh-approximate GELU (``NewGELUActivation``, "gelu_new",
+in several encoders and decoders) as a GELU with 0=0. Each such activation then deviates by up to ~4.7e-4
+(max |erf GELU - tanh GELU|, near |x| = 2): seen on a transformers encoder, ncnn against
 its gelu_new, 4.73e-4 to the digit. The comparison still reports that divergence (the
 candidate computes another function); this names its cause, its size and the fix, so that
 it is not read as a fault in the weights. (``to_ncnn`` sets such layers right itself when

@@ -105,8 +105,9 @@ class CompareReport:
         whose ops all pass on their own (isolated) while the accumulated error breaks
         tolerance further on, so that no op is a divergence. Named only when one op before
         that point stands out: its isolated error at least ``SOURCE_SHARE`` of its tolerance
-        and ``SOURCE_LEAD`` times the next op's share (MobileViT in ncnn with a damaged
-        key: the fused MultiHeadAttention at 0.22 of its tolerance, every other op at 0.004
+        and ``SOURCE_LEAD`` times the next op's share (a convolution-attention hybrid in
+        ncnn with a damaged key: the fused MultiHeadAttention at 0.22 of its tolerance, every
+        other op at 0.004
         or less). Not a divergence: its error is within tolerance where it is made."""
         found = {c.name: self._source(c.name) for c in self.candidates}
         return {name: got[0] for name, got in found.items() if got is not None}

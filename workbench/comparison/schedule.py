@@ -35,7 +35,8 @@ class Schedule:
     reference's capture, and every torch op of the comparison besides it (the inputs'
     copies). A torch op on two threads wakes libgomp's second thread, which then spins
     (GOMP_SPINCOUNT, milliseconds) on a core the captures need: 20-40 ms of CPU a
-    ResNet-50 comparison, measured per thread, and none with one thread throughout."""
+    50-layer residual CNN's comparison, measured per thread, and none with one thread
+    throughout."""
 
     def __init__(self) -> None:
         self._restore = contextlib.ExitStack()  # the caller's torch threads, on close
@@ -156,8 +157,8 @@ def torch_threads(n: int) -> Any:
 
     The comparison's torch runs take one thread (``Schedule``), and so do the runs made after
     it from its report (the task step, the sensitivity ranking): on a loaded 2-core machine a
-    2-thread torch run of a small model waits on its busy second thread (eight MobileNetV2
-    forwards at load 3.3: 12 s with two threads, 0.17 s with one)."""
+    2-thread torch run of a small model waits on its busy second thread (eight forwards of
+    an inverted-residual CNN at load 3.3: 12 s with two threads, 0.17 s with one)."""
     import torch
 
     before = torch.get_num_threads()

@@ -200,8 +200,9 @@ def _unrecorded(report: Any, cand: Any, al: Any, records: list[Any], floats: set
     """Isolated records, measured on the ranking's isolated run (``iso``), for the float
     tensors ``al`` pairs exactly that have none in ``records``: the rule is that a quantized
     candidate's layer is ranked when its float parent pairs its tensor, whether or not the
-    candidate's own values let the comparison pair it (silero-vad's int8 convs are too
-    noisy for the int8 model's own alignment, which attributes them; the fp32 parent pairs
+    candidate's own values let the comparison pair it (a trained speech detector's int8
+    convs are too noisy for the int8 model's own alignment, which attributes them; the fp32
+    parent pairs
     them with ``F.relu_0`` .. ``F.relu_3``). A tensor with no value in that run is left out:
     there is nothing to put back."""
     import numpy as np
@@ -244,7 +245,7 @@ def _entry(rec: Any, low: Any, iso: dict[str, Any], ref_values: dict[str, Any],
     float parent's pairs), the run its cost is measured on: the comparison's record was
     measured on a run fed from the candidate's own pairs, which may differ upstream (a
     quantized conv paired before its folded BatchNorm made the residual Add reading it
-    look like the BatchNorm's error, -1.4 dB, on the trained MobileNetV2)."""
+    look like the BatchNorm's error, -1.4 dB, on a trained inverted-residual CNN)."""
     import numpy as np
 
     from ..precision.snr import snr_db

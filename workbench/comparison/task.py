@@ -54,7 +54,7 @@ def task_for(model: Any, data: Any = None) -> Task:
         data: the samples to score over (default: the model's ``evaluation`` set).
 
     Returns:
-        e.g. ``NearestNeighbour(data=tm.evaluation)`` for the MobileNetV2 embedder.
+        e.g. ``NearestNeighbour(data=tm.evaluation)`` for an image embedder.
     """
     spec = getattr(model, "task", model)
     kind = getattr(spec, "kind", None)
