@@ -28,6 +28,9 @@ MEAN = "mean"  # an average over a window (n terms, or the input/output size rat
 REDUCE_SUM = "reduce_sum"  # a sum over an axis (n from the input/output size ratio)
 SMOOTH = "smooth"  # an activation computed to a few ulps; ``lipschitz`` its steepest slope
 SOFTMAX = "softmax"  # normalised exponentials: carries at most twice the input's error
+# an LSTM/GRU/RNN: a weighted sum per gate and step (input rows in ``rows``; the hidden
+# state's, |h| <= 1, folded into ``bias``), its rounding carried over the sequence's steps
+RECURRENT = "recurrent"
 FALLBACK = "fallback"  # terms unknown: a floor from the tensor's own magnitude
 
 
@@ -186,12 +189,31 @@ def _onnx_rule(node: Any, const: Any) -> OpFloor | None:
                        window=() if by_rows else None)
     if op == "MatMul" and len(acts) == 2:
         return OpFloor(MATMUL, acts, op=op)
+    if op in ("LSTM", "GRU", "RNN") and len(ins) > 2 and const(ins[1]) is not None \
+            and const(ins[2]) is not None:
+        w, r = const(ins[1]), const(ins[2])  # (dirs, gates * H, I), (dirs, gates * H, H)
+        b = const(ins[3]) if len(ins) > 3 and ins[3] else None  # (dirs, 2 * gates * H)
+        bias = np.zeros(w.shape[0] * w.shape[1]) if b is None else \
+            np.abs(b.astype(np.float64)).reshape(w.shape[0], 2, -1).sum(axis=1).reshape(-1)
+        return _recurrent(acts[:1], w.reshape(-1, w.shape[-1]), r.reshape(-1, r.shape[-1]),
+                          bias, op)
     if op == "BatchNormalization" and len(ins) >= 5 and all(const(i) is not None
                                                            for i in ins[1:5]):
         g, beta, mean, var = (const(i).astype(np.float64) for i in ins[1:5])
         s = g / np.sqrt(var + float(_attr(node, "epsilon", 1e-5)))
         return OpFloor(WEIGHTED, acts[:1], 2, np.abs(s), np.abs(beta - mean * s), op=op)
     return _onnx_elementwise(node, op, acts, consts)
+
+
+def _recurrent(acts: tuple[str, ...], w_x: Any, w_h: Any, bias: Any, op: str) -> OpFloor:
+    """A recurrent layer's gate rows: input rows ``w_x``, hidden rows ``w_h`` (|h| <= 1)."""
+    import numpy as np
+
+    rows = _abs_rows(w_x, w_x.shape[0])
+    fixed = _abs_rows(w_h, w_h.shape[0]) + (bias if np.size(bias) == w_h.shape[0]
+                                            else np.max(bias, initial=0.0))
+    return OpFloor(RECURRENT, acts, w_x.shape[1] + w_h.shape[1] + 1, rows, fixed, op=op,
+                   rows2=_norm_rows(w_x, w_x.shape[0]), cin=w_x.shape[1], window=())
 
 
 def _onnx_elementwise(node: Any, op: str, acts: tuple[str, ...],
@@ -339,6 +361,11 @@ def _ncnn_rule(ly: Any, acts: tuple[str, ...], w: dict[str, Any]) -> OpFloor | N
         return OpFloor(MATMUL, acts, op=t)
     if t == "Gemm" and "B" in w and not int(_p(ly, 4)) and len(acts) >= 1:
         return _ncnn_gemm(ly, acts, w)
+    if t in ("LSTM", "GRU", "RNN") and {"weight_xc", "weight_hc", "bias_c"} <= set(w):
+        out = int(_p(ly, 0))
+        w_h = w["weight_hc"].reshape(-1, out)
+        w_x = w["weight_xc"].reshape(w_h.shape[0], -1)
+        return _recurrent(acts[:1], w_x, w_h, np.abs(w["bias_c"].astype(np.float64)), t)
     return _ncnn_elementwise(ly, t, acts)
 
 

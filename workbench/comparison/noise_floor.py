@@ -112,7 +112,7 @@ def _patches(fi: FloorInputs, every: dict[str, Any]) -> None:
     for name, r in fi.rules.items():
         if not r.inputs or any(every.get(i) is None for i in r.inputs):
             continue
-        if r.kind == ops.WEIGHTED and r.window is not None and r.cin:
+        if r.kind in (ops.WEIGHTED, ops.RECURRENT) and r.window is not None and r.cin:
             key = (r.inputs[0], r.cin, r.groups, r.window)
             if key not in done:
                 done[key] = patch_norms(every[r.inputs[0]], r.cin, r.groups, r.window)
@@ -183,7 +183,7 @@ class _Eval:
             top_in = max((m for m in m_in if m), default=0.0)
             m_out = m_out or 0.0
             local = fallback_floor(m_out) / SIDES
-            gains = [2.0 * max(1.0, m_out / top_in if top_in else 1.0)] * len(rule.inputs)
+            gains = [max(1.0, m_out / top_in if top_in else 1.0)] * len(rule.inputs)
             combine, basis = sum, "fallback"
         else:
             local, gains, combine = local_gains
@@ -223,6 +223,14 @@ def _local(rule: ops.OpFloor, m_out: float, m_in: list[float | None],
     if k == ops.WEIGHTED and m_in:
         s = _terms(rule, m_in[0], patch)
         return ops.ulp_terms(rule) * U * s, [float(np.max(rule.rows)) * lip], sum
+    if k == ops.RECURRENT and m_in and shapes[0] and rule.cin:
+        # each step's gates round as a weighted sum and the state carries them on (damped:
+        # a forget gate <= 1): the steps' sums as one sum of steps * n terms. An input error
+        # moves the gates by at most the largest row sum of |w| and passes their slopes
+        # (<= 1) once: an estimate, not a bound
+        steps = max(_size(shapes[0]) // rule.cin, 1)
+        s = _terms(rule, m_in[0], patch)
+        return math.sqrt(steps) * ops.ulp_terms(rule) * U * s, [float(np.max(rule.rows))], sum
     if k == ops.MATMUL and len(m_in) == 2 and shapes[0]:
         n = shapes[0][-1]
         s = n * m_in[0] * m_in[1]
