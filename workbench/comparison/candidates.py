@@ -284,13 +284,21 @@ def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTens
 
 def with_weights(tensors: list[CandidateTensor], cand: Candidate,
                   reference: Any) -> list[CandidateTensor]:
-    """ncnn's tensors, each with the modules whose weights its layer holds (``weights_of``):
-    what ties a layer to its module when its values do not (a fault, a fused op)."""
-    if cand.kind != "ncnn" or not hasattr(reference, "named_modules"):
+    """The candidate's tensors, each with the modules whose weights its layer holds
+    (``weights_of``): what ties a layer to its module when its values do not (a fault, a
+    fused op). Every weighted ncnn layer; an ONNX Conv, ConvTranspose or Gemm that neither
+    its scope nor its initializers' names tie to a module (``_onnx_weights``)."""
+    if not hasattr(reference, "named_modules"):
         return tensors
+    if cand.kind == "onnx":
+        return _onnx_weights(tensors, cand, reference)
+    if cand.kind != "ncnn":
+        return tensors
+    from ..runtime.ncnn_io import pnnx_param_for
     from .weights import ncnn_weight_modules
 
-    held = ncnn_weight_modules(cand.path, reference)
+    pnnx = pnnx_param_for(getattr(cand.runner, "source", None), Path(cand.path))
+    held = ncnn_weight_modules(cand.path, reference, pnnx)
     if not held:
         return tensors
     out = [dataclasses.replace(t, weights_of=held[t.node]) if t.node in held else t
@@ -310,6 +318,22 @@ def with_weights(tensors: list[CandidateTensor], cand: Candidate,
             if t.op_type in RECURRENT and len(t.weights_of) == 1 and (
                 t.order < last[t.weights_of[0]] or t.name != first_top[t.node])
             else t for t in out]
+
+
+def _onnx_weights(tensors: list[CandidateTensor], cand: Candidate,
+                  reference: Any) -> list[CandidateTensor]:
+    """ONNX tensors of a Conv, ConvTranspose or Gemm with no module hint (value names
+    without scopes, initializers renamed or folded: ``onnx::Conv_193``), each with the module
+    its weight's shape and place tie it to; the nodes already tied place the others."""
+    from .weights import WHOLE_OPS, onnx_weight_modules
+
+    unknown = {t.order for t in tensors if t.hint is None and t.op_type in WHOLE_OPS}
+    if not unknown:
+        return tensors
+    named = {t.order: t.hint for t in tensors if t.hint is not None}
+    held = onnx_weight_modules(cand.path, reference, named)
+    return [dataclasses.replace(t, weights_of=held[t.order])
+            if t.order in unknown and t.order in held else t for t in tensors]
 
 
 RECURRENT = ("LSTM", "GRU", "RNN")

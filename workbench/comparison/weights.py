@@ -1,4 +1,5 @@
-"""Which PyTorch modules an ncnn layer's weights came from.
+"""Which PyTorch modules an ncnn layer's weights came from (and an ONNX node's, where its
+scope and its initializers' names say nothing).
 
 ncnn blobs carry no module names, so alignment by values alone loses a layer exactly when
 it matters: a damaged weight makes the layer's output unlike any torch tensor, and the
@@ -6,12 +7,10 @@ fault is then blamed on a later layer that happens to match again. A layer's *we
 tie it to its module whatever its output's values: a Convolution holds its Conv2d's
 weight (scaled per output channel when pnnx folded a BatchNorm into it), an InnerProduct or
 Gemm its Linear's (maybe transposed), a MultiHeadAttention the q/k/v/out projections', an
-LSTM its gates' (in ncnn's gate order). A perturbed weight still points at its module:
-the match is by the cosine of sampled rows, which 10% noise on a quarter of the values
-barely moves, while two different random weights of one size are far apart.
-
-No library maps converter layers back to source weights (pnnx's own .pnnx.param names
-some operators by module, but not those it folded, e.g. ``convbn2d_0``), hence this module.
+LSTM its gates' (in ncnn's gate order). The tie is made on what a damaged weight keeps (the
+name pnnx gave its op, the shape its layer declares, its place in the graph), the values
+only breaking ties between equal shapes (``identity.py`` states the order of evidence);
+this module reads the files into that evidence.
 """
 
 from __future__ import annotations
@@ -21,29 +20,35 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-MATCH = 0.9  # median |cosine| of the sampled rows for a weight to be a module's
-ROWS = 64  # rows sampled per comparison (evenly spaced)
+from .identity import RECURRENT, Param, Stored, identify
+from .pnnx_names import pnnx_names
+
 # ncnn blob roles that hold a weight matrix (not a bias, a norm's gamma, a constant)
 WEIGHT_ROLES = frozenset({"weight", "weight_xc", "weight_hc", "weight_hr", "A", "B",
                           "q_weight", "k_weight", "v_weight", "out_weight"})
 DTYPES = {"float32": "<f4", "float16": "<f2", "int8": "i1"}  # how ncnn_bin says a blob is stored
 GATES = {"LSTM": 4, "GRU": 3}  # recurrent layers store their gates in another order
+# ONNX ops whose output is their module's whole computation (a MatMul's is not: its bias
+# is added after it)
+WHOLE_OPS = ("Conv", "ConvTranspose", "Gemm")
 
 
-def torch_weights(model: Any) -> list[tuple[str, Any]]:
-    """(module name, weight as float32 numpy) of every parameter with two or more axes;
-    an nn.MultiheadAttention's packed ``in_proj_weight`` also as its q, k and v thirds."""
+def model_params(model: Any) -> list[Param]:
+    """Every parameter with two or more axes, as float32 numpy, with its module and the
+    module's place in ``named_modules`` order; an nn.MultiheadAttention's packed
+    ``in_proj_weight`` also as its q, k and v thirds."""
     import numpy as np
 
     out = []
-    for mod_name, module in model.named_modules():
+    for rank, (mod_name, module) in enumerate(model.named_modules()):
         for pname, p in module.named_parameters(recurse=False):
             if p.dim() < 2 or not p.dtype.is_floating_point:
                 continue
             w = p.detach().float().cpu().numpy()
-            out.append((mod_name, w))
+            out.append(Param(mod_name, pname, rank, w))
             if pname == "in_proj_weight" and w.shape[0] % 3 == 0:
-                out.extend((mod_name, np.ascontiguousarray(c)) for c in np.split(w, 3))
+                out.extend(Param(mod_name, f"{pname}[{k}/3]", rank, np.ascontiguousarray(c))
+                           for k, c in enumerate(np.split(w, 3)))
     return out
 
 
@@ -52,116 +57,173 @@ def _fingerprint(model: Any) -> tuple:
     return tuple((n, p.data_ptr(), p._version) for n, p in model.named_parameters())
 
 
-_CACHE: OrderedDict[tuple, dict[str, tuple[str, ...]]] = OrderedDict()
+def _stat(path: Path | None) -> tuple:
+    if path is None or not path.is_file():
+        return ()
+    st = path.stat()
+    return str(path.resolve()), st.st_mtime_ns, st.st_size
 
 
-def ncnn_weight_modules(param_path: str | Path, model: Any) -> dict[str, tuple[str, ...]]:
-    """{ncnn layer name: the modules whose weights it holds, in the model's module order}.
+_CACHE: OrderedDict[tuple, dict[Any, tuple[str, ...]]] = OrderedDict()
 
-    Layers whose weights match no module (a constant of pnnx's own, a model without named
-    modules, a storage ncnn_bin cannot size) are left out. Cached on the files and the parameters."""
-    from ..params import parse_ncnn_param
 
-    param_path = Path(param_path)
-    bin_path = param_path.with_suffix(".bin")
-    if not bin_path.is_file() or not hasattr(model, "named_modules"):
-        return {}
-    st, sb = param_path.stat(), bin_path.stat()
-    key = (str(param_path.resolve()), st.st_mtime_ns, st.st_size, sb.st_mtime_ns,
-           sb.st_size, id(model), _fingerprint(model))
+def _cached(key: tuple, make: Any) -> Any:
     if key not in _CACHE:
-        _CACHE[key] = _link(parse_ncnn_param(param_path), bin_path, torch_weights(model),
-                            [n for n, _ in model.named_modules()])
+        _CACHE[key] = make()
         while len(_CACHE) > 8:
             _CACHE.popitem(last=False)
     _CACHE.move_to_end(key)
     return _CACHE[key]
 
 
-def _link(param: Any, bin_path: Path, weights: list[tuple[str, Any]],
-          order: list[str]) -> dict[str, tuple[str, ...]]:
-    import numpy as np
+def ncnn_weight_modules(param_path: str | Path, model: Any,
+                        pnnx_param: str | Path | None = None) -> dict[str, tuple[str, ...]]:
+    """{ncnn layer name: the modules whose weights it holds, in the model's module order}.
 
+    ``pnnx_param``: the ``.pnnx.param`` the model was converted from, whose op names tie
+    layers by name (None: by shape, place and values only). Layers no evidence ties (a
+    constant of pnnx's own, a model without named modules, a storage ncnn_bin cannot size)
+    are left out. Cached on the files and the parameters."""
+    from ..params import parse_ncnn_param
+
+    param_path = Path(param_path)
+    bin_path = param_path.with_suffix(".bin")
+    if not bin_path.is_file() or not hasattr(model, "named_modules"):
+        return {}
+    pnnx = Path(pnnx_param) if pnnx_param is not None else None
+    key = ("ncnn", _stat(param_path), _stat(bin_path), _stat(pnnx), id(model),
+           _fingerprint(model))
+    return _cached(key, lambda: _link_ncnn(parse_ncnn_param(param_path), bin_path, pnnx,
+                                           model_params(model),
+                                           {n for n, _ in model.named_modules()}))
+
+
+def _link_ncnn(param: Any, bin_path: Path, pnnx: Path | None, params: list[Param],
+               modules: set[str]) -> dict[str, tuple[str, ...]]:
     from ..ncnn_bin import walk_bin
 
-    by_size: dict[int, list[tuple[str, Any]]] = {}
-    for name, w in weights:
-        by_size.setdefault(w.size, []).append((name, w))
-    rank = {n: i for i, n in enumerate(order)}
-    layout = walk_bin(param, bin_path)
-    out: dict[str, list[str]] = {}
-    with open(bin_path, "rb") as f:
-        for blob in layout.blobs:
-            if blob.role not in WEIGHT_ROLES or blob.storage not in DTYPES:
-                continue
-            f.seek(blob.offset)
-            # int8 weights as they are: a row's cosine does not see its scale
-            data = np.fromfile(f, DTYPES[blob.storage], blob.count).astype(np.float32)
-            if data.size != blob.count:
-                continue
-            found = _best(data, by_size, GATES.get(blob.layer_type, 1))
-            if found is None and blob.layer_type in ("LSTM", "GRU", "RNN") and data.size % 2 == 0:
-                # bidirectional: ncnn stores both directions in one blob
-                halves = [_best(h, by_size, GATES.get(blob.layer_type, 1))
-                          for h in np.split(data, 2)]
-                found = [m for m in halves if m is not None] or None
-                if found:
-                    for m in found:
-                        out.setdefault(blob.layer, []).append(m)
-                continue
-            if found is not None:
-                out.setdefault(blob.layer, []).append(found)
-    return {layer: tuple(sorted(set(mods), key=lambda m: rank.get(m, len(rank))))
+    layers = {layer.name: layer for layer in param.layers}
+    blobs = [b for b in walk_bin(param, bin_path).blobs
+             if b.role in WEIGHT_ROLES and b.storage in DTYPES]
+    firsts: dict[str, int] = {}
+    for b in blobs:
+        firsts.setdefault(b.layer, b.count)
+    names = pnnx_names(pnnx, list(firsts.items()), modules)
+    stored = [Stored(k, b.layer, b.layer_type, b.count, _ncnn_loader(bin_path, b),
+                     name=names.get(b.layer, (None, ()))[0],
+                     near=names.get(b.layer, (None, ()))[1],
+                     **_declared(layers[b.layer], b.role))
+              for k, b in enumerate(blobs)]
+    return _by_layer(stored, identify(stored, params), params)
+
+
+def _by_layer(stored: list[Stored], ties: dict[int, Any], params: list[Param]
+              ) -> dict[Any, tuple[str, ...]]:
+    rank = {p.module: p.rank for p in params}
+    out: dict[Any, set[str]] = {}
+    for k, tie in ties.items():
+        out.setdefault(stored[k].layer, set()).add(tie.module)
+    return {layer: tuple(sorted(mods, key=lambda m: rank.get(m, len(rank))))
             for layer, mods in out.items()}
 
 
-def _best(data: Any, by_size: dict[int, list[tuple[str, Any]]], gates: int) -> str | None:
-    """The module whose weight ``data`` is, or None when none matches clearly."""
-    scored = sorted(((_similarity(data, w, gates), name) for name, w in
-                     by_size.get(data.size, ())), reverse=True)
-    if not scored or scored[0][0] < MATCH:
-        return None
-    best, name = scored[0]
-    # two modules equally like it (a weight shared or copied): the first is as good a guess
-    # as any, but only when they are one module's (in_proj thirds); else say nothing
-    if len(scored) > 1 and scored[1][0] >= MATCH and scored[1][1] != name \
-            and scored[1][0] > best - 1e-3:
-        return None
-    return name
+def _ncnn_loader(bin_path: Path, blob: Any) -> Any:
+    @functools.cache
+    def load() -> Any:
+        import numpy as np
+
+        # int8 weights as they are: a row's cosine does not see its scale
+        data = np.fromfile(bin_path, DTYPES[blob.storage], blob.count,
+                           offset=blob.offset).astype(np.float32)
+        return data if data.size == blob.count else None
+    return load
 
 
-def _similarity(data: Any, w: Any, gates: int) -> float:
-    """Median |cosine| between sampled rows of ``data`` laid out as ``w`` is (as stored,
-    or transposed for a matrix, or with gate blocks in another order)."""
-    import numpy as np
-
-    rows = w.reshape(w.shape[0], -1)
-    if rows.shape[1] < 4:  # rows too short for a cosine to mean anything: the whole weight
-        rows = w.reshape(1, -1)
-    best = _rows_cos(data.reshape(rows.shape), rows)
-    if w.ndim == 2 and best < MATCH:
-        best = max(best, _rows_cos(data.reshape(w.shape[1], w.shape[0]), rows.T))
-    if gates > 1 and best < MATCH and rows.shape[0] % gates == 0:
-        mine = np.split(data.reshape(rows.shape), gates)
-        theirs = np.split(rows, gates)
-        best = max(best, float(np.mean([max(_rows_cos(a, b) for b in theirs)
-                                        for a in mine])))
-    return best
+def _int(layer: Any, key: int, default: int = 0) -> int:
+    v = layer.params.get(key)
+    if v is None:
+        return default
+    try:
+        return int(float(v if isinstance(v, str) else v[0]))
+    except (ValueError, IndexError):
+        return default
 
 
-def _rows_cos(a: Any, b: Any) -> float:
-    import numpy as np
+def _declared(layer: Any, role: str) -> dict[str, Any]:
+    """What ``layer`` declares about its weight blob ``role``: the rows (output channels,
+    features, a recurrent layer's hidden size), the kernel's elements, the gates; {} when
+    nothing (a Gemm's constant, an attention's projections: tied by name or values)."""
+    t = layer.type
 
-    idx = _rows(a.shape[0])
-    a, b = a[idx].astype(np.float64), b[idx].astype(np.float64)
-    num = np.abs((a * b).sum(axis=1))
-    den = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    cos = np.where(den > 0, num / np.maximum(den, 1e-30), 0.0)
-    return float(np.median(cos)) if cos.size else 0.0
+    def p(key: int, default: int = 0) -> int:
+        return _int(layer, key, default)
+
+    if t.startswith(("Convolution", "Deconvolution", "DeformableConv2D")) and role == "weight":
+        kw = p(1)
+        kernel = kw if t.endswith("1D") else kw * p(11, kw) * (p(21, kw) if t.endswith("3D")
+                                                                else 1)
+        transposed = (p(7, 1) if "DepthWise" in t else 1) if t.startswith("Deconv") else 0
+        return {"rows": p(0), "kernel": kernel, "transposed": transposed}
+    if t == "InnerProduct" and role == "weight":
+        return {"rows": p(0)}
+    if t == "Embed" and role == "weight":
+        return {"rows": p(1)}  # (num_embeddings, embedding_dim)
+    if t in RECURRENT and role in ("weight_xc", "weight_hc"):
+        return {"rows": p(3, p(0)) if t == "LSTM" else p(0), "gates": GATES.get(t, 1)}
+    if t in RECURRENT:
+        return {"gates": GATES.get(t, 1)}
+    return {}
 
 
-@functools.lru_cache(maxsize=128)
-def _rows(n: int) -> Any:
-    import numpy as np
+def onnx_weight_modules(path: str | Path, model: Any, named: dict[int, str | None]
+                        ) -> dict[int, tuple[str, ...]]:
+    """{ONNX node index: the modules whose weights it holds} for the Conv, ConvTranspose and
+    Gemm nodes that read an initializer of two or more axes, tied by ``identity`` with the
+    initializers' exact shapes; ``named``: the module each node is already known for (its
+    scope, its initializer's name), which places the others. Cached on the file and the
+    parameters."""
+    path = Path(path)
+    if not hasattr(model, "named_modules"):
+        return {}
+    key = ("onnx", _stat(path), tuple(sorted(named.items(), key=lambda kv: kv[0])),
+           id(model), _fingerprint(model))
+    return _cached(key, lambda: _link_onnx(path, named, model_params(model)))
 
-    return np.unique(np.linspace(0, n - 1, min(n, ROWS)).astype(np.int64))
+
+def _link_onnx(path: Path, named: dict[int, str | None], params: list[Param]
+               ) -> dict[int, tuple[str, ...]]:
+    from ..onnx_io import load_onnx
+
+    graph = load_onnx(path, external_data=False).graph
+    inits = {t.name: t for t in graph.initializer if len(t.dims) >= 2}
+    stored = []
+    for k, node in enumerate(graph.node):
+        if node.op_type not in (*WHOLE_OPS, "MatMul"):
+            continue  # a MatMul places the others, but is not its Linear's output
+        for name in node.input:
+            if name in inits:
+                t = inits[name]
+                shape = tuple(int(d) for d in t.dims)
+                count = 1
+                for d in shape:
+                    count *= d
+                stored.append(Stored(k, str(k), node.op_type, count, _onnx_loader(t),
+                                     shape=shape, name=named.get(k)))
+                break
+    ties = identify(stored, params)
+    whole = {s.key for s in stored if s.kind in WHOLE_OPS}
+    return {int(k): mods for k, mods in _by_layer(stored, ties, params).items()
+            if int(k) in whole}
+
+
+def _onnx_loader(tensor: Any) -> Any:
+    @functools.cache
+    def load() -> Any:
+        import numpy as np
+        from onnx import numpy_helper
+
+        try:
+            return numpy_helper.to_array(tensor).astype(np.float32).ravel()
+        except (ValueError, TypeError, OSError):  # data kept outside the file
+            return None
+    return load
