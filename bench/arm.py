@@ -24,7 +24,9 @@ a ViT-small-shaped model, and what the emulation costs (issue 32, "Benchmarks").
    apart; and ``wb.compare(model, [NcnnRunner(nc, precision="fp16", target="arm64-v8.2")],
    (x,), mode="both")``, cold and warm, each against the issue's 90 s on 2 cores, with where
    the time went (the worker's start and the twin's creation, the capture, the isolated
-   passes, the rest: torch's capture, alignment, measuring).
+   passes, the rest: torch's capture, alignment, measuring) and the CPU time the emulated
+   worker and this process used (wall time on a loaded machine is mostly waiting: the CPU
+   says what the comparison needs).
 
 Models (plain torch, seeded; nothing downloaded; torchvision is not installed):
 
@@ -40,9 +42,9 @@ Models (plain torch, seeded; nothing downloaded; torchvision is not installed):
   classifier's).
 - ``vit``: ViT-small's widths (patch-16 conv embedding, hidden 384, 6 heads, MLP 1536 with
   GELU, a class token, learned position embeddings, pre-norm blocks with
-  ``nn.MultiheadAttention``, final LayerNorm, 1000 logits from the class token). Cut:
-  depth 6 of ViT-S's 12 and a 112x112 input (49 patches + class token) instead of 224x224
-  (196 + 1), so the emulated runs take seconds, not minutes (``--quick``: depth 2, 64x64).
+  ``nn.MultiheadAttention``, final LayerNorm, 1000 logits from the class token), its 12
+  blocks. Cut: the input, 112x112 (49 patches + class token) instead of 224x224 (196 + 1),
+  so each emulated run takes under a minute, not several (``--quick``: depth 2, 64x64).
   Weights: Linear/conv N(0, 1/fan_in) (unit gain: activations neither shrink nor grow
   layer by layer), the q and k projections x2 (attention logits std ~2-3, a trained ViT's
   peaked attention rather than an initialiser's uniform one), position embeddings N(0, 1)
