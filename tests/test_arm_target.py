@@ -201,3 +201,12 @@ def test_an_int8_model_runs_on_arm_with_its_own_kernels_and_compares(small):
     names = [c.name for c in rep.candidates]
     assert any(n.startswith("ncnn int8 arm64-v8.2") for n in names), names
     assert all(f > 0.9 for f in rep.aligned_fraction.values()), rep.aligned_fraction
+
+
+def test_compare_says_what_ran_on_a_target_without_fp16_arithmetic(probe):
+    model, x, nc = probe
+    v80 = NcnnRunner(nc, precision="fp16", target="arm64-v8.0")
+    rep = wb.compare(model, [v80], (x,), progress=False)
+    note = next(iter(rep.notes.values()))
+    assert "fp16 storage with fp32 arithmetic" in note
+    assert "fp16 storage arm64-v8.0" in rep.candidates[0].name

@@ -203,7 +203,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         why = [precision_not_exercised(cand, copies(args), values),
                                *formula_notes(cand, al, tensors,
                                               getattr(ref_runner, "model", None)),
-                               mask_note(cand), pow_note(cand, values)]
+                               mask_note(cand), pow_note(cand, values),
+                               # what the runner says of its precision (fp16 arithmetic asked
+                               # of an ARM target without it: what ran instead)
+                               *(d.message for d in getattr(cand.runner, "notes", ()))]
                         if any(why):
                             notes[cand.name] = "; ".join(w for w in why if w)
                     # accumulated mode captures one ahead: the next candidate is aligned in
