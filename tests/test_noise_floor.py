@@ -191,14 +191,32 @@ def test_one_rule_decides_and_the_tolerance_states_it():
     assert not judged(nan, math.inf, "terms").passed  # an error of inf is over any bound
 
 
-def test_low_precision_candidates_keep_their_own_rules():
+def test_low_precision_candidates_keep_their_own_rules(tmp_path):
+    """fp16, bf16 and int8 candidates are judged as before (atol + rtol * |ref| per
+    element): by their precision, and when given as a bare file, by what the file holds."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    dq = helper.make_node("DequantizeLinear", ["q", "s"], ["y"])
+    graph = helper.make_graph([dq], "g", [], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, [4])], [numpy_helper.from_array(np.zeros(4, np.int8), "q"),
+                                        numpy_helper.from_array(np.float32(0.1), "s")])
+    graph.input.append(x)
+    onnx.save(helper.make_model(graph), str(tmp_path / "qdq.onnx"))
+    relu = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
+    onnx.save(helper.make_model(relu), str(tmp_path / "relu.onnx"))
+
     class Cand:
-        kind, path, precision = "onnx", "unused.onnx", "fp16"
+        def __init__(self, name, precision="fp32"):
+            self.kind, self.path, self.precision = "onnx", tmp_path / name, precision
 
     class Al:
-        pairs: dict = {}
+        pairs = {"y": "relu"}
 
-    assert floor_inputs(Cand(), Al(), {}, None) is None
+    fp32 = {"y": np.zeros(4, np.float32)}
+    assert floor_inputs(Cand("relu.onnx"), Al(), fp32, None) is not None
+    assert floor_inputs(Cand("relu.onnx", "fp16"), Al(), fp32, None) is None
+    assert floor_inputs(Cand("qdq.onnx"), Al(), fp32, None) is None
+    assert floor_inputs(Cand("relu.onnx"), Al(), {"y": np.zeros(4, np.float16)}, None) is None
 
 
 def test_accumulated_floors_carry_the_measured_input_error():

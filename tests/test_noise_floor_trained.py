@@ -64,6 +64,8 @@ def test_clean_trained_mobilenet_v2_is_all_within_tolerance_in_ort_and_ncnn(clea
     assert all(r.metrics.floor_basis == "terms" for r in rep.records
                if r.op_type in ("Conv", "Convolution", "ConvolutionDepthWise"))
     assert "noise_floor" in rep.table("csv").splitlines()[0].split(",")
+    legend = rep.plot()[0].axes[0].get_legend().get_texts()  # the floor beside the error
+    assert any(t.get_text().startswith("noise floor (") for t in legend)
 
 
 def test_a_damaged_conv_weight_is_the_first_divergence_in_onnx(mnv2, tmp_path):

@@ -59,6 +59,9 @@ class OpFloor:
     window: tuple[int, ...] | None = None
 
 
+# ops of a quantized model: a candidate holding them is judged by low precision's rules
+QUANTIZED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                       "MatMulInteger", "ConvInteger", "Quantize", "Dequantize", "Requantize"})
 # the steepest slope of activations (|f'| at most): what an input error becomes
 LIPSCHITZ = {"Sigmoid": 0.25, "HardSigmoid": 0.5, "Tanh": 1.0, "TanH": 1.0, "Softplus": 1.0,
              "Erf": 1.13, "Gelu": 1.13, "GELU": 1.13, "Swish": 1.1, "Mish": 1.1,
@@ -335,6 +338,9 @@ def _ncnn_rule(ly: Any, acts: tuple[str, ...], w: dict[str, Any]) -> OpFloor | N
     import numpy as np
 
     t = ly.type
+    if int(_p(ly, 8)) and t in ("Convolution", "ConvolutionDepthWise", "InnerProduct") or \
+            int(_p(ly, 18)) and t in ("Gemm", "MultiHeadAttention"):
+        return OpFloor(FALLBACK, acts, op="Quantize")  # an int8 layer (QUANTIZED)
     if t.startswith(("Convolution", "Deconvolution")) or t == "InnerProduct":
         out = int(_p(ly, 0))
         lip = _ncnn_act(ly)

@@ -135,8 +135,10 @@ class TensorMetrics:
     ``noise_floor`` is fp32's own rounding in the op the candidate computes (with the error
     its inputs carry, accumulated), ``floor_basis`` what it was derived from ("terms",
     "exact", "smooth", "fallback"), ``tolerance`` the bound that decided ``passed`` (4 times
-    the floor, or the caller's tolerance over the whole tensor) and ``frac_over_tol`` the
-    share of elements over that bound. A low-precision candidate's ``noise_floor`` is 0.0.
+    the floor, or the caller's tolerance over the whole tensor), ``frac_over_tol`` the share
+    of elements over that bound and ``min_tol`` the smallest atol that passes with the
+    rule's rtol (the floor's has none: max abs). A low-precision candidate's records keep
+    the per-element rule above; their ``noise_floor`` is 0.0.
     """
 
     max_abs: float = 0.0

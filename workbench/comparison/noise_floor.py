@@ -17,22 +17,27 @@ variance 0.0024: scale 25.75, bias 1974) computes about -1973.6 + 1974.0, whose 
 
 Per tensor, not per element: for an op with weights (floor_ops.py reads them from the
 candidate's own files, where folding shows), the largest sum |t_i| over the outputs is
-bounded per output channel by sum_k |w_ck| * max |x| + |b_c|; the floor is
-``SIDES`` * sqrt(n) * u * its largest value: the reference's computation rounds too, and
-its terms (torch's conv, then its BatchNorm's (y - mean) * scale + shift) are bounded by the
-folded ones. Sums, means and products take the same form from their operands' magnitudes;
-data movement, max and clamping round nothing (one rounding of the output is allowed to
-every op); activations ``SMOOTH_ULPS`` ulps of their largest output. An op whose terms are
-not known (a normalisation, an attention, a recurrent layer, a custom op) falls back to
-``FALLBACK_ULPS`` ulps of its largest output per computation, so that its tolerance is about
-the former default rtol (1e-3) of the whole tensor's range: its ``floor_basis`` says
-"fallback".
+bounded per output channel by the smaller of sum_k |w_ck| * max |x| and, by Cauchy-Schwarz,
+||w_c||_2 * the input's largest patch norm (``patch_norms``: one compiled pass over the
+input), plus |b_c|; the floor is ``SIDES`` * sqrt(n) * u * the largest of them: the
+reference's computation rounds too, and its terms (torch's conv, then its BatchNorm's
+(y - mean) * scale + shift) are bounded by the folded ones. A recurrent layer's gates are
+such sums at every step (its hidden state |h| <= 1), the steps' as one sum of steps * n
+terms. Sums, means and products take the same form from their operands' magnitudes; data
+movement, max and clamping round nothing (one rounding of the output is allowed to every
+op); activations ``SMOOTH_ULPS`` ulps of their largest output. An op whose terms are not
+known (a normalisation, an attention, a custom op, a linear resize whose weights come from
+coordinates) falls back to ``FALLBACK_ULPS`` ulps of its largest output per computation, so
+that its tolerance is about the former default rtol (1e-3) of the whole tensor's range: its
+``floor_basis`` says "fallback".
 
 Accumulated error is the op's rounding plus the error its inputs already carry, which the
 comparison measured: an input error e becomes at most ``gain * e`` (a weighted op's largest
 row sum of |w|; 1 for data movement, a sum's operands, a mean; an activation's steepest
-slope; 2 for a softmax). Steps with no reference tensor of their own (a lowered op's
-pieces) carry their own floors to the aligned tensor after them, in both modes.
+slope; 2 for a softmax; for a recurrent layer its largest input row sum and for an unknown
+op the ratio of its output's range to its input's, estimates). Steps with no reference
+tensor of their own (a lowered op's pieces) carry their own floors to the aligned tensor
+after them, in both modes.
 
 The verdict: a tensor of an fp32 candidate is divergent when its max abs error exceeds
 ``FACTOR`` (4) times its noise floor; the record's ``tolerance`` is that bound. 4 covers the
@@ -91,6 +96,10 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
         rules = ops.op_floors(cand.kind, cand.path)
     except Exception:  # noqa: BLE001 - an unreadable file: every op falls back
         rules = {}
+    if any(r.op in ops.QUANTIZED or r.op.startswith("QLinear") for r in rules.values()) or any(
+            getattr(v, "dtype", None) is not None and v.dtype.kind == "f" and v.dtype.itemsize < 4
+            for v in values.values()):
+        return None  # a model holding int8 or 16-bit floats, given as a path: its own rules
     out = FloorInputs(rules, set(al.pairs))
     every = {**(feeds or {}), **values}
     wanted = set(rules) | {i for r in rules.values() for i in r.inputs}
