@@ -123,3 +123,21 @@ def test_a_leaf_called_twice_maps_its_calls_in_order():
     # the evidence invariant leaves a leaf's calls to the order: it alone does not undo this
     al = align(*_shared_leaf_case(), invariants=without("order", rules=INVARIANTS))
     assert al.pairs["act_out"] == "act#1"
+
+
+def test_two_records_of_one_value_may_pair_either_way():
+    """An attention's output and its transpose that moves only a size-1 axis hold the same
+    elements: the projection's Gemm pinned to the transpose, its Reshape to the output
+    before it, cross nothing."""
+    out = RNG.standard_normal((6, 1, 8)).astype(np.float32)
+    reference = {"attn/F.multi_head_attention_forward_0.0": out,
+                 "attn/Tensor.transpose_1": np.ascontiguousarray(out.transpose(1, 0, 2))}
+    candidate = {"/attn/Gemm_output_0": out.reshape(6, 8).copy(),
+                 "/attn/Reshape_9_output_0": out.copy()}
+    tensors = [CandidateTensor("/attn/Gemm_output_0", 0, "Gemm", "attn", inputs=("x",)),
+               CandidateTensor("/attn/Reshape_9_output_0", 1, "Reshape", "attn",
+                               inputs=("/attn/Gemm_output_0",))]
+    al = align(reference, candidate, tensors, {"attn"})
+    assert al.pairs == {"/attn/Gemm_output_0": "attn/Tensor.transpose_1",
+                        "/attn/Reshape_9_output_0": "attn/F.multi_head_attention_forward_0.0"}
+    assert al.invariants == {}

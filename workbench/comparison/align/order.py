@@ -31,10 +31,21 @@ def crossings(walk: Walk) -> list[tuple[CandidateTensor, CandidateTensor]]:
         for k, a in enumerate(ts):
             ra = walk.decisions[a.name].ref
             for b in ts[k + 1:]:
-                if walk.decisions[b.name].ref < ra and a.order < b.order \
-                        and walk.descends(b, a):
+                rb = walk.decisions[b.name].ref
+                if rb < ra and a.order < b.order and walk.descends(b, a) \
+                        and not _one_value(walk, ra, rb):
                     found.append((a, b))
     return found
+
+
+def _one_value(walk: Walk, ra: int, rb: int) -> bool:
+    """Records ra and rb hold the same elements in the same order (a transpose that moves
+    only a size-1 axis, a reshape): either tensor is either record, no order to keep."""
+    import numpy as np
+
+    a, b = (walk.index.arrays[walk.index.names[r]] for r in (ra, rb))
+    return np.size(a) == np.size(b) and np.array_equal(
+        np.asarray(a).reshape(-1), np.asarray(b).reshape(-1), equal_nan=True)
 
 
 def _swap(walk: Walk, a: CandidateTensor, b: CandidateTensor) -> bool:
@@ -73,7 +84,7 @@ def _apply(walk: Walk) -> None:
 INVARIANT = Invariant(
     "order",
     "within one scope (records made in one module), a candidate tensor computed from another "
-    "maps to a record called after the other's: a crosswise pairing is swapped when both "
-    "values then agree, else the weaker one is unexplained; a rule may say why its pairings "
-    "cross (AlignRule.crosses)",
+    "maps to a record called after the other's (unless the two records hold one value): a "
+    "crosswise pairing is swapped when both values then agree, else the weaker one is "
+    "unexplained; a rule may say why its pairings cross (AlignRule.crosses)",
     _apply)
