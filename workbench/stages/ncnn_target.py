@@ -15,10 +15,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import shapes
+from ..checks import reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError, WorkbenchError
+from ..inputs import as_tensor_tuple, run_torch
 from ..progress import Progress, Steps
 from ..runtime.arm_env import TARGETS, arm_env, target
+from ..runtime.ncnn_flags import check_precision
+from ..runtime.ncnn_runner import NcnnRunner
 from ..tolerances import check_tolerance, error_detail, for_precision, max_errors, within
 
 # what a target check runs by default: ncnn's fp32 (the conversion) and fp16, what a phone
@@ -158,8 +163,6 @@ def reference_for(nc: Any, model: Any = None, inputs: Any = None) -> tuple[tuple
     Raises:
         InputError: no model and nothing stored.
     """
-    from ..checks import reference_data
-    from ..inputs import as_tensor_tuple, run_torch
 
     if model is not None:
         if inputs is None:
@@ -202,10 +205,6 @@ def run_on_target(nc: Any, args: tuple, reference: list, target_name: str | None
         InputError: an unknown target or precision, or the ARM environment missing.
     """
     import numpy as np
-
-    from .. import shapes
-    from ..runtime.ncnn_flags import check_precision
-    from ..runtime.ncnn_runner import NcnnRunner
 
     name = check_target(target_name)
     for p in precisions:

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..runtime.arm_env import arm_env
+from ..zoo import ZOO
 from .cell import CellResult
 from .db import CellRecord, SweepDB, writer_lock
 from .factory import name_of, spec_of
@@ -141,8 +143,6 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
     names = _names(specs)
     mat = Matrix.of(matrix)
     if client is None and scheduler is None and any(mat.axes.get("target", [None])):
-        from ..runtime.arm_env import arm_env
-
         arm_env()  # the cells would run here: a missing piece is one hinted error, now
     cells = mat.cells(specs, names)
     folder = _folder(workspace)
@@ -411,8 +411,6 @@ def _unpack(tar: bytes, target: Path) -> None:
 
 # -- inputs ------------------------------------------------------------------------------------
 def _specs(models: Any) -> list[str]:
-    from ..zoo import ZOO
-
     if models is None or models == "zoo":
         return [f"workbench.zoo:{name}" for name in ZOO]
     if isinstance(models, str) or callable(models):

@@ -13,6 +13,7 @@ from ...comparison.compare import compare
 from ...comparison.task import check_task
 from ...errors import InputError
 from ...runtime.ncnn_flags import PRECISIONS, check_precision
+from ...runtime.ncnn_runner import NcnnRunner
 from ...stages.ncnn_target import check_target, target_options
 from ..code import Code, call, literal
 from ..compareview import CompareView
@@ -123,8 +124,6 @@ class ComparePanel(StagePanel):
         cands = list(self.candidates)
         run = cands
         if self._as_runners():
-            from ...runtime.ncnn_runner import NcnnRunner
-
             ncnn = self.ncnn_settings()
             check_target(ncnn["target"])  # a missing ARM environment: said before any run
             run = [NcnnRunner(c, num_threads=1, **ncnn) if self._is_ncnn(c) else c
