@@ -165,9 +165,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                 # run, and each candidate's in its capture thread
                 ref_samples = samples(ref_values)
 
-                def prepare(k: int, ref_values: Any = ref_values,
-                            ref_samples: Any = ref_samples, captures: Any = captures) -> Any:
-                    """Candidate k's captured values, its tensors and their alignment."""
+                def prepare(k: int, ref_values: Any = ref_values, ref_samples: Any = ref_samples,
+                            captures: Any = captures, own_args: Any = own_args) -> Any:
+                    """Candidate k's captured values, its tensors, their alignment and what its
+                    noise floors are computed from (noise_floor.py; None: a low precision)."""
                     cand = cands[k]
                     try:
                         values, cand_samples = captures.get(k)
@@ -181,7 +182,9 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                     if cand.name not in alignments:
                         alignments[cand.name] = align(ref_values, values, tensors, modules,
                                                       ref_samples, cand_samples)
-                    return values, tensors, alignments[cand.name]
+                    al = alignments[cand.name]
+                    return values, tensors, al, floor_inputs(cand, al, values,
+                                                             _feeds(cand, own_args[k]))
 
                 ready: dict[int, Any] = {}  # prepared ahead, while the previous one measured
                 for k, cand in enumerate(cands):
@@ -194,10 +197,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                         bar.advance(2 if mode == "both" else 1)
                         captures.done(k)
                         continue
-                    values, tensors, al = got
+                    values, tensors, al, floors = got
                     got = None  # `values` alone holds them (isolated mode lets them go early)
-                    # what an fp32 candidate's noise floors are computed from (noise_floor.py)
-                    floors = floor_inputs(cand, al, values, _feeds(cand, own_args[k]))
                     if cand.name not in checked:  # on the first input set
                         checked.add(cand.name)
                         why = [precision_not_exercised(cand, copies(args), values),
