@@ -17,11 +17,14 @@ def _flat(arr: Any) -> Any:
     return np.asarray(arr, dtype=np.float64).reshape(-1)
 
 
-def _claim(walk: Walk, name: str, err: float) -> tuple[int, float, int]:
-    """How strongly ``name`` holds its record (lower first): structure over values, then
-    the closer, then the earlier in the graph."""
-    d = walk.decisions[name]
-    return (0 if d.evidence != "values" else 1, err, walk.tensor(name).order)
+def _claim(walk: Walk, name: str, err: float) -> tuple[int, int, float, int]:
+    """How strongly ``name`` holds its record (lower first): the model's own output (its
+    k-th output is torch's k-th by definition: a quantized model's dequantized output, not
+    the float value before it was rounded), then structure over values, then the closer,
+    then the earlier in the graph."""
+    d, t = walk.decisions[name], walk.tensor(name)
+    return (0 if t.output_index is not None else 1, 0 if d.evidence != "values" else 1, err,
+            t.order)
 
 
 def _rivals(walk: Walk, ref: str, names: list[str]) -> tuple[str, list[str]] | None:
