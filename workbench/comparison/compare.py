@@ -11,6 +11,7 @@ ahead of the measuring) is schedule.py's.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..errors import (
@@ -339,9 +340,9 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
              ) -> tuple[list[Record], dict[str, str]]:
     """The records of one candidate's run (its aligned tensors present in ``vals``), and
     {tensor: why} for the pairs that could not be measured. ``side`` runs meanwhile (see
-    Schedule.measure). An fp32 candidate's records are then decided by one rule each
-    (``noise_floor.judged``): its noise floor times FACTOR, or the caller's tolerance over
-    the whole tensor; ``floors`` None (a low precision): atol + rtol * |ref| per element."""
+    Schedule.measure). An fp32 candidate's records are then decided by its noise floor times
+    FACTOR (``noise_floor.judged``); a tolerance the caller gave, and any low precision's
+    (``floors`` None), keep atol + rtol * |ref| per element."""
     import numpy as np
 
     order = {t.name: t for t in tensors}
@@ -365,14 +366,17 @@ def _measure(schedule: Schedule, cand: Candidate, run_mode: str, vals: dict[str,
                                            strict=True)]
     floor_of = {} if floors is None else noise_floors(floors, run_mode, {
         job[0].name: m for job, m in measured if not isinstance(m, str)})
-    for (t, rname, (tol, _, given)), m in measured:
+    for (t, rname, (_, _, given)), m in measured:
         if isinstance(m, str):  # listed with its reason; the rest goes on
             skipped[t.name] = f"{run_mode}: {m}"
             continue
         if floors is not None:  # one rule decides, and its bound is the tolerance
             floor, basis = floor_of.get(t.name) or (fallback_floor(m.ref_absmax), "fallback")
-            m = judged(m, floor, basis, tol if given else None, lambda bound, t=t, r=rname:
-                       count_over(reference(t, r), vals[t.name], bound))
+            if given:  # the caller's tolerance, element by element as it always was
+                m = dataclasses.replace(m, noise_floor=floor, floor_basis=basis)
+            else:
+                m = judged(m, floor, basis, None, lambda bound, t=t, r=rname:
+                           count_over(reference(t, r), vals[t.name], bound))
         shapes = shape_relation(np.shape(reference(t, rname)), np.shape(vals[t.name]))
         relation = al.relation(t.name)
         records.append(Record(cand.name, run_mode, t.order, t.name, rname, t.op_type, m,

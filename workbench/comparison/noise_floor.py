@@ -44,8 +44,8 @@ The verdict: a tensor of an fp32 candidate is divergent when its max abs error e
 largest element of millions (about six standard deviations of a sum whose partial sums
 stay near sum |t_i|, both computations, is under 2.5 floors); a fault stands far above it (a
 weight moved by 1% of its max: tens to thousands of floors). A tolerance the caller gives
-(``tolerance=``, ``per_op_tolerance=``, ``per_tensor_tolerance=``) overrides it and judges the
-whole tensor: max abs <= atol + rtol * max |ref|. Low precisions (fp16, bf16, int8) keep
+(``tolerance=``, ``per_op_tolerance=``, ``per_tensor_tolerance=``) overrides it and judges
+element by element, as it always did: |ref - cand| <= atol + rtol * |ref|. Low precisions (fp16, bf16, int8) keep
 their own rules (tolerance.py's per-element atol + rtol * |ref|).
 """
 
@@ -55,8 +55,11 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..ncnn_bin import walk_bin
+from ..params import parse_ncnn_param
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from . import floor_ops as ops
 
@@ -98,7 +101,7 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
         rules = {}
     if any(r.op in ops.QUANTIZED or r.op.startswith("QLinear") for r in rules.values()) or any(
             getattr(v, "dtype", None) is not None and v.dtype.kind == "f" and v.dtype.itemsize < 4
-            for v in values.values()):
+            for v in values.values()) or _stores_low_precision(cand):
         return None  # a model holding int8 or 16-bit floats, given as a path: its own rules
     out = FloorInputs(rules, set(al.pairs))
     every = {**(feeds or {}), **values}
@@ -112,6 +115,20 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
             out.mags[name] = absmax(v)
     _patches(out, every)
     return out
+
+
+def _stores_low_precision(cand: Any) -> bool:
+    """An ncnn model whose .bin stores weights in fp16 or int8 (pnnx's fp16 default,
+    ncnn2int8): its weights differ from torch's by their rounding, which the fp32 floor (made
+    from the candidate's own weights) cannot see, so the per-element rule judges it."""
+    if getattr(cand, "kind", "") != "ncnn":
+        return False
+    try:
+        param = parse_ncnn_param(cand.path)
+        layout = walk_bin(param, Path(str(cand.path)[: -len(".param")] + ".bin"))
+    except Exception:  # noqa: BLE001 - unreadable: judged as fp32
+        return False
+    return any(b.storage not in ("float32", "float32-scaled") for b in layout.blobs)
 
 
 def _patches(fi: FloorInputs, every: dict[str, Any]) -> None:
