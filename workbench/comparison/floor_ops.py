@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ class OpFloor:
     layer type it was read from. A weighted op also gives the L2 norm of each output's row
     (``rows2``) and how it reads its input (``cin`` channels in ``groups``, a patch
     ``window`` wide on each spatial axis, () for a matmul's rows, None when unknown), for
-    the Cauchy-Schwarz bound (noise_floor.patch_norms)."""
+    the Cauchy-Schwarz bound (noise_floor.patch_norms). ``stored_low``: an ncnn layer whose
+    .bin stores its weights in fp16 or int8 (their rounding is not fp32's)."""
 
     kind: str
     inputs: tuple[str, ...] = ()
@@ -57,6 +58,7 @@ class OpFloor:
     cin: int = 0
     groups: int = 1
     window: tuple[int, ...] | None = None
+    stored_low: bool = False
 
 
 # ops of a quantized model: a candidate holding them is judged by low precision's rules
@@ -271,8 +273,11 @@ def ncnn_floors(param_path: Path) -> dict[str, OpFloor]:
     param = parse_ncnn_param(param_path)
     bin_path = Path(param_path).with_suffix(".bin")
     blobs: dict[str, dict[str, Any]] = {}
+    low: set[str] = set()  # layers storing fp16 or int8 weights
     if bin_path.is_file():
-        blobs = _fp32_blobs(walk_bin(param, bin_path), bin_path)
+        layout = walk_bin(param, bin_path)
+        blobs = _fp32_blobs(layout, bin_path)
+        low = {b.layer for b in layout.blobs if b.storage not in ("float32", "float32-scaled")}
     alias = {top: ly.bottoms[0] for ly in param.layers if ly.type == "Split" for top in ly.tops}
 
     def source(b: str) -> str:
@@ -289,8 +294,11 @@ def ncnn_floors(param_path: Path) -> dict[str, OpFloor]:
             rule = _ncnn_rule(ly, acts, blobs.get(ly.name, {}))
         except (ValueError, TypeError, IndexError, ZeroDivisionError):
             rule = None
+        rule = rule or OpFloor(FALLBACK, acts, op=ly.type)
+        if ly.name in low:
+            rule = replace(rule, stored_low=True)
         for top in ly.tops:
-            out[top] = rule or OpFloor(FALLBACK, acts, op=ly.type)
+            out[top] = rule
     return out
 
 

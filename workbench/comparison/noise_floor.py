@@ -51,17 +51,14 @@ their own rules (tolerance.py's per-element atol + rtol * |ref|).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..ncnn_bin import walk_bin
-from ..params import parse_ncnn_param
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from . import floor_ops as ops
+from .metrics import _cache_lock
 
 if TYPE_CHECKING:
     from .metrics import TensorMetrics
@@ -101,7 +98,7 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
         rules = {}
     if any(r.op in ops.QUANTIZED or r.op.startswith("QLinear") for r in rules.values()) or any(
             getattr(v, "dtype", None) is not None and v.dtype.kind == "f" and v.dtype.itemsize < 4
-            for v in values.values()) or _stores_low_precision(cand):
+            for v in values.values()) or any(r.stored_low for r in rules.values()):
         return None  # a model holding int8 or 16-bit floats, given as a path: its own rules
     out = FloorInputs(rules, set(al.pairs))
     every = {**(feeds or {}), **values}
@@ -115,20 +112,6 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
             out.mags[name] = absmax(v)
     _patches(out, every)
     return out
-
-
-def _stores_low_precision(cand: Any) -> bool:
-    """An ncnn model whose .bin stores weights in fp16 or int8 (pnnx's fp16 default,
-    ncnn2int8): its weights differ from torch's by their rounding, which the fp32 floor (made
-    from the candidate's own weights) cannot see, so the per-element rule judges it."""
-    if getattr(cand, "kind", "") != "ncnn":
-        return False
-    try:
-        param = parse_ncnn_param(cand.path)
-        layout = walk_bin(param, Path(str(cand.path)[: -len(".param")] + ".bin"))
-    except Exception:  # noqa: BLE001 - unreadable: judged as fp32
-        return False
-    return any(b.storage not in ("float32", "float32-scaled") for b in layout.blobs)
 
 
 def _patches(fi: FloorInputs, every: dict[str, Any]) -> None:
@@ -450,25 +433,3 @@ def matmul_norms(a: Any, b: Any) -> float | None:
     rb = np.sqrt(np.square(b, dtype=np.float64).sum(axis=-2).max())
     top = float(ra * rb)
     return top if math.isfinite(top) else None
-
-
-@contextlib.contextmanager
-def _cache_lock() -> Any:
-    """metrics._cache_lock's lock (the same file): one process at a time compiles or loads a
-    numba kernel into the shared cache (see there why)."""
-    import os
-    import tempfile
-
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    path = os.path.join(tempfile.gettempdir(), f"workbench-numba-{os.getuid()}.lock")
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
