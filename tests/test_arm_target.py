@@ -14,29 +14,13 @@ import time
 import numpy as np
 import pytest
 import torch
+from arm_probe import Probe, probe_input
 from torch import nn
 
 import workbench as wb
 from workbench.errors import InputError
 from workbench.runtime import NcnnRunner
 from workbench.runtime.ncnn_arm import SLOWDOWN
-
-
-class Probe(nn.Module):
-    """One InnerProduct over 64 inputs of 250 with weights +-250: the exact result is the
-    bias, 1, while fp16 partial sums pass 65504 (ncnn sums 8 lanes: +inf and -inf, NaN)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(64, 1)
-        with torch.no_grad():
-            w = torch.full((1, 64), 250.0)
-            w[0, 1::2] = -250.0
-            self.fc.weight.copy_(w)
-            self.fc.bias.fill_(1.0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
 
 
 class Small(nn.Module):
@@ -56,7 +40,7 @@ class Small(nn.Module):
 def probe(tmp_path_factory):
     # a 1-D input: ncnn's InnerProduct over a 1-D blob takes the fp16 path that overflows
     # (over a (1, 64) blob, as a batch of one, it summed in fp32 on ARM too: measured)
-    model, x = Probe().eval(), torch.full((64,), 250.0)
+    model, x = Probe().eval(), probe_input()
     ws = wb.Workspace(tmp_path_factory.mktemp("arm") / "ws")
     return model, x, wb.to_ncnn(model, (x,), workspace=ws)
 

@@ -8,8 +8,7 @@ whose fp16 accumulation overflows on ARMv8.2."""
 from __future__ import annotations
 
 import pytest
-import torch
-from torch import nn
+from arm_probe import Probe, probe_input
 
 import workbench as wb
 from workbench.errors import InputError
@@ -17,23 +16,9 @@ from workbench.runtime.arm_env import TARGETS
 from workbench.ui.panels import ComparePanel, NcnnPanel
 
 
-class Probe(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(64, 1)
-        with torch.no_grad():
-            w = torch.full((1, 64), 250.0)
-            w[0, 1::2] = -250.0
-            self.fc.weight.copy_(w)
-            self.fc.bias.fill_(1.0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    model, x = Probe().eval(), torch.full((64,), 250.0)
+    model, x = Probe().eval(), probe_input()
     ws = wb.Workspace(tmp_path_factory.mktemp("ui-arm") / "ws")
     return model, (x,), ws
 
