@@ -11,8 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, WorkbenchError
+from ..errors import (
+    BackendCrashed,
+    BackendTimeout,
+    InputError,
+    RemoteError,
+    RunError,
+    WorkbenchError,
+)
 from .align import Alignment, CandidateTensor
+
+# a candidate's run that fails so: that candidate is not ok (report.failed says why) and
+# the others are still compared
+RUN_FAILURES = (BackendCrashed, BackendTimeout, RunError, RemoteError)
 
 
 @dataclass
