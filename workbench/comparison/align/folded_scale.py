@@ -8,6 +8,10 @@ from ._rule import AlignRule, Decision
 from .alignment import TIGHT
 from .sampling import Sample
 
+# nonzero reference elements a fitted scale needs: one constant fits any single element, so
+# only a second element can confirm it
+MIN_ELEMENTS = 2
+
 if TYPE_CHECKING:
     from .walk import Visit, Walk
 
@@ -15,11 +19,15 @@ if TYPE_CHECKING:
 def folded_scale(ref: Sample, cand: Sample) -> float | None:
     """c when the candidate's sample is c * the reference's (to TIGHT of its range) for a
     constant c other than 1, else None. A damaged weight is no multiple of the reference:
-    it stays a divergence at the module."""
+    it stays a divergence at the module. The fit must be evidence: with one nonzero
+    reference element (a 128 -> 1 channel conv's one-element output) any change of that
+    element is "a multiple", so such a tensor is never said to carry a folded scale."""
     import numpy as np
 
     a, b = ref.values, cand.values
     if not (ref.finite and cand.finite) or not a.size:
+        return None
+    if int(np.count_nonzero(np.abs(a) > TIGHT * ref.scale)) < MIN_ELEMENTS:
         return None
     aa = float(a @ a)
     if not aa > 0:
@@ -44,6 +52,7 @@ def _apply(walk: Walk, v: Visit, d: Decision) -> None:
 RULE = AlignRule(
     "folded_scale",
     "a tensor pinned to a module's output that holds c times torch's (c a constant other "
-    "than 1): a simplifier folded a multiply after the module into its weights (an "
-    "attention's 1/sqrt(d) into the q projection); measured against c * the record",
+    "than 1) on at least two nonzero elements (one element is a multiple of anything): a "
+    "simplifier folded a multiply after the module into its weights (an attention's "
+    "1/sqrt(d) into the q projection); measured against c * the record",
     _apply, stage="pinned")
