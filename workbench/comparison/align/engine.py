@@ -18,6 +18,7 @@ from . import (
     feeders,
     folded_follower,
     folded_scale,
+    fused_output,
     gap_pin,
     lowered_step,
     model_output,
@@ -42,6 +43,7 @@ from .walk import Walk
 # walk rules in the order they are asked (the first to decide a tensor wins), the rules a
 # pinned tensor passes through, the settle rules, then the fill rules (after the invariants)
 RULES: tuple[AlignRule, ...] = (
+    fused_output.RULE,
     model_output.RULE,
     step_inside_module.RULE,
     one_call_layer.RULE,
