@@ -123,3 +123,40 @@ def test_a_module_called_twice_is_held_by_both_of_its_layers():
     stored = [_conv(0, w), _conv(1, w), _conv(2, x)]
     assert {k: m for k, (m, _) in _tied(stored, params).items()} == {
         "layer0": "shared", "layer1": "shared", "layer2": "other"}
+
+
+def _attention(block, key, weights, values=None):
+    """A fused attention layer's four projection weights (q, k, v, out, in that order, as
+    ncnn's MultiHeadAttention loads them): no shape declared, one layer."""
+    held = [(values or {}).get(i, w).ravel().copy() for i, w in enumerate(weights)]
+    return [Stored(key + i, f"attention{block}", "MultiHeadAttention", w.size,
+                   lambda d=d: d) for i, (w, d) in enumerate(zip(weights, held, strict=True))]
+
+
+def test_a_destroyed_projection_of_a_fused_attention_is_placed_by_its_layers_order():
+    """Two blocks of equal-shaped q, k, v, out projections; block 1's q (or its out) is
+    noise: the layer's other weights are tied by values, so the layer holds module weights,
+    and the untied one takes the projection between its neighbours in module order."""
+    blocks = [[_w(10 * b + i, 8, 8) for i in range(4)] for b in range(2)]
+    ffn = [_w(50 + b, 16, 8) for b in range(2)]
+    names = ("query", "key", "value", "out")
+    params = _params(*[spec for b in range(2) for spec in (
+        *((f"layer.{b}.{p}", w) for p, w in zip(names, blocks[b], strict=True)),
+        (f"layer.{b}.ffn", ffn[b]))])
+    for damaged in (0, 3):
+        stored = (_attention(0, 0, blocks[0])
+                  + [Stored(4, "ffn0", "InnerProduct", 128, lambda: ffn[0].ravel(), rows=16)]
+                  + _attention(1, 5, blocks[1], {damaged: _w(99, 8, 8)})
+                  + [Stored(9, "ffn1", "InnerProduct", 128, lambda: ffn[1].ravel(), rows=16)])
+        ties = identify(stored, params)
+        assert ties[5 + damaged].module == f"layer.1.{names[damaged]}"
+        assert ties[5 + damaged].evidence == "position"
+
+
+def test_an_undeclared_weight_alone_in_its_layer_is_not_placed_by_position():
+    """A constant of its own layer (a Gemm's B, maybe a buffer or the converter's own)
+    between placed weights: its size alone never ties it."""
+    a, b, c = _w(0, 8, 3, 3, 3), _w(1, 6, 4), _w(2, 4, 8, 1, 1)
+    params = _params(("a", a), ("b", b), ("c", c))
+    stored = [_conv(0, a), Stored(1, "gemm", "Gemm", 24, lambda: _w(5, 24)), _conv(2, c)]
+    assert "gemm" not in _tied(stored, params)

@@ -18,7 +18,10 @@ by this evidence, in this order:
    values say it is: a module called twice);
 6. *position*: between stored weights already placed, the rest take the remaining candidates
    in order (the converter's graph order follows the module order), where the order leaves
-   one choice.
+   one choice. A weight whose layer declares no shape takes part only when another weight
+   of its own layer is placed: the layer holds module weights, so this one is a parameter
+   too (a fused attention's q, k, v and output projections, all of one size: a damaged q
+   lies between the block's weights before it and its placed k).
 
 Values never overrule a tie made by name or structure, except when they match another
 parameter of the same size outright (then the shape rules misread that layer): a weight whose
@@ -217,11 +220,16 @@ def _runs(stored: list[Stored], narrowed: list[list[int]], ties: dict[int, Tie],
             if run and lo <= hi:
                 out.append((run, lo, hi))
             lo, run = hi, []
-        elif stored[k].declared and narrowed[k]:
+        elif narrowed[k] and (stored[k].declared or _sibling_placed(stored, k, ties)):
             run.append(k)
     if run:
         out.append((run, lo, max(rank.values(), default=0)))
     return out
+
+
+def _sibling_placed(stored: list[Stored], k: int, ties: dict[int, Tie]) -> bool:
+    """Another weight of stored weight ``k``'s layer is tied to a module."""
+    return any(j != k and stored[j].layer == stored[k].layer for j in ties)
 
 
 def _forced(live: list[list[int]], cols: list[int]) -> list[list[int]]:
