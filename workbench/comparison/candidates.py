@@ -205,70 +205,92 @@ def _parameter_owner(node: Any, params: set[str], modules: set[str]) -> str | No
 
 
 def _candidate_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
-    if cand.kind == "onnx":
-        from ..onnx_io import load_onnx
-        from .align import module_from_metadata, module_from_scope
+    return _onnx_tensors(cand, modules) if cand.kind == "onnx" else _ncnn_tensors(cand)
 
-        model = load_onnx(cand.path, external_data=False)
-        # (the node's own name when its output is a graph output: '/fc/Add' -> 'output')
-        hints = [module_from_metadata(n, modules) or next(
-            (h for o in (*n.output, n.name) if o and (h := module_from_scope(o, modules))
-             is not None), None) for n in model.graph.node]
-        inferred = [h is None for h in hints]
-        hints = _unscoped_hints(model, hints, modules)
-        # a convolution is its weight's module, whatever its output is called: onnxslim
-        # names a Conv that a GroupNorm follows for the norm's Reshape it folded in
-        # ('.../layer_norm/Reshape_output_0'), which made the conv a step of the norm
-        params = {t.name for t in model.graph.initializer}
-        weighted: set[int] = set()
-        # modules with submodules: the others (leaves) compute, they call no module
-        parents = {m.rsplit(".", 1)[0] for m in modules if "." in m} | {""}
-        for k, node in enumerate(model.graph.node):
-            if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 \
-                    and node.input[1] in params and node.input[1].endswith(".weight") \
-                    and (owner := node.input[1][: -len(".weight")]) in modules:
-                hints[k], inferred[k] = owner, False
-                weighted.add(k)  # its output is that module's, not a step of its readers
-            elif node.op_type in ("MatMul", "Gemm") and any(i in params for i in node.input) \
-                    and (own := module_from_scope(node.name, modules)) not in (None, hints[k]) \
-                    and own not in parents:
-                # a Linear's MatMul keeps its node name when a simplifier removes the ops
-                # after it and gives it the last one's output name: a block's fc2 MatMul,
-                # its zero bias and a unit layer scale `gamma_2 * x` removed, writes
-                # '/layers.0/Mul_1_output_0'. It is fc2's output (a later record folded in),
-                # not a step of the layer, so that a damaged fc2 is named there
-                hints[k], inferred[k] = own, False
-                weighted.add(k)
-        scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
-        readers: dict[str, set] = {}
-        reader_scopes: dict[str, set] = {}
-        for node, hint, scope in zip(model.graph.node, hints, scopes, strict=True):
-            for name in node.input:
-                readers.setdefault(name, set()).add(hint)
-                reader_scopes.setdefault(name, set()).add(scope)
-        outputs = {o.name: k for k, o in enumerate(model.graph.output)}
-        # values computed from weights alone (an Identity of a shared parameter, a folded
-        # Constant): parameters, not activations
-        constant = {t.name for t in model.graph.initializer}
-        out = []
-        for i, (node, hint, scope, weak) in enumerate(zip(model.graph.node, hints, scopes,
-                                                          inferred, strict=True)):
-            is_const = node.op_type == "Constant" or (
-                node.input and all(not n or n in constant for n in node.input))
-            for name in node.output:
-                if name:
-                    if is_const:
-                        constant.add(name)
-                    internal = (hint is not None and name not in outputs
-                                and readers.get(name, set()) == {hint})
-                    own = (hint is not None and scope is not None and name not in outputs
-                           and scope in reader_scopes.get(name, ()) and i not in weighted)
-                    out.append(CandidateTensor(name, i, "Constant" if is_const
-                                               else node.op_type, hint, internal,
-                                               outputs.get(name), own, node=node.name,
-                                               inputs=tuple(n for n in node.input if n),
-                                               hint_inferred=weak and hint is not None))
-        return out
+
+def _onnx_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
+    """Every node output of an ONNX candidate, with the module its node is hinted to
+    (``_onnx_hints``), whether it is a step inside that module (read only there, or by its
+    own call), and whether it is a constant (computed from weights alone)."""
+    from ..onnx_io import load_onnx
+
+    model = load_onnx(cand.path, external_data=False)
+    hints, inferred, weighted = _onnx_hints(model, modules)
+    scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
+    readers: dict[str, set] = {}
+    reader_scopes: dict[str, set] = {}
+    for node, hint, scope in zip(model.graph.node, hints, scopes, strict=True):
+        for name in node.input:
+            readers.setdefault(name, set()).add(hint)
+            reader_scopes.setdefault(name, set()).add(scope)
+    outputs = {o.name: k for k, o in enumerate(model.graph.output)}
+    # values computed from weights alone (an Identity of a shared parameter, a folded
+    # Constant): parameters, not activations
+    constant = {t.name for t in model.graph.initializer}
+    out = []
+    for i, (node, hint, scope, weak) in enumerate(zip(model.graph.node, hints, scopes,
+                                                      inferred, strict=True)):
+        is_const = node.op_type == "Constant" or (
+            node.input and all(not n or n in constant for n in node.input))
+        for name in node.output:
+            if name:
+                if is_const:
+                    constant.add(name)
+                internal = (hint is not None and name not in outputs
+                            and readers.get(name, set()) == {hint})
+                own = (hint is not None and scope is not None and name not in outputs
+                       and scope in reader_scopes.get(name, ()) and i not in weighted)
+                out.append(CandidateTensor(name, i, "Constant" if is_const
+                                           else node.op_type, hint, internal,
+                                           outputs.get(name), own, node=node.name,
+                                           inputs=tuple(n for n in node.input if n),
+                                           hint_inferred=weak and hint is not None))
+    return out
+
+
+def _onnx_hints(model: Any, modules: set[str]
+                ) -> tuple[list[str | None], list[bool], set[int]]:
+    """Per node of an ONNX model: the module it is hinted to (its dynamo metadata, its
+    scope, else ``_unscoped_hints``), whether that hint was inferred (not named by its own
+    scope), and the nodes tied to a module by the weight they read (their output is that
+    module's, not a step of its readers)."""
+    from .align import module_from_metadata, module_from_scope
+
+    # (the node's own name when its output is a graph output: '/fc/Add' -> 'output')
+    hints = [module_from_metadata(n, modules) or next(
+        (h for o in (*n.output, n.name) if o and (h := module_from_scope(o, modules))
+         is not None), None) for n in model.graph.node]
+    inferred = [h is None for h in hints]
+    hints = _unscoped_hints(model, hints, modules)
+    # a convolution is its weight's module, whatever its output is called: onnxslim
+    # names a Conv that a GroupNorm follows for the norm's Reshape it folded in
+    # ('.../layer_norm/Reshape_output_0'), which made the conv a step of the norm
+    params = {t.name for t in model.graph.initializer}
+    weighted: set[int] = set()
+    # modules with submodules: the others (leaves) compute, they call no module
+    parents = {m.rsplit(".", 1)[0] for m in modules if "." in m} | {""}
+    for k, node in enumerate(model.graph.node):
+        if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 \
+                and node.input[1] in params and node.input[1].endswith(".weight") \
+                and (owner := node.input[1][: -len(".weight")]) in modules:
+            hints[k], inferred[k] = owner, False
+            weighted.add(k)  # its output is that module's, not a step of its readers
+        elif node.op_type in ("MatMul", "Gemm") and any(i in params for i in node.input) \
+                and (own := module_from_scope(node.name, modules)) not in (None, hints[k]) \
+                and own not in parents:
+            # a Linear's MatMul keeps its node name when a simplifier removes the ops
+            # after it and gives it the last one's output name: a block's fc2 MatMul,
+            # its zero bias and a unit layer scale `gamma_2 * x` removed, writes
+            # '/layers.0/Mul_1_output_0'. It is fc2's output (a later record folded in),
+            # not a step of the layer, so that a damaged fc2 is named there
+            hints[k], inferred[k] = own, False
+            weighted.add(k)
+    return hints, inferred, weighted
+
+
+def _ncnn_tensors(cand: Candidate) -> list[CandidateTensor]:
+    """Every layer output (top) of an ncnn candidate but its inputs, Split aliases and
+    constants, each reading its bottoms through the Splits."""
     from ..params import parse_ncnn_param
 
     out = []

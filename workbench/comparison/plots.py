@@ -208,9 +208,38 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
             raise InputError(f"tolerance {tolerance!r} cannot be drawn on the {metric} axis",
                              hint="Give a finite tolerance in the metric's units (for cosine, a "
                                   "similarity below 1).")
+    series, ref_names = _series(rows, view)
+    scale = _Scale(view, (view.value(r) for r in rows))
+    cand_names = list(dict.fromkeys(c for c, _ in series))
+    colour = {c: _COLOURS[i % len(_COLOURS)] for i, c in enumerate(cand_names)}
+    orders = sorted(ref_names)
+    fig, ax = _new_figure(min(max(8.0, 0.32 * min(len(orders), _MAX_TICK_LABELS) + 4), 20), 5.5)
+    special, failed = _lines(ax, series, scale, cand_names, colour)
+    if tolerance is not None:
+        ax.axhline(tol_y, color="0.2", linestyle="-.", linewidth=1.2,
+                   label=f"tolerance {tolerance:g}")
+    elif metric == "max_abs":
+        _bounds(ax, series, cand_names, colour)
+    if failed:
+        ax.plot(*zip(*failed, strict=True), **_FAIL, label="failed tolerance")
+    for kind, pts in special.items():  # over the red x: "this one is 0 / None / inf" matters
+        if pts:
+            ax.plot(*zip(*pts, strict=True), **_KIND_STYLE[kind], label=scale.legend(kind),
+                    zorder=4)
+    if highlight is not None:
+        _highlight(ax, rows, view, scale, highlight)
+    _graph_axes(ax, view, orders, ref_names, len(failed))
+    return fig
 
-    # One point per (candidate, mode, order): the worst record; failing if any record failed.
-    series: dict[tuple[str, str], dict[int, dict[str, Any]]] = {}
+
+# {(candidate, mode): {order: {"v": value, "row": the record drawn, "failed": any failed}}}
+_Series = dict[tuple[str, str], dict[int, dict[str, Any]]]
+
+
+def _series(rows: Sequence[Mapping[str, Any]], view: _Metric) -> tuple[_Series, dict[int, str]]:
+    """One point per (candidate, mode, order): the worst record, failing if any record
+    there failed; and each order's reference name (the first record's)."""
+    series: _Series = {}
     ref_names: dict[int, str] = {}
     for i, r in enumerate(rows):
         order, v = _order(r, i), view.value(r)
@@ -221,15 +250,16 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
             pts[order] = {"v": v, "row": r, "failed": (cur or {}).get("failed", False)}
         pts[order]["failed"] |= r.get("passed") is False
         ref_names.setdefault(order, str(r.get("reference") or r.get("name") or order))
-    scale = _Scale(view, (view.value(r) for r in rows))
+    return series, ref_names
 
-    cand_names = list(dict.fromkeys(c for c, _ in series))
-    colour = {c: _COLOURS[i % len(_COLOURS)] for i, c in enumerate(cand_names)}
+
+def _lines(ax: Axes, series: _Series, scale: _Scale, cand_names: list[str],
+           colour: dict[str, str]
+           ) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[int, float]]]:
+    """A line per candidate and mode (isolated dashed), candidates in order, accumulated
+    first; returns the points drawn off the axis by kind, and the failing points."""
     mode_rank = {m: i for i, m in enumerate(MODES)}
     keys = sorted(series, key=lambda k: (cand_names.index(k[0]), mode_rank.get(k[1], 9), k[1]))
-
-    orders = sorted(ref_names)
-    fig, ax = _new_figure(min(max(8.0, 0.32 * min(len(orders), _MAX_TICK_LABELS) + 4), 20), 5.5)
     special: dict[str, list[tuple[int, float]]] = {"low": [], "missing": [], "high": []}
     failed: list[tuple[int, float]] = []
     for cand, mode in keys:
@@ -245,23 +275,12 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
                 failed.append((x, y))
         ax.plot(xs, ys, color=colour[cand], linestyle="--" if mode == "isolated" else "-",
                 marker=".", markersize=5, linewidth=1.4, label=f"{cand} ({mode})")
+    return special, failed
 
-    if tolerance is not None:
-        ax.axhline(tol_y, color="0.2", linestyle="-.", linewidth=1.2,
-                   label=f"tolerance {tolerance:g}")
-    elif metric == "max_abs":
-        _bounds(ax, series, cand_names, colour)
 
-    if failed:
-        ax.plot(*zip(*failed, strict=True), **_FAIL, label="failed tolerance")
-    for kind, pts in special.items():  # over the red x: "this one is 0 / None / inf" matters
-        if pts:
-            ax.plot(*zip(*pts, strict=True), **_KIND_STYLE[kind], label=scale.legend(kind),
-                    zorder=4)
-
-    if highlight is not None:
-        _highlight(ax, rows, view, scale, highlight)
-
+def _graph_axes(ax: Axes, view: _Metric, orders: list[int], ref_names: dict[int, str],
+                n_failed: int) -> None:
+    """Scale, ticks (a label every few ops past _MAX_TICK_LABELS), labels, title, legend."""
     if view.log:
         ax.set_yscale("log")
     step = max(1, math.ceil(len(orders) / _MAX_TICK_LABELS))
@@ -273,11 +292,9 @@ def error_along_graph(records: Sequence[Mapping[str, Any]], metric: str = "max_a
     ax.set_xlabel("op (reference module, in topological order)"
                   + (f"; a label every {step} ops" if step > 1 else ""))
     ax.set_ylabel(view.label)
-    n_failed = len(failed)
     ax.set_title(f"{view.label.split(' (')[0]} per op along the graph: {len(orders)} ops, "
                  f"{n_failed} failing point{'s' * (n_failed != 1)}")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    return fig
 
 
 # each record's own bounds on the max_abs axis: its tolerance (what decided it) and, for an
@@ -288,8 +305,7 @@ _BOUNDS = (("tolerance", "tolerance", {"marker": "_", "markersize": 10, "markere
                                            "markeredgewidth": 1.2, "alpha": 0.6}))
 
 
-def _bounds(ax: Axes, series: dict[tuple[str, str], dict[int, dict[str, Any]]],
-            cand_names: list[str], colour: dict[str, str]) -> None:
+def _bounds(ax: Axes, series: _Series, cand_names: list[str], colour: dict[str, str]) -> None:
     """Each candidate's per-record tolerance and noise floor, as markers at each op (the
     first mode's where both modes have one: the bound is the op's, not the mode's, for a
     tolerance given; the floor of the accumulated run carries its inputs' error)."""
@@ -345,9 +361,6 @@ def error_by_op_type(records: Sequence[Mapping[str, Any]], metric: str = "max_ab
     as a dot over the box and failing ones as a red x. The y axis is log (snr_db linear);
     zeros sit at a floor and infinities at a ceiling, missing values are left out.
     """
-    import numpy as np
-    from matplotlib.patches import Patch
-
     rows = _records(records, ("candidate", "mode", "op_type"))
     view = _metric_view(rows, metric)
     present = sorted({str(r["mode"]) for r in rows})
@@ -356,19 +369,10 @@ def error_by_op_type(records: Sequence[Mapping[str, Any]], metric: str = "max_ab
         raise InputError(f"no records with mode {mode!r}; modes present: {', '.join(present)}",
                          hint=f"Pass mode= one of {', '.join(present)}.")
     scale = _Scale(view, (view.value(r) for r in rows))
-
-    groups: dict[str, dict[str, list[tuple[float, bool]]]] = {}
-    for r in rows:
-        v = view.value(r)
-        if math.isnan(v):
-            continue
-        y, _ = scale.place(v)
-        per_cand = groups.setdefault(str(r["op_type"]), {})
-        per_cand.setdefault(str(r["candidate"]), []).append((y, r.get("passed") is False))
+    groups = _groups(rows, view, scale)
     if not groups:
         raise InputError(f"every {mode} record has {metric} missing (None or NaN)",
                          hint=f"Pick another metric: one of {', '.join(METRICS)}.")
-
     cand_names = list(dict.fromkeys(str(r["candidate"]) for r in rows))
     colour = {c: _COLOURS[i % len(_COLOURS)] for i, c in enumerate(cand_names)}
 
@@ -376,9 +380,50 @@ def error_by_op_type(records: Sequence[Mapping[str, Any]], metric: str = "max_ab
         return max(view.severity(y) for ys in groups[op].values() for y, _ in ys)
 
     op_types = sorted(groups, key=lambda op: (-worst(op), op))
-    n_c = len(cand_names)
-    width = 0.8 / n_c
-    fig, ax = _new_figure(min(max(7.0, 0.45 * len(op_types) * n_c + 3), 20), 5.0)
+    fig, ax = _new_figure(min(max(7.0, 0.45 * len(op_types) * len(cand_names) + 3), 20), 5.0)
+    fails = _boxes(ax, groups, op_types, cand_names, colour)
+    if fails:
+        ax.plot(*zip(*fails, strict=True), **_FAIL, zorder=4)
+    if view.log:
+        ax.set_yscale("log")
+    counts = [max(len(v) for v in groups[op].values()) for op in op_types]
+    ax.set_xticks(range(len(op_types)), [f"{_short(op, 24)} ({n})"
+                                         for op, n in zip(op_types, counts, strict=True)],
+                  rotation=45 if len(op_types) > 6 else 0, ha="right" if len(op_types) > 6
+                  else "center", fontsize=9)
+    ax.set_xlim(-0.6, len(op_types) - 0.4)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_xlabel("op type (tensors per candidate), worst first")
+    ax.set_ylabel(view.label)
+    ax.set_title(f"{view.label.split(' (')[0]} by op type, {mode} error")
+    _candidate_legend(ax, cand_names, colour, bool(fails))
+    return fig
+
+
+# {op type: {candidate: [(y drawn, failed), ...]}}
+_Groups = dict[str, dict[str, list[tuple[float, bool]]]]
+
+
+def _groups(rows: Sequence[Mapping[str, Any]], view: _Metric, scale: _Scale) -> _Groups:
+    """Each record's placed value by op type and candidate (missing values left out)."""
+    groups: _Groups = {}
+    for r in rows:
+        v = view.value(r)
+        if math.isnan(v):
+            continue
+        y, _ = scale.place(v)
+        per_cand = groups.setdefault(str(r["op_type"]), {})
+        per_cand.setdefault(str(r["candidate"]), []).append((y, r.get("passed") is False))
+    return groups
+
+
+def _boxes(ax: Axes, groups: _Groups, op_types: list[str], cand_names: list[str],
+           colour: dict[str, str]) -> list[tuple[float, float]]:
+    """A box per op type and candidate, side by side, every tensor a jittered dot over it;
+    returns the failing dots' places."""
+    import numpy as np
+
+    width = 0.8 / len(cand_names)
     rng = np.random.default_rng(0)
     fails: list[tuple[float, float]] = []
     for i, op in enumerate(op_types):
@@ -397,21 +442,14 @@ def error_by_op_type(records: Sequence[Mapping[str, Any]], metric: str = "max_ab
             xs = pos + rng.uniform(-width * 0.25, width * 0.25, size=len(ys))
             ax.scatter(xs, ys, s=12, color=colour[cand], zorder=3, linewidths=0)
             fails += [(x, y) for x, (y, f) in zip(xs, pts, strict=True) if f]
-    if fails:
-        ax.plot(*zip(*fails, strict=True), **_FAIL, zorder=4)
+    return fails
 
-    if view.log:
-        ax.set_yscale("log")
-    counts = [max(len(v) for v in groups[op].values()) for op in op_types]
-    ax.set_xticks(range(len(op_types)), [f"{_short(op, 24)} ({n})"
-                                         for op, n in zip(op_types, counts, strict=True)],
-                  rotation=45 if len(op_types) > 6 else 0, ha="right" if len(op_types) > 6
-                  else "center", fontsize=9)
-    ax.set_xlim(-0.6, len(op_types) - 0.4)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.set_xlabel("op type (tensors per candidate), worst first")
-    ax.set_ylabel(view.label)
-    ax.set_title(f"{view.label.split(' (')[0]} by op type, {mode} error")
+
+def _candidate_legend(ax: Axes, cand_names: list[str], colour: dict[str, str],
+                      fails: bool) -> None:
+    """A patch per candidate's colour, and the failed marker when any failed."""
+    from matplotlib.patches import Patch
+
     handles = [Patch(facecolor=colour[c], alpha=0.5, label=c) for c in cand_names]
     if fails:
         from matplotlib.lines import Line2D
@@ -419,4 +457,3 @@ def error_by_op_type(records: Sequence[Mapping[str, Any]], metric: str = "max_ab
         handles.append(Line2D([], [], **_FAIL, label="failed tolerance"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
               frameon=False)
-    return fig

@@ -198,13 +198,48 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
     """
     import numpy as np
     import torch
-    from tqdm.auto import tqdm
 
-    from ..precision.snr import snr_db
     from ..runtime import TorchRunner
-    from .task import check_task, evaluate_candidates, evaluation_set
+    from .task import check_task, evaluation_set
 
     t0 = time.perf_counter()
+    named = _checked(reference, candidates, repeat, warmup, threads)
+    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    args = tuple(a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
+                 for a in args)
+    task_set = None if task is None else evaluation_set(check_task(task), args)
+    ref = TorchRunner(reference).run(tuple(a.clone() for a in args))
+    ref_values = [np.asarray(v) for v in ref.values()]
+    feed = tuple(a.numpy() for a in args)  # every backend fed the same numpy arrays
+    entries = [_entry(thing, label, i, threads) for i, (label, thing) in enumerate(named)]
+    _unique_labels(entries)
+    accuracy = _accuracy(entries, feed, ref_values, progress)
+    scores = {} if task is None else _task_scores(task, reference, entries, task_set)
+    load_start = os.getloadavg()[0]
+    times = _interleaved([e for e in entries if e.timed is not None], feed, repeat, warmup,
+                         progress)
+    load_end = os.getloadavg()[0]
+    rows = []
+    for e, acc in zip(entries, accuracy, strict=True):
+        t = times.get(e.label)
+        rows.append(PrecisionRow(e.label, e.backend, e.precision,
+                                 statistics.median(t) * 1e3 if t else None, None, acc.snr_db,
+                                 None, acc.max_abs, len(t) if t else 0, e.note,
+                                 scores.get(e.label)))
+    _against_fp32(rows)
+    _note_bit_identical(rows, [acc.outputs for acc in accuracy])
+    notes = [f"no fp32 {backend} candidate: its rows have no speed-up or dB delta (add the "
+             "fp32 model to compare against)" for backend in dict.fromkeys(r.backend for r in rows)
+             if not any(r.backend == backend and r.precision == "fp32" for r in rows)]
+    return PrecisionTable(rows, threads, repeat, warmup, (load_start, load_end),
+                          time.perf_counter() - t0, notes)
+
+
+def _checked(reference: Any, candidates: Sequence[Any] | Mapping[str, Any], repeat: int,
+             warmup: int, threads: int) -> list[tuple[str | None, Any]]:
+    """precision_table's arguments checked: the candidates as (label or None, candidate)."""
+    import torch
+
     if not isinstance(reference, torch.nn.Module):
         raise InputError(f"precision_table's reference is a {type(reference).__name__}, not "
                          "an nn.Module", "pass the PyTorch model the candidates were made "
@@ -220,42 +255,55 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
         raise InputError("precision_table got no candidates",
                          "pass the models to time, e.g. [onx, wb.quantize(onx, samples), nc, "
                          "wb.quantize(nc, samples)]")
-    args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
-    args = tuple(a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))
-                 for a in args)
-    task_set = None if task is None else evaluation_set(check_task(task), args)
-    ref = TorchRunner(reference).run(tuple(a.clone() for a in args))
-    ref_values = [np.asarray(v) for v in ref.values()]
-    feed = tuple(a.numpy() for a in args)  # every backend fed the same numpy arrays
-    entries = [_entry(thing, label, i, threads) for i, (label, thing) in enumerate(named)]
-    _unique_labels(entries)
+    return named
 
-    measured, outputs = [], []
+
+@dataclass
+class _Accuracy:
+    """A candidate's final outputs against the reference's: the worst output's SNR, the
+    largest absolute difference of any, and the outputs (to tell bit-identical runs)."""
+
+    snr_db: float
+    max_abs: float
+    outputs: list[Any]
+
+
+def _accuracy(entries: list[_Entry], feed: tuple, ref_values: list[Any],
+              progress: bool) -> list[_Accuracy]:
+    """Each entry's outputs on ``feed`` by its crash-isolated runner, against the
+    reference's."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from ..precision.snr import snr_db
+
+    out = []
     for i, e in enumerate(tqdm(entries, desc="accuracy", disable=not progress, leave=False)):
         got = _run_checked(e, i, feed, ref_values)
         snr = min(snr_db(r, g) for r, g in zip(ref_values, got, strict=True))
         worst = max(float(np.max(np.abs(np.asarray(r, np.float64).reshape(-1)
                                         - np.asarray(g, np.float64).reshape(-1))))
                     for r, g in zip(ref_values, got, strict=True))
-        measured.append((snr, worst))
-        outputs.append(got)
-    scores: dict[str, TaskScore] = {}
-    if task is not None:  # the answers, by the crash-isolated runners (not the timed ones)
-        scores, not_run = evaluate_candidates(task, TorchRunner(reference),
-                                              [(e.label, e.checked) for e in entries], task_set)
-        for e in entries:
-            e.note = "; ".join(filter(None, [e.note, not_run.get(e.label)]))
+        out.append(_Accuracy(snr, worst, got))
+    return out
 
-    load_start = os.getloadavg()[0]
-    times = _interleaved([e for e in entries if e.timed is not None], feed, repeat, warmup,
-                         progress)
-    load_end = os.getloadavg()[0]
-    rows = []
-    for e, (snr, worst) in zip(entries, measured, strict=True):
-        t = times.get(e.label)
-        rows.append(PrecisionRow(e.label, e.backend, e.precision,
-                                 statistics.median(t) * 1e3 if t else None, None, snr, None,
-                                 worst, len(t) if t else 0, e.note, scores.get(e.label)))
+
+def _task_scores(task: Any, reference: Any, entries: list[_Entry], task_set: Any
+                 ) -> dict[str, TaskScore]:
+    """The answers, by the crash-isolated runners (not the timed ones); an entry whose
+    evaluation run failed gets a note saying so."""
+    from ..runtime import TorchRunner
+    from .task import evaluate_candidates
+
+    scores, not_run = evaluate_candidates(task, TorchRunner(reference),
+                                          [(e.label, e.checked) for e in entries], task_set)
+    for e in entries:
+        e.note = "; ".join(filter(None, [e.note, not_run.get(e.label)]))
+    return scores
+
+
+def _against_fp32(rows: list[PrecisionRow]) -> None:
+    """Each row's speed-up and dB delta against its backend's fp32 row (when there is one)."""
     for r in rows:
         fp32 = next((f for f in rows if f.backend == r.backend and f.precision == "fp32"),
                     None)
@@ -265,7 +313,13 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
             r.speedup = fp32.latency_ms / r.latency_ms
         r.snr_delta_db = (math.nan if math.isinf(r.snr_db) and math.isinf(fp32.snr_db)
                           else r.snr_db - fp32.snr_db)
-    notes = []
+
+
+def _note_bit_identical(rows: list[PrecisionRow], outputs: list[list[Any]]) -> None:
+    """A note on each row whose outputs are bit-identical to its backend's fp32 row's: no
+    layer ran in its precision here."""
+    import numpy as np
+
     for r, got in zip(rows, outputs, strict=True):
         base = next((k for k, f in enumerate(rows) if f.backend == r.backend
                      and f.precision == "fp32"), None)
@@ -274,12 +328,6 @@ def precision_table(reference: Any, candidates: Sequence[Any] | Mapping[str, Any
             r.note = "; ".join(filter(None, [r.note, f"outputs bit-identical to "
                                               f"{rows[base].label}: no layer ran in "
                                               f"{r.precision} here"]))
-    for backend in dict.fromkeys(r.backend for r in rows):
-        if not any(r.backend == backend and r.precision == "fp32" for r in rows):
-            notes.append(f"no fp32 {backend} candidate: its rows have no speed-up or dB "
-                         "delta (add the fp32 model to compare against)")
-    return PrecisionTable(rows, threads, repeat, warmup, (load_start, load_end),
-                          time.perf_counter() - t0, notes)
 
 
 def _entry(thing: Any, label: str | None, index: int, threads: int) -> _Entry:
