@@ -25,13 +25,23 @@ from .widgetfiles import widget_source
 __all__ = ["CSS_DPI", "DENSITY", "CompareTable", "CompareView", "compare_view", "figure_html",
            "shared_reference_order"]
 
-SHOWN = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
-         "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance", "passed"]
-# min_tol: the smallest atol that passes (pass/fail is per element: atol + rtol*|ref|);
-# tolerance: that bound at the tensor's largest |ref|, so a failing row may show max_abs below it
-SORTABLE = ["order", "max_abs", "mean_abs", "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol",
-            "op_type", "name", "reference", "candidate", "mode"]
-METRICS = {"max_abs", "mean_abs", "max_rel", "frac_over_tol", "min_tol"}  # worst first on a header click
+SHOWN = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "noise_floor",
+         "mean_abs", "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "tolerance",
+         "passed"]
+# noise_floor: beside the error, fp32's own rounding in the op the candidate computes (an fp32
+# candidate's tolerance is a multiple of it, unless one was given); blank where a candidate has
+# none (a low precision keeps its own rule). min_tol: the smallest atol that passes; tolerance:
+# the bound that decided the row, at the tensor's largest |ref| (pass/fail is per element:
+# atol + rtol*|ref|), so a failing row may show max_abs below it
+SORTABLE = ["order", "max_abs", "noise_floor", "mean_abs", "max_rel", "cosine", "snr_db",
+            "frac_over_tol", "min_tol", "op_type", "name", "reference", "candidate", "mode"]
+# worst first on a header click
+METRICS = {"max_abs", "noise_floor", "mean_abs", "max_rel", "frac_over_tol", "min_tol"}
+# what a noise floor was derived from (noise_floor.py), as its cell's tooltip says it
+FLOOR_BASIS = {"terms": "the rounding of the op's sums, from its weights and inputs",
+               "exact": "an op that moves, selects or clamps: one rounding of its output",
+               "smooth": "an activation's few ulps of its largest output",
+               "fallback": "ulps of the largest output (an op whose terms are not known)"}
 ALL = "(all)"
 STYLE = """<style>
 .wb-compare-table { border-collapse: collapse; font-size: 12px; }
@@ -97,7 +107,7 @@ class CompareView(widgets.VBox):
                              f"one of {', '.join(SORTABLE)}")
         self.report = report
         self.metric = metric
-        self.all_rows = report.rows()
+        self.all_rows = [_floor_or_none(r) for r in report.rows()]
         first = report.first_divergence
         self.first_key = (first.candidate, first.mode, first.name) if first else None
         ops = sorted({r["op_type"] for r in self.all_rows})
@@ -227,10 +237,7 @@ class CompareView(widgets.VBox):
             key = (r["candidate"], r["mode"], r["name"])
             cls = " ".join(c for c in ("wb-first-divergence" if key == self.first_key else "",
                                        "" if r.get("passed") else "wb-failed") if c)
-            cells = "".join(
-                f'<td class="wb-text">{html.escape(_fmt(r.get(c)))}</td>'
-                if c in ("candidate", "mode", "name", "reference", "op_type")
-                else f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in SHOWN)
+            cells = "".join(_cell(r, c) for c in SHOWN)
             body.append(f'<tr class="{cls}" data-name="{html.escape(r["name"])}">{cells}</tr>')
         self.table_w.html = (f'{STYLE}<table class="wb-compare-table"><thead><tr>{head}</tr>'
                               f"</thead><tbody>{''.join(body)}</tbody></table>")
@@ -264,6 +271,26 @@ def compare_view(report: Any, metric: str = "max_abs", figures: bool = True,
                  summary: bool = True) -> CompareView:
     """The comparison inline: ``wb.ui.compare_view(report)``."""
     return CompareView(report, metric=metric, figures=figures, summary=summary)
+
+
+def _floor_or_none(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with ``noise_floor`` None where its candidate has no floor (``floor_basis``
+    empty: a low precision's per-element rule decided it), so the cell is blank and sorts
+    last, not as a floor of 0."""
+    return row if row.get("floor_basis") else {**row, "noise_floor": None}
+
+
+def _cell(row: dict[str, Any], column: str) -> str:
+    """One table cell: text left-aligned; a noise floor says in its tooltip what it was
+    derived from."""
+    text = html.escape(_fmt(row.get(column)))
+    if column in ("candidate", "mode", "name", "reference", "op_type"):
+        return f'<td class="wb-text">{text}</td>'
+    if column == "noise_floor" and row.get("noise_floor") is not None:
+        basis = str(row.get("floor_basis"))
+        why = html.escape(FLOOR_BASIS.get(basis, basis), quote=True)
+        return f'<td class="wb-floor" title="fp32 noise floor: {why}">{text}</td>'
+    return f"<td>{text}</td>"
 
 
 def _fmt(v: Any) -> str:
