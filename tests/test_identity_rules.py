@@ -125,18 +125,20 @@ def test_a_module_called_twice_is_held_by_both_of_its_layers():
         "layer0": "shared", "layer1": "shared", "layer2": "other"}
 
 
-def _attention(block, key, weights, values=None):
+def _attention(block, key, weights, values=None, near=()):
     """A fused attention layer's four projection weights (q, k, v, out, in that order, as
     ncnn's MultiHeadAttention loads them): no shape declared, one layer."""
     held = [(values or {}).get(i, w).ravel().copy() for i, w in enumerate(weights)]
     return [Stored(key + i, f"attention{block}", "MultiHeadAttention", w.size,
-                   lambda d=d: d) for i, (w, d) in enumerate(zip(weights, held, strict=True))]
+                   lambda d=d: d, near=near)
+            for i, (w, d) in enumerate(zip(weights, held, strict=True))]
 
 
 def test_a_destroyed_projection_of_a_fused_attention_is_placed_by_its_layers_order():
     """Two blocks of equal-shaped q, k, v, out projections; block 1's q (or its out) is
     noise: the layer's other weights are tied by values, so the layer holds module weights,
-    and the untied one takes the projection between its neighbours in module order."""
+    and the untied one takes the projection between its neighbours in module order, though
+    the module named at what the layer reads is the block before's."""
     blocks = [[_w(10 * b + i, 8, 8) for i in range(4)] for b in range(2)]
     ffn = [_w(50 + b, 16, 8) for b in range(2)]
     names = ("query", "key", "value", "out")
@@ -146,7 +148,8 @@ def test_a_destroyed_projection_of_a_fused_attention_is_placed_by_its_layers_ord
     for damaged in (0, 3):
         stored = (_attention(0, 0, blocks[0])
                   + [Stored(4, "ffn0", "InnerProduct", 128, lambda: ffn[0].ravel(), rows=16)]
-                  + _attention(1, 5, blocks[1], {damaged: _w(99, 8, 8)})
+                  + _attention(1, 5, blocks[1], {damaged: _w(99, 8, 8)},
+                               near=("layer.0.ffn",))
                   + [Stored(9, "ffn1", "InnerProduct", 128, lambda: ffn[1].ravel(), rows=16)])
         ties = identify(stored, params)
         assert ties[5 + damaged].module == f"layer.1.{names[damaged]}"

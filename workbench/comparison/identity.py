@@ -21,7 +21,8 @@ by this evidence, in this order:
    one choice. A weight whose layer declares no shape takes part only when another weight
    of its own layer is placed: the layer holds module weights, so this one is a parameter
    too (a fused attention's q, k, v and output projections, all of one size: a damaged q
-   lies between the block's weights before it and its placed k).
+   lies between the block's weights before it and its placed k). Its placed siblings bound
+   it, not the modules named beside its op (at a block's input, the block before's).
 
 Values never overrule a tie made by name or structure, except when they match another
 parameter of the same size outright (then the shape rules misread that layer): a weight whose
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MATCH = 0.9  # median |cosine| of the sampled rows for values to tie a weight to a parameter
@@ -103,8 +104,20 @@ def identify(stored: list[Stored], params: list[Param]) -> dict[int, Tie]:
                                                  ties, params, sims)) is not None:
                 ties[k], changed = tie, True
         if not changed:
-            changed = _by_position(stored, narrowed, ties, params, sims)
+            changed = _by_position(stored, _in_placed_layers(stored, fits, narrowed, ties,
+                                                             params), ties, params, sims)
     return ties
+
+
+def _in_placed_layers(stored: list[Stored], fits: list[list[int]], narrowed: list[list[int]],
+                      ties: dict[int, Tie], params: list[Param]) -> list[list[int]]:
+    """``narrowed``, but a weight that declares no shape, in a layer whose other weights are
+    tied, is narrowed by its name only: its placed siblings bound it in the module order,
+    and the modules named beside its op (those it reads, at a block's input: the block
+    before's) would narrow it to the wrong block."""
+    return [_narrow(replace(s, near=()), fits[k], params)
+            if not s.declared and k not in ties and _sibling_placed(stored, k, ties)
+            else narrowed[k] for k, s in enumerate(stored)]
 
 
 def _fits(s: Stored, p: Param) -> bool:
