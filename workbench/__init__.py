@@ -34,6 +34,9 @@ _LAZY = {
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "quantize": ("workbench.stages.quantize", "quantize"),
     "ncnn_featmask": ("workbench.stages.ncnn_featmask", "ncnn_featmask"),
+    "prune": ("workbench.stages.prune", "prune"),
+    "PruneResult": ("workbench.stages.prune_report", "PruneResult"),
+    "PruneReport": ("workbench.stages.prune_report", "PruneReport"),
     "compare": ("workbench.comparison.compare", "compare"),
     "CompareReport": ("workbench.comparison.report", "CompareReport"),
     "precision_table": ("workbench.comparison.speed", "precision_table"),
@@ -58,6 +61,16 @@ _LAZY = {
     "side_by_side": ("workbench.stages.sidebyside", "side_by_side"),
     "ui": ("workbench.ui", None),
     "sweep": ("workbench.sweeps.run", "sweep"),
+    "rewrite": ("workbench.stages.rewriters", "rewrite"),
+    "rewrite_module": ("workbench.stages.rewriters", "rewrite_module"),
+    "rewriters": ("workbench.stages.rewriters", "rewriters"),
+    "unregister_rewriter": ("workbench.stages.rewriters", "unregister_rewriter"),
+    "enable_rewriter": ("workbench.stages.rewriters", "enable_rewriter"),
+    "rewrite_context": ("workbench.stages.rewrite_session", "rewrite_context"),
+    "mark": ("workbench.stages.marks", "mark"),
+    "partition": ("workbench.stages.partition", "partition"),
+    "extract": ("workbench.stages.partition_onnx", "extract"),
+    "compare_parts": ("workbench.comparison.parts", "compare_parts"),
 }
 
 __all__ = [

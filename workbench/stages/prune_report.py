@@ -1,0 +1,191 @@
+"""What pruning did to the model a backend runs: each figure before and after, side by side,
+and the note a user must read (zeroed weights are still stored and still multiplied)."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..artifact.record import Artifact
+    from ..errors import WorkbenchError
+
+
+@dataclass(frozen=True)
+class BeforeAfter:
+    """One figure of the unpruned model and of the pruned one; ``ratio`` is after / before
+    (0.5: halved; None when before is 0)."""
+
+    before: float
+    after: float
+
+    @property
+    def ratio(self) -> float | None:
+        return self.after / self.before if self.before else None
+
+
+@dataclass
+class PruneReport:
+    """The pruned model against the unpruned one, measured the same way.
+
+    ``amount`` is what was asked: the fraction of the Conv/Linear weights to take away;
+    ``weights_pruned`` what was done (removed with their channels, or set to zero);
+    ``channel_ratio`` the ratio of channels torch-pruning removed per group (structured).
+    ``params`` and ``macs`` count the torch module (torch-pruning's
+    ``count_ops_and_params``); ``onnx_nodes`` / ``onnx_bytes`` are the exported ONNX files
+    (``wb.export``), ``ncnn_bin_bytes`` the ncnn weights (``wb.to_ncnn``); ``ort_ms`` /
+    ``ncnn_ms`` median latencies in milliseconds, unpruned and pruned run alternately in
+    this process on the example inputs with ``threads`` threads. A backend figure is None
+    when that backend was not asked for or failed (``errors`` says why). ``snr_db`` and
+    ``max_abs`` compare the pruned torch model's outputs with the unpruned one's (worst
+    output).
+    """
+
+    method: str
+    amount: float
+    weights_pruned: float
+    channel_ratio: float | None
+    params: BeforeAfter
+    macs: BeforeAfter
+    snr_db: float
+    max_abs: float
+    ignored: list[str] = field(default_factory=list)
+    output_layers: list[str] = field(default_factory=list)
+    onnx_nodes: BeforeAfter | None = None
+    onnx_bytes: BeforeAfter | None = None
+    ncnn_bin_bytes: BeforeAfter | None = None
+    ort_ms: BeforeAfter | None = None
+    ncnn_ms: BeforeAfter | None = None
+    artifacts: dict[str, Artifact] = field(default_factory=dict, repr=False)
+    errors: dict[str, WorkbenchError] = field(default_factory=dict)
+    round_to: int | None = None  # structured: every pruned width a multiple of this
+    threads: int = 1
+    repeat: int = 0
+    load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at start and end
+    seconds: float = 0.0
+
+    @property
+    def structured(self) -> bool:
+        return self.method.endswith("-structured")  # not "l1-unstructured"
+
+    def figures(self) -> dict[str, BeforeAfter]:
+        """{row label: figure} of every figure measured, in table order."""
+        rows = {"parameters": self.params, "MACs": self.macs, "ONNX nodes": self.onnx_nodes,
+                "ONNX file (bytes)": self.onnx_bytes,
+                "ncnn .bin (bytes)": self.ncnn_bin_bytes,
+                "ONNX Runtime latency (ms)": self.ort_ms, "ncnn latency (ms)": self.ncnn_ms}
+        return {k: v for k, v in rows.items() if v is not None}
+
+    def table(self) -> list[dict[str, Any]]:
+        """One record per figure: figure, before, after, ratio (after / before)."""
+        return [{"figure": k, "before": v.before, "after": v.after, "ratio": v.ratio}
+                for k, v in self.figures().items()]
+
+    def summary(self) -> str:
+        """One line: the method, what was pruned, each ratio and the output change."""
+        parts = [f"{k.split(' (')[0]} x{_ratio(v.ratio)}" for k, v in self.figures().items()]
+        return (f"{self.method} {self.amount:.0%} ({self.weights_pruned:.1%} of conv/linear "
+                f"weights {'removed' if self.structured else 'zeroed'}): {', '.join(parts)}; "
+                f"output SNR {self.snr_db:.1f} dB vs unpruned")
+
+    def notes(self) -> list[str]:
+        """What the figures mean for the deployed model, in sentences."""
+        out = []
+        if not self.structured:
+            sizes = ", ".join(f"{k} x{_ratio(v.ratio)}" for k, v in (
+                ("ONNX file", self.onnx_bytes), ("ncnn .bin", self.ncnn_bin_bytes),
+                ("ONNX Runtime latency", self.ort_ms), ("ncnn latency", self.ncnn_ms))
+                if v is not None)
+            out.append("unstructured pruning zeroes weights but keeps every one: the dense "
+                       "ONNX file and ncnn .bin store the zeros and the backends multiply "
+                       "them, so file size and latency stay where they were"
+                       + (f" ({sizes})" if sizes else "") + ". Only structured pruning "
+                       "(whole channels, method='l1-structured') shrinks the deployed model.")
+        else:
+            kept = ", ".join(self.output_layers) or "none"
+            out.append(f"{self.channel_ratio or 0:.0%} of each prunable group's channels "
+                       "were removed, kept consistent across residual adds and concats; the "
+                       f"layers producing the outputs kept their width ({kept}).")
+            out += self._width_notes()
+        if self.snr_db < 20:
+            out.append(f"the outputs moved (SNR {self.snr_db:.1f} dB, max abs "
+                       f"{self.max_abs:.3g} vs the unpruned model): pruning without "
+                       "fine-tuning costs accuracy; fine-tune the pruned model before "
+                       "deploying it.")
+        for stage, err in self.errors.items():
+            out.append(f"{stage} not measured: {type(err).__name__}: "
+                       f"{err.message.splitlines()[0][:200]}")
+        return out
+
+    def _width_notes(self) -> list[str]:
+        """What the widths' rounding did to the amount, or what no rounding may cost."""
+        if self.round_to is None:
+            return ["widths were pruned to the exact ratio (round_to=None): a width that is "
+                    "not a multiple of 8 falls off the packed kernels of ONNX Runtime "
+                    "(NCHWc) and ncnn (elempack 4/8), which can leave the pruned model "
+                    "slower than the unpruned one; round_to=8 keeps them packed."]
+        if abs(self.weights_pruned - self.amount) > 0.03:
+            return [f"widths move in steps of round_to={self.round_to}: the closest to "
+                    f"{self.amount:.0%} was {self.weights_pruned:.1%}; round_to=4 or None "
+                    "comes closer (None at the cost of packed kernels)."]
+        return []
+
+    def text(self) -> str:
+        rows = [("figure", "unpruned", "pruned", "after/before")]
+        rows += [(k, _num(v.before), _num(v.after), _ratio(v.ratio))
+                 for k, v in self.figures().items()]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        rounded = f", round_to={self.round_to}" if self.structured else ""
+        lines = [f"PruneReport: {self.method}{rounded}, amount {self.amount:.0%} "
+                 f"({self.weights_pruned:.1%} of conv/linear weights "
+                 f"{'removed' if self.structured else 'zeroed'})"]
+        lines += ["  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                            for j, (c, w) in enumerate(zip(r, widths, strict=True)))
+                  for r in rows]
+        lines.append(f"output vs unpruned: SNR {self.snr_db:.1f} dB, max abs "
+                     f"{self.max_abs:.3g}")
+        if self.ort_ms or self.ncnn_ms:
+            lines.append(f"latency: medians of {self.repeat} alternating runs, {self.threads} "
+                         f"thread(s), load {self.load[0]:.1f} -> {self.load[1]:.1f}")
+        return "\n".join(lines + [f"note: {n}" for n in self.notes()])
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        body = "".join(
+            f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{_num(v.before)}</td>"
+            f"<td style='text-align:right'>{_num(v.after)}</td>"
+            f"<td style='text-align:right'><b>x{_ratio(v.ratio)}</b></td></tr>"
+            for k, v in self.figures().items())
+        notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes())
+        return (f"<div><b>{html.escape(self.summary())}</b><table><tr><th>figure</th>"
+                f"<th>unpruned</th><th>pruned</th><th>after/before</th></tr>{body}</table>"
+                f"{notes}</div>")
+
+
+@dataclass
+class PruneResult:
+    """``wb.prune``'s answer: ``model`` the pruned module (a deep copy; the module given is
+    unchanged) and ``report`` the figures, before and after."""
+
+    model: Any
+    report: PruneReport
+
+    def __repr__(self) -> str:
+        return f"PruneResult(model={type(self.model).__name__}, report=...)\n{self.report.text()}"
+
+    def _repr_html_(self) -> str:
+        return self.report._repr_html_()
+
+
+def _num(v: float) -> str:
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+    return f"{int(v):,}"
+
+
+def _ratio(r: float | None) -> str:
+    return "-" if r is None or math.isnan(r) else f"{r:.2f}"
