@@ -51,12 +51,14 @@ def capture_reference(schedule: Schedule, runner: Any, args: tuple, modules: set
 class Captured:
     """One candidate's run on one input set, aligned: its captured ``values`` (None once an
     isolated run no longer needs them), its ``tensors`` in topological order, their
-    ``alignment``, and what its noise floors are computed from (None: a low precision)."""
+    ``alignment``, what its noise floors are computed from (None: a low precision), and
+    ``args``, its own copy of the inputs (an isolated run is fed them)."""
 
     values: dict[str, Any] | None
     tensors: list[CandidateTensor]
     alignment: Alignment
     floors: FloorInputs | None
+    args: tuple
 
 
 @dataclass
@@ -120,8 +122,9 @@ class InputSetCapture:
         except RUN_FAILURES as e:  # this one did not run: listed, the rest goes on
             return RunFailed.of(e)
         tensors, al = aligner.aligned(cand, values, cand_samples, self.reference)
-        return Captured(values, tensors, al,
-                        floor_inputs(cand, al, values, feeds(cand, self.own_args[k])))
+        args = self.own_args[k]
+        return Captured(values, tensors, al, floor_inputs(cand, al, values, feeds(cand, args)),
+                        args)
 
 
 def feeds(cand: Candidate, args: tuple) -> dict[str, Any] | None:

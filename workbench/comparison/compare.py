@@ -12,6 +12,7 @@ and what was found made a CompareReport (findings.py). How the work shares the m
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..progress import Progress, Steps
@@ -84,67 +85,78 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
                      per_tensor_tolerance=per_tensor_tolerance, min_explained=min_explained,
                      timeout=timeout, task=task)
     bar = Steps(progress, "compare", plan.steps)
-    aligner = Aligner(reference, plan.modules)
-    found = Findings(plan.candidates)
     with Schedule() as schedule:
+        run = _Comparison(plan, schedule, bar, Aligner(reference, plan.modules),
+                          Findings(plan.candidates))
         for args in plan.input_sets:
-            _compare_set(schedule, plan, args, aligner, found, bar)
-    scores = _task_scores(plan, found, bar)
+            _compare_set(run, args)
+    scores = _task_scores(plan, run.found, bar)
     bar.close()
-    return found.report(plan, aligner.alignments, scores)
+    return run.found.report(plan, run.aligner.alignments, scores)
 
 
-def _compare_set(schedule: Schedule, plan: Plan, args: tuple, aligner: Aligner,
-                 found: Findings, bar: Steps) -> None:
+@dataclass
+class _Comparison:
+    """One compare() call as it runs: what was asked, its threads, its progress bar, the
+    alignments made (on each candidate's first input set) and what it has found."""
+
+    plan: Plan
+    schedule: Schedule
+    bar: Steps
+    aligner: Aligner
+    found: Findings
+
+
+def _compare_set(run: _Comparison, args: tuple) -> None:
     """Capture, align and measure every candidate on one input set. Each backend runs on
     its own copy of the inputs (a model writing into its input changes no other's; a
     TorchRunner copies for itself). In accumulated mode the next candidate is captured and
     aligned while this one is measured (``ready``)."""
-    cands = plan.candidates
+    plan, bar, cands = run.plan, run.bar, run.plan.candidates
     check_inputs(cands, args)
     own_args = [copies(args) for _ in cands]
-    with schedule.captures(cands, own_args, plan.mode) as captures:
+    with run.schedule.captures(cands, own_args, plan.mode) as captures:
         bar.phase("torch: capturing every tensor")
-        reference = capture_reference(schedule, plan.runner, args, plan.modules,
-                                      index=aligner.pending(cands))
+        reference = capture_reference(run.schedule, plan.runner, args, plan.modules,
+                                      index=run.aligner.pending(cands))
         bar.advance()
         this_set = InputSetCapture(args, cands, reference, captures, own_args)
         ready: dict[int, Captured | RunFailed] = {}  # aligned ahead, while one measured
         for k, cand in enumerate(cands):
             if k not in ready:
                 bar.phase(f"{cand.name}: capturing")
-            got = ready.pop(k) if k in ready else this_set.candidate(k, aligner)
+            got = ready.pop(k) if k in ready else this_set.candidate(k, run.aligner)
             if isinstance(got, RunFailed):
-                found.fail(cand.name, got.why)
+                run.found.fail(cand.name, got.why)
                 bar.advance(plan.runs)
             else:
                 side = (lambda k=k: ready.__setitem__(k + 1, this_set.candidate(
-                    k + 1, aligner))) if plan.mode == "accumulated" and k + 1 < len(cands) \
+                    k + 1, run.aligner))) if plan.mode == "accumulated" and k + 1 < len(cands) \
                     else None
-                _compare_candidate(schedule, plan, cand, got, this_set, k, found, bar, side)
+                _compare_candidate(run, cand, got, this_set, side)
             got = None  # the values go before the next capture starts (peak memory)
             captures.done(k)
 
 
-def _compare_candidate(schedule: Schedule, plan: Plan, cand: Candidate, got: Captured,
-                       this_set: InputSetCapture, k: int, found: Findings, bar: Steps,
-                       side: Callable[[], Any] | None) -> None:
-    """Measure candidate k's runs on this input set (its notes taken on the first set it
+def _compare_candidate(run: _Comparison, cand: Candidate, got: Captured,
+                       this_set: InputSetCapture, side: Callable[[], Any] | None) -> None:
+    """Measure one candidate's runs on this input set (its notes taken on the first set it
     ran). ``side`` (aligning the next candidate) runs while the first run is measured."""
+    found = run.found
     if cand.name not in found.noted:
         found.noted.add(cand.name)
-        found.note(cand.name, *_notes(plan, cand, this_set.args, got))
-    bar.phase(f"{cand.name}: measuring {len(got.alignment.pairs)} aligned tensors of "
-              f"{len(got.tensors)}")
+        found.note(cand.name, *_notes(run.plan, cand, this_set.args, got))
+    run.bar.phase(f"{cand.name}: measuring {len(got.alignment.pairs)} aligned tensors of "
+                  f"{len(got.tensors)}")
     ref_values = this_set.reference.values
-    runs = candidate_runs(cand, got, ref_values, plan.mode, this_set.own_args[k])
+    runs = candidate_runs(cand, got, ref_values, run.plan.mode)
     found.runs(cand.name, runs)
     while runs.runs:  # each run's values let go once measured
-        run = runs.runs.pop(0)
-        found.measured(cand.name, measure_run(schedule, cand, run, got, ref_values,
-                                              plan.tolerances, side))
-        side = run = None
-        bar.advance()
+        one = runs.runs.pop(0)
+        found.measured(cand.name, measure_run(run.schedule, cand, one, got, ref_values,
+                                              run.plan.tolerances, side))
+        side = one = None
+        run.bar.advance()
 
 
 def _notes(plan: Plan, cand: Candidate, args: tuple, got: Captured) -> list[str | None]:

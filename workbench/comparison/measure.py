@@ -103,8 +103,8 @@ class RunRecords:
     skipped: dict[str, str]
 
 
-def candidate_runs(cand: Candidate, captured: Captured, ref_values: dict[str, Any], mode: str,
-                   args: tuple) -> CandidateRuns:
+def candidate_runs(cand: Candidate, captured: Captured, ref_values: dict[str, Any],
+                   mode: str) -> CandidateRuns:
     """The runs to measure: the accumulated one (the captured values) and, in "isolated" or
     "both" mode, an isolated run made now. An isolated run needs the captured shapes, not
     values: in "isolated" mode ``captured.values`` is let go before it runs (peak memory)."""
@@ -115,7 +115,7 @@ def candidate_runs(cand: Candidate, captured: Captured, ref_values: dict[str, An
     layout = _layout(captured.values)
     captured.values = None
     try:
-        iso = isolated(cand, al, ref_values, layout, args)
+        iso = isolated(cand, al, ref_values, layout, captured.args)
     except WorkbenchError as e:  # listed; the accumulated records stand
         iso = None
         out.unmeasured = dict.fromkeys(al.pairs, f"isolated: the isolated run failed: "
