@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+import time
 from typing import Any
 
 from ..errors import InputError
@@ -36,95 +36,53 @@ from .candidates import parent_pairing
 from .isolated import fit_reference as _fit
 from .isolated import isolated as _isolated
 from .isolated import reference_of
+from .ranking import Choice, InputRounding, Ranking, Sensitivity
 from .schedule import torch_threads
 
-STATUSES = ("ranked", "unmeasurable", "float")
+_BEFORE = 6  # the bar's steps before the layers: 2 captures, pairs, isolated, lowering, input
 
 
-@dataclass
-class Sensitivity:
-    """One layer's cost: ``final_snr_db`` is the model output's SNR (the worst output) when
-    only this layer's isolated error is let into a float run (None: not measured);
-    ``isolated_snr_db`` the layer's own SNR on reference inputs; ``status`` "ranked" (ran in
-    low precision, measured), "unmeasurable" (ran in low precision, its value cannot be put
-    back into the torch run: ``reason`` says why) or "float" (ran in fp32: not ranked);
-    ``precision`` what its own computation ran in (int8, fp16, bf16, fp32); ``reason`` what
-    ran, or why it is not measured."""
+class _Steps:
+    """One progress bar over a whole ranking (tqdm.auto: a widget in Jupyter), a step per
+    layer measured and per step around them, each step's wall time kept (``seconds``). The
+    bar stays until the ranking returns: a phase that measures nothing still moves it."""
 
-    record: Any  # the isolated Record (``.reference`` is the module call)
-    final_snr_db: float | None
-    isolated_snr_db: float
-    # ncnn int8: the layers whose rounding of this record's tensor (ncnn rounds a blob
-    # inside each int8 layer that reads it) is counted here rather than against them
-    via: tuple[str, ...] = ()
-    status: str = "ranked"
-    precision: str = "int8"
-    reason: str = ""
+    def __init__(self, desc: str, total: int, progress: bool) -> None:
+        from tqdm.auto import tqdm
 
-    @property
-    def reference(self) -> str:
-        return self.record.reference
+        self.bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+        self.seconds: dict[str, float] = {}
+        self._name, self._t0 = "", time.perf_counter()
 
+    def phase(self, name: str, steps: int = 0) -> None:
+        """Start step ``name`` (its ``steps`` added to the bar's total: known only now)."""
+        self._stop()
+        self._name, self._t0 = name, time.perf_counter()
+        if steps:
+            self.bar.total += steps
+        self.bar.set_postfix_str(name, refresh=True)
 
-@dataclass
-class InputRounding:
-    """The loss of the model input rounded to low precision by the layers that read it:
-    ``final_snr_db`` (the output's SNR when only the input is rounded), ``isolated_snr_db``
-    (the rounded input's own SNR), ``inputs`` and ``readers`` by the candidate's names."""
+    def step(self, n: int = 1) -> None:
+        self.bar.update(n)
 
-    inputs: tuple[str, ...]
-    readers: tuple[str, ...]
-    final_snr_db: float
-    isolated_snr_db: float
+    def _stop(self) -> None:
+        if self._name:
+            self.seconds[self._name] = self.seconds.get(self._name, 0.0) + (
+                time.perf_counter() - self._t0)
 
-    def line(self) -> str:
-        readers = ", ".join(self.readers[:4]) + (" ..." if len(self.readers) > 4 else "")
-        return (f"input rounding: {self.final_snr_db:.1f} dB (input {', '.join(self.inputs)} "
-                f"rounded to int8 by {readers}, {self.isolated_snr_db:.1f} dB on its own; no "
-                "layer's error, so no layer is ranked for it)")
-
-
-class Ranking(list):
-    """The measured low-precision layers, most costly first (a list of Sensitivity:
-    ``rep.sensitive(k)`` takes the first k), with what is not ranked beside it:
-    ``unmeasurable`` and ``floats`` (Sensitivity entries with the reason), and
-    ``input_rounding`` (None when the model input is not rounded). ``summary()`` says it
-    all in lines."""
-
-    def __init__(self, ranked: list[Sensitivity] = (), *, candidate: str = "",
-                 precision: str = "", unmeasurable: list[Sensitivity] = (),
-                 floats: list[Sensitivity] = (), input_rounding: InputRounding | None = None
-                 ) -> None:
-        super().__init__(ranked)
-        self.candidate, self.precision = candidate, precision
-        self.unmeasurable, self.floats = list(unmeasurable), list(floats)
-        self.input_rounding = input_rounding
-
-    def summary(self, top: int = 10) -> str:
-        """The ranking in lines: the top layers, the input rounding, what is not ranked."""
-        out = [f"{self.candidate}: {len(self)} {self.precision} layers ranked by what their "
-               "own error costs the output (final-output SNR, most costly first)"]
-        for i, s in enumerate(self[:top], 1):
-            via = f", via {', '.join(s.via)}" if s.via else ""
-            out.append(f"  {i}. {s.reference} [{s.record.node or s.record.name}{via}]: "
-                       f"{s.final_snr_db:.1f} dB (own {s.isolated_snr_db:.1f} dB)")
-        if self.input_rounding is not None:
-            out.append(self.input_rounding.line())
-        for s in self.unmeasurable:
-            out.append(f"unmeasurable: {s.reference} [{s.record.node or s.record.name}] "
-                       f"(own {s.isolated_snr_db:.1f} dB): {s.reason}")
-        if self.floats:
-            names = ", ".join(f"{s.reference} [{s.record.node}]" for s in self.floats[:8])
-            out.append(f"float, not ranked: {len(self.floats)} layers ran in fp32: {names}"
-                       + (" ..." if len(self.floats) > 8 else ""))
-        return "\n".join(out)
+    def close(self) -> dict[str, float]:
+        self._stop()
+        self._name = ""
+        self.bar.close()
+        return self.seconds
 
 
 def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
                 ) -> Ranking:
-    """The layers of ``candidate`` (default: the candidate whose outputs are furthest from
-    the reference) that ran in low precision, most costly first, with the float,
-    unmeasurable and input-rounding lines beside them (``Ranking``)."""
+    """The layers of ``candidate`` (default: the low-precision candidate whose output is
+    furthest from the reference's) that ran in low precision, most costly first, with the
+    float, unmeasurable and input-rounding lines beside them and which candidate it ranked
+    among which (``Ranking.choice``). ``progress``: one bar over the whole ranking."""
     from ..runtime import TorchRunner
 
     ref_runner = report.reference
@@ -134,39 +92,64 @@ def sensitivity(report: Any, candidate: str | None = None, progress: bool = True
                          "compare against the nn.Module: wb.compare(model, [...], inputs)")
     cand = _pick(report, candidate)
     with torch_threads(1):  # as the comparison's own torch runs (schedule.py)
-        return _rank(report, cand, ref_runner, progress)
+        ranking = _rank(report, cand, ref_runner, progress)
+    ranking.choice = _choice(report)
+    return ranking
 
 
 def _rank(report: Any, cand: Any, ref_runner: Any, progress: bool) -> Ranking:
-    """sensitivity()'s work, on checked arguments."""
+    """sensitivity()'s work, on checked arguments, in steps a progress bar follows."""
     import numpy as np
-    from tqdm.auto import tqdm
 
     from ..precision.lowprec import lowering
     from .inject import TorchInjector
 
     records = _records(report, cand)
     args = report.inputs
-    ref_values = ref_runner.run(_copies(args), capture="all")
-    values = cand.runner.run(_copies(args), capture="all")
-    layout = {n: (np.shape(v), np.asarray(v).dtype) for n, v in values.items()}
-    values = None
-    floats = {n for n, (_, dtype) in layout.items() if dtype.kind == "f"}
-    al, records, covers = _parent_paired(report, cand, records, floats)
-    iso = _isolated(cand, al, ref_values, layout, _copies(args)) or {}
-    records += _unrecorded(report, cand, al, records, floats, covers, iso, ref_values)
-    cut = set(al.pairs) if cand.kind == "ncnn" else set(al.pairs) & set(layout)
-    low = lowering(cand.path, cand.kind, cand.precision, cut)
-    inj = TorchInjector(ref_runner, args)
-    rounded, line = _input_rounding(low, cand, inj, args)
-    out = []
-    for rec in tqdm(records, desc="sensitivity", disable=not progress, leave=False):
-        out.append(_entry(rec, low, iso, ref_values, al, inj, rounded))
-    if cand.kind == "ncnn":
-        out = _blame_inputs(out, cand, al, ref_values, inj)
-    else:
-        _parent_names(cand, out)
-    return _ranking(out, cand.name, low.precision, line)
+    steps = _Steps(f"sensitivity of {cand.name}", _BEFORE + len(records), progress)
+    try:
+        steps.phase("capture")
+        ref_values = ref_runner.run(_copies(args), capture="all")
+        steps.step()
+        values = cand.runner.run(_copies(args), capture="all")
+        steps.step()
+        layout = {n: (np.shape(v), np.asarray(v).dtype) for n, v in values.items()}
+        values = None
+        floats = {n for n, (_, dtype) in layout.items() if dtype.kind == "f"}
+        steps.phase("float parent's pairs")
+        al, records, covers = _parent_paired(report, cand, records, floats)
+        steps.step()
+        steps.phase("isolated run")
+        iso = _isolated(cand, al, ref_values, layout, _copies(args)) or {}
+        extra = _unrecorded(report, cand, al, records, floats, covers, iso, ref_values)
+        records += extra
+        plan = _blame_plan(cand, records) if cand.kind == "ncnn" else []
+        steps.bar.total += len(extra) + len(plan)
+        steps.step()
+        steps.phase("lowering and clean run")
+        cut = set(al.pairs) if cand.kind == "ncnn" else set(al.pairs) & set(layout)
+        low = lowering(cand.path, cand.kind, cand.precision, cut)
+        inj = TorchInjector(ref_runner, args)
+        steps.step()
+        steps.phase("input rounding")
+        rounded, line = _input_rounding(low, cand, inj, args)
+        steps.step()
+        steps.phase("layers")
+        out = []
+        for rec in records:
+            out.append(_entry(rec, low, iso, ref_values, al, inj, rounded))
+            steps.step()
+        if cand.kind == "ncnn":
+            steps.phase("int8 readers' input rounding")
+            out = _blame_inputs(out, plan, cand, al, ref_values, inj, steps.step)
+        else:
+            steps.phase("float parent's names")
+            _parent_names(cand, out)
+    finally:
+        seconds = steps.close()
+    ranking = _ranking(out, cand.name, low.precision, line)
+    ranking.seconds = seconds
+    return ranking
 
 
 def _records(report: Any, cand: Any) -> list[Any]:
@@ -360,25 +343,17 @@ def _parent_names(cand: Any, out: list[Sensitivity]) -> None:
             e.record = dataclasses.replace(rec, node=name)
 
 
-def _blame_inputs(out: list[Sensitivity], cand: Any, al: Any, ref_values: dict[str, Any],
-                  inj: Any) -> list[Sensitivity]:
-    """ncnn int8 rounds a blob inside each int8 layer that reads it (at the scale the
-    calibration table gives that layer), so a layer's isolated error holds the rounding
-    of its input: an outlier channel in the tensor it reads makes it look costly, while the
-    tensor's producer looks clean. Each int8 layer's input rounding is measured on its own
-    (the reference tensor rounded at the table's scale, put back into the float run); when
-    it explains the layer's cost (within 3 dB) and the producer ran in int8 too, the cost is
-    the producer's: its entry takes the worst of its own, the layer's and the rounding's,
-    lists the layer in ``via``, and the layer's entry goes (or keeps only what it is blamed
-    for as a producer itself). Keeping the producer in float (``wb.quantize(exclude=...)``)
-    keeps its readers float. A float producer (a BatchNorm, a pooling) is never blamed: the
-    rounding stays with the int8 layer that does it."""
+def _blame_plan(cand: Any, records: list[Any]) -> list[tuple[str, str, float]]:
+    """The int8 layers of an ncnn candidate whose input rounding ``_blame_inputs`` measures:
+    (layer, the blob it reads, at the scale the calibration table gives the layer) for each
+    int8 layer that wrote a record of ``records`` and reads a blob another record holds (a
+    Split's copies read as the blob they copy), in the param's order."""
     from ..params import parse_ncnn_param
     from ..precision.int8_table import read_table
 
     table_path = cand.path.parent / "model.table"
     if not table_path.is_file():
-        return out
+        return []
     table = read_table(table_path)
     int8 = set(table.blob_scales) - set(table.float_layers)
     layers = parse_ncnn_param(cand.path).layers
@@ -389,27 +364,44 @@ def _blame_inputs(out: list[Sensitivity], cand: Any, al: Any, ref_values: dict[s
             blob = alias[blob]
         return blob
 
+    names = {r.name for r in records}
+    nodes = {r.node for r in records if r.node}
+    return [(ly.name, root(ly.bottoms[0]), float(table.blob_scales[ly.name][0]))
+            for ly in layers if ly.name in int8 and ly.bottoms and ly.name in nodes
+            and root(ly.bottoms[0]) in names]
+
+
+def _blame_inputs(out: list[Sensitivity], plan: list[tuple[str, str, float]], cand: Any,
+                  al: Any, ref_values: dict[str, Any], inj: Any, step: Any
+                  ) -> list[Sensitivity]:
+    """ncnn int8 rounds a blob inside each int8 layer that reads it (at the scale the
+    calibration table gives that layer), so a layer's isolated error holds the rounding
+    of its input: an outlier channel in the tensor it reads makes it look costly, while the
+    tensor's producer looks clean. Each int8 layer's input rounding (``plan``:
+    ``_blame_plan``) is measured on its own (the reference tensor rounded at the table's
+    scale, put back into the float run; ``step()`` after each layer); when
+    it explains the layer's cost (within 3 dB) and the producer ran in int8 too, the cost is
+    the producer's: its entry takes the worst of its own, the layer's and the rounding's,
+    lists the layer in ``via``, and the layer's entry goes (or keeps only what it is blamed
+    for as a producer itself). Keeping the producer in float (``wb.quantize(exclude=...)``)
+    keeps its readers float. A float producer (a BatchNorm, a pooling) is never blamed: the
+    rounding stays with the int8 layer that does it."""
     ranked = [e for e in out if e.status == "ranked"]
     by_name = {e.record.name: e for e in ranked}
     by_node = {e.record.node: e for e in ranked if e.record.node}
     tried: dict[tuple[str, float], tuple[float | None, float]] = {}
     blamed: list[tuple[Sensitivity, Sensitivity, float, float, str]] = []
-    for ly in layers:
-        if ly.name not in int8 or not ly.bottoms or ly.name not in by_node:
-            continue
-        reader = by_node[ly.name]
-        blob = root(ly.bottoms[0])
-        producer = by_name.get(blob)
-        ref = al.pairs.get(blob)
-        if producer is None or producer is reader or ref is None or ref not in ref_values:
-            continue
-        scale = float(table.blob_scales[ly.name][0])
-        if (blob, scale) not in tried:
-            tried[(blob, scale)] = _rounding_cost(inj, ref, ref_values[ref], scale)
-        final, iso = tried[(blob, scale)]
-        if final is None or reader.final_snr_db is None or final > reader.final_snr_db + 3:
-            continue
-        blamed.append((reader, producer, min(final, reader.final_snr_db), iso, ly.name))
+    for name, blob, scale in plan:
+        reader, producer, ref = by_node.get(name), by_name.get(blob), al.pairs.get(blob)
+        if (reader is not None and producer is not None and producer is not reader
+                and ref is not None and ref in ref_values):
+            if (blob, scale) not in tried:
+                tried[(blob, scale)] = _rounding_cost(inj, ref, ref_values[ref], scale)
+            final, iso = tried[(blob, scale)]
+            if final is not None and reader.final_snr_db is not None \
+                    and final <= reader.final_snr_db + 3:
+                blamed.append((reader, producer, min(final, reader.final_snr_db), iso, name))
+        step()
     # decided on the layers' own figures first: a layer explained by its input loses its
     # own cost (it is its producer's); one also blamed for its output keeps that blame
     readers = {id(r) for r, *_ in blamed}
@@ -441,12 +433,33 @@ def _rounding_cost(inj: Any, ref: str, value: Any, scale: float) -> tuple[float 
 
 
 def _pick(report: Any, candidate: str | None) -> Any:
+    """The candidate named, else the one ``_choice`` finds worst."""
     if candidate is not None or len(report.candidates) == 1:
         return report._candidate(candidate)
-    worst: dict[str, float] = {}
-    for r in report.records:
-        if r.mode == "accumulated":
-            snr = r.metrics.snr_db
-            worst[r.candidate] = min(worst.get(r.candidate, math.inf), snr)
-    name = min(worst, key=worst.get) if worst else report.candidates[-1].name
-    return report._candidate(name)
+    worst = _choice(report).worst
+    return report._candidate(worst or report.candidates[-1].name)
+
+
+def _choice(report: Any) -> Choice:
+    """The comparison's low-precision candidates (all, when none is) that ran, each with its
+    worst output's accumulated SNR (by its own output names: ``output`` of ONNX, ``out0`` of
+    ncnn), and the worst of them. An intermediate tensor's SNR does not decide: a residual
+    branch's small output is at 0 dB in every int8 model while the outputs differ. When some
+    candidate's output was not aligned, each one's worst accumulated tensor decides instead
+    (``by`` says which)."""
+    cands = [c for c in report.candidates if c.name not in report.failed]
+    low = [c for c in cands if c.precision != "fp32"] or cands
+    outputs: dict[str, float] = {}
+    tensors: dict[str, float] = {}
+    for c in low:
+        names = set(c.runner.output_names)
+        for r in report.records:
+            if r.candidate == c.name and r.mode == "accumulated":
+                snr = r.metrics.snr_db
+                tensors[c.name] = min(tensors.get(c.name, math.inf), snr)
+                if r.name in names:
+                    outputs[c.name] = min(outputs.get(c.name, math.inf), snr)
+    by, figures = ("output", outputs) if len(outputs) == len(tensors) else (
+        "worst tensor", tensors)
+    worst = min(figures, key=figures.get) if figures else ""
+    return Choice(figures, by, worst)
