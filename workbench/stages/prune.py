@@ -56,8 +56,9 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
             torch-pruning, and the inputs every figure is measured on.
         ignored_layers: layers to leave whole, as modules of ``model`` or their names.
         round_to: structured: keep every pruned width a multiple of this. The default 8
-            keeps the packed kernels (ONNX Runtime's NCHWc, ncnn's elempack 4/8): at exact
-            ratios the zoo's ResNet and MobileNetV2 ran up to 1.6x *slower* pruned 50%.
+            keeps the packed kernels (ONNX Runtime's NCHWc, ncnn's elempack 4/8): pruned
+            50% at exact widths, the zoo's MobileNetV2 ran 1.6-1.7x *slower* on ONNX
+            Runtime and 1.2x on ncnn (bench/prune_figures.py).
             Widths move in steps then, so the amount is met as closely as they allow
             (``report.weights_pruned``); None prunes to the exact ratio.
         backends: which of "onnxruntime" and "ncnn" to export, weigh and time; () measures
@@ -82,8 +83,8 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
     Example: ``res = wb.prune(model, 0.5, example_inputs=(x,)); res.report.ncnn_ms.ratio``
     """
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    amount, method = _check_amount(amount), _check_method(method)
-    backends = _check_backends(backends)
+    amount, method, backends = (_check_amount(amount), _check_method(method),
+                                _check_backends(backends))
     inputs = _check_inputs(model, example_inputs)
     _check_counts(threads=threads, repeat=repeat, warmup=warmup, round_to=round_to)
     base = _copy(model).eval()  # no BatchNorm statistics move while tracing
@@ -101,11 +102,11 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
         if backends:
             measured = measure_backends(
                 base, pruned, inputs, backends, ws, threads=threads, repeat=repeat,
-                warmup=warmup, export_options=export_options or {},
-                step=_stepper(steps))
+                warmup=warmup, export_options=export_options or {}, step=_stepper(steps))
             for key, fig in measured.figures.items():
                 setattr(report, key, fig)
             report.artifacts, report.errors = measured.artifacts, measured.errors
+            steps.advance()
     report.round_to = round_to if method == "l1-structured" else None
     report.threads, report.repeat = threads, repeat if backends else 0
     report.load, report.seconds = (load0, os.getloadavg()[0]), time.perf_counter() - t0
