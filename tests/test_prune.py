@@ -71,9 +71,17 @@ def pruned(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model, x = tiny()
     before = snapshot(model)
     ws = wb.Workspace(tmp_path_factory.mktemp("prune"))
+    steps: list = []
     out = {m: wb.prune(model, 0.5, m, example_inputs=(x,), workspace=ws, repeat=3, warmup=1,
-                       progress=False) for m in ("l1-structured", "l1-unstructured")}
-    return {"model": model, "x": x, "before": before, **out}
+                       progress=steps.append) for m in ("l1-structured", "l1-unstructured")}
+    return {"model": model, "x": x, "before": before, "steps": steps, **out}
+
+
+def test_progress_names_each_long_step(pruned):
+    phases = [s.phase for s in pruned["steps"]]
+    for phase in ("l1-structured 50%", "export pruned", "ncnn pruned", "timing"):
+        assert phase in phases
+    assert pruned["steps"][-1].done == pruned["steps"][-1].total == 7
 
 
 def test_structured_shrinks_parameters_onnx_and_ncnn_bin_by_about_the_amount(pruned):
