@@ -45,3 +45,14 @@ def test_an_output_whose_layer_holds_no_weights_is_left_to_model_output():
     tensors[1] = CandidateTensor("out0", 1, "Sigmoid", output_index=0, inputs=("x",))
     al = align(reference, candidate, tensors, modules)
     assert al.decided_by["out0"] == "model_output" and "out0" not in al.covers
+
+
+def test_an_output_that_is_the_modules_own_is_left_to_model_output():
+    """Nothing fused after the module: its record names it already."""
+    reference, candidate, tensors, modules = _case()
+    reference = {"flatten": reference["flatten"], "classifier": reference["classifier"],
+                 "output_0": reference["classifier"].copy()}
+    candidate["out0"] = reference["classifier"].copy()
+    al = align(reference, candidate, tensors, modules)
+    assert al.pairs["out0"] == "classifier" and al.decided_by["out0"] == "model_output"
+    assert "out0" not in al.covers

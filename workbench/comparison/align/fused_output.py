@@ -35,9 +35,9 @@ def _decide(walk: Walk, v: Visit) -> Decision | None:
     if v.t.output_index is None or not v.t.weights_of:
         return None
     d = model_output.RULE.apply(walk, v)
-    if d is None:
-        return None
     ix = walk.index
+    if d is None or (len(v.t.weights_of) == 1 and ix.owner(d.ref) == v.t.weights_of[0]):
+        return None  # the output is the module's own (nothing fused after it): model_output's
     span = _span(walk, v, d.ref)
     # a damaged weight of the fused module moves the output: the output's record names it
     d.covers = tuple(dict.fromkeys((*v.t.weights_of, *(ix.names[j] for j in span),
