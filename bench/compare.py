@@ -319,11 +319,13 @@ PHASES = [  # (label, module, attribute path)
     ("worker: run + transfer", "workbench.runtime.remote", "RemoteHandle.execute"),
     ("torch capture='all'", "workbench.runtime.torch_runner", "TorchRunner._execute"),
     ("load/check .onnx", "workbench.onnx_io", "load_onnx"),
-    ("list candidate tensors", "workbench.comparison.compare", "candidate_tensors"),
-    ("align", "workbench.comparison.compare", "align"),
+    ("list candidate tensors", "workbench.comparison.capture", "candidate_tensors"),
+    ("align", "workbench.comparison.capture", "align"),
     ("metrics (tensor_metrics)", "workbench.comparison.metrics", "tensor_metrics"),
+    ("noise floor: inputs", "workbench.comparison.capture", "floor_inputs"),
+    ("noise floor: per tensor", "workbench.comparison.measure", "noise_floors"),
     ("isolated ONNX: rewrite graph", "workbench.comparison.isolated", "isolated_model"),
-    ("isolated ONNX: save + new runner", "workbench.comparison.compare", "isolated"),
+    ("isolated ONNX: save + new runner", "workbench.comparison.measure", "isolated"),
     ("isolated ncnn: plan passes", "workbench.comparison.isolated", "_isolated_ncnn"),
 ]
 
