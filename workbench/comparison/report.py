@@ -17,7 +17,6 @@ from .record import Record
 
 if TYPE_CHECKING:
     import numpy as np
-    from matplotlib.figure import Figure
 
     from ..runtime import Runner
     from .align import Alignment
@@ -35,6 +34,25 @@ SOURCE_SHARE, SOURCE_LEAD = 0.05, 10.0
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
            "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "noise_floor", "tolerance",
            "passed", "relation"]
+
+
+class Figures(list):
+    """The figures a report draws (``plot``, ``plot_tensor``): a list, to index and save,
+    that a notebook shows as the figures themselves, each in an output of its own as
+    ``display(fig)`` shows one (a plain list showed as "[<Figure size 800x550 with 1 Axes>,
+    ...]" text and no figure). A None place (a plot that does not apply) shows nothing."""
+
+    def _ipython_display_(self) -> None:
+        import io
+
+        from IPython.display import display
+
+        for fig in self:
+            if fig is None:
+                continue
+            buf = io.BytesIO()  # the PNG whatever formatters the kernel has (no pyplot needed)
+            fig.savefig(buf, format="png", dpi=fig.dpi)
+            display({"image/png": buf.getvalue(), "text/plain": repr(fig)}, raw=True)
 
 
 @dataclass
@@ -295,26 +313,29 @@ class CompareReport:
         return (f'<table class="wb-task"><thead><tr><th>candidate</th><th>task</th><th>score'
                 f"</th><th></th></tr></thead><tbody>{rows}</tbody></table>") if rows else ""
 
-    def plot(self, metric: str = "max_abs") -> list[Figure]:
+    def plot(self, metric: str = "max_abs") -> Figures:
         """The figures: error along the graph (accumulated vs isolated, tolerance, first
-        divergence marked) and error by op type. Returned, not shown.
+        divergence marked) and error by op type. A notebook shows them when they are a cell's
+        value (or ``display(figs)``); elsewhere nothing is shown: save them.
 
         Args:
             metric: the metric plotted: max_abs, mean_abs, max_rel, cosine or snr_db.
 
         Returns:
-            [error along the graph, error by op type] as matplotlib Figures.
+            [error along the graph, error by op type]: matplotlib Figures, in a list that a
+            notebook shows as the figures themselves (``Figures``).
         """
         from . import plots
 
         recs = self.rows()
         first = self.first_divergence
         mode = "accumulated" if any(r["mode"] == "accumulated" for r in recs) else "isolated"
-        return [plots.error_along_graph(recs, metric=metric,
-                                        highlight=first.name if first else None),
-                plots.error_by_op_type(recs, metric=metric, mode=mode)]
+        return Figures([plots.error_along_graph(recs, metric=metric,
+                                                highlight=first.name if first else None),
+                        plots.error_by_op_type(recs, metric=metric, mode=mode)])
 
-    def plot_tensor(self, name: str, candidate: str | None = None, channel: int = 0) -> list:
+    def plot_tensor(self, name: str, candidate: str | None = None, channel: int = 0
+                    ) -> Figures:
         """One aligned tensor: histogram of |a - b|, heatmap of a channel, reference vs
         candidate scatter (both backends run again).
 
@@ -324,7 +345,8 @@ class CompareReport:
             channel: the channel the heatmap shows.
 
         Returns:
-            [histogram, heatmap or None (a tensor of fewer than 2 axes), scatter].
+            [histogram, heatmap or None (a tensor of fewer than 2 axes), scatter], shown in a
+            notebook as ``plot`` shows its figures.
         """
         import numpy as np
 
@@ -332,11 +354,11 @@ class CompareReport:
 
         ref, cand = self.tensors(name, candidate)
         tol = next((r.metrics.tolerance for r in self.records if r.name == name), None)
-        return [plots.error_histogram(ref, cand, tolerance=tol),
-                plots.diff_heatmap(ref, cand, channel=channel) if min(
-                    len(unbatched(np.shape(ref))), len(unbatched(np.shape(cand)))) >= 2
-                else None,
-                plots.ref_vs_cand_scatter(ref, cand)]
+        return Figures([plots.error_histogram(ref, cand, tolerance=tol),
+                        plots.diff_heatmap(ref, cand, channel=channel) if min(
+                            len(unbatched(np.shape(ref))), len(unbatched(np.shape(cand)))) >= 2
+                        else None,
+                        plots.ref_vs_cand_scatter(ref, cand)])
 
     # -- which layers cost a low-precision candidate most --------------------------------------
     def sensitivity(self, candidate: str | None = None,
