@@ -61,6 +61,16 @@ _LAZY = {
     "side_by_side": ("workbench.stages.sidebyside", "side_by_side"),
     "ui": ("workbench.ui", None),
     "sweep": ("workbench.sweeps.run", "sweep"),
+    "rewrite": ("workbench.stages.rewriters", "rewrite"),
+    "rewrite_module": ("workbench.stages.rewriters", "rewrite_module"),
+    "rewriters": ("workbench.stages.rewriters", "rewriters"),
+    "unregister_rewriter": ("workbench.stages.rewriters", "unregister_rewriter"),
+    "enable_rewriter": ("workbench.stages.rewriters", "enable_rewriter"),
+    "rewrite_context": ("workbench.stages.rewrite_session", "rewrite_context"),
+    "mark": ("workbench.stages.marks", "mark"),
+    "partition": ("workbench.stages.partition", "partition"),
+    "extract": ("workbench.stages.partition_onnx", "extract"),
+    "compare_parts": ("workbench.comparison.parts", "compare_parts"),
 }
 
 __all__ = [

@@ -11,6 +11,7 @@ from ..diagnostics import Diagnostic
 from ..errors import ModelFileError
 from ..fileio import sha256_file
 from ..graph import summarize, summarize_ncnn
+from .rewrites import RewriteRecord
 
 if TYPE_CHECKING:
     from ..graph import GraphSummary
@@ -35,6 +36,8 @@ class Artifact:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    # the rewriters that fired while this artifact was exported (artifact/rewrites.py)
+    rewrites: list[RewriteRecord] = field(default_factory=list)
     workspace: Workspace | None = field(default=None, repr=False)
     _graph: Any = field(default=None, repr=False)
 
@@ -89,6 +92,7 @@ class Artifact:
             "params": self.params, "tools": self.tools, "seconds": round(self.seconds, 4),
             "diagnostics": [d.to_dict() for d in self.diagnostics],
             "metrics": self.metrics, "created": self.created,
+            **({"rewrites": [r.to_dict() for r in self.rewrites]} if self.rewrites else {}),
         }
 
     @classmethod
@@ -101,6 +105,7 @@ class Artifact:
             seconds=rec.get("seconds", 0.0),
             diagnostics=[Diagnostic.from_dict(d) for d in rec.get("diagnostics", [])],
             metrics=rec.get("metrics", {}), created=rec.get("created", ""), workspace=workspace,
+            rewrites=[RewriteRecord.from_dict(r) for r in rec.get("rewrites", [])],
         )
 
     def check_files(self) -> None:

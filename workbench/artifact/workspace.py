@@ -35,6 +35,7 @@ from .manifest import (
     write_manifest,
 )
 from .record import SIDECAR, Artifact
+from .rewrites import RewriteRecord
 from .tools import tool_versions
 
 DEFAULT_ROOT = Path("workbench-runs")
@@ -161,8 +162,10 @@ class Workspace:
     def commit(self, staging: Path, *, stage: str, format: str, main: str,
                parent: Artifact | None = None, params: dict[str, Any] | None = None,
                seconds: float = 0.0, diagnostics: list[Diagnostic] | None = None,
-               metrics: dict[str, Any] | None = None) -> Artifact:
-        """Turn a staging folder into a new artifact: hash files, rename, update the manifest."""
+               metrics: dict[str, Any] | None = None,
+               rewrites: list[RewriteRecord] | None = None) -> Artifact:
+        """Turn a staging folder into a new artifact: hash files, rename, update the manifest
+        (``rewrites``: the rewriters that fired while it was exported)."""
         files = {
             str(p.relative_to(staging)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
             for p in sorted(staging.rglob("*")) if p.is_file() and p.name != SIDECAR
@@ -178,7 +181,7 @@ class Workspace:
                 files=files, parent_id=parent.id if parent is not None else None,
                 params=_jsonable(params or {}), tools=dict(tool_versions()), seconds=seconds,
                 diagnostics=list(diagnostics or []), metrics=_jsonable(metrics or {}),
-                created=now(), workspace=self,
+                created=now(), workspace=self, rewrites=list(rewrites or []),
             )
             atomic_write_text(staging / SIDECAR, json.dumps(art.to_record(), indent=2,
                                                             default=str))

@@ -29,7 +29,9 @@ from .export_args import check_arity, io_names, normalize_dynamic_axes
 from .export_checks import numeric_checks
 from .export_errors import export_error, warning_diagnostics
 from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
-from .torchscript_gaps import cast_bool_cumsum, lent_symbolics
+from .rewrite_session import choose, verify
+from .rewriters import BACKENDS, RewriteContext
+from .torchscript_gaps import cast_bool_cumsum
 
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
 MAIN = "model.onnx"
@@ -53,6 +55,8 @@ def export(
     rtol: float = DEFAULT_RTOL,
     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
     moduleop: Any = (),
+    backend: str = "onnxruntime",
+    rewrite: bool = True,
 ) -> Artifact:
     """Export ``model`` on example ``inputs`` to ONNX and check the result.
 
@@ -78,14 +82,19 @@ def export(
         atol, rtol: the tolerance of the torch vs ONNX Runtime check on the outputs.
         external_data_threshold: bytes of weights above which they go to a side file.
         moduleop: submodule classes (or class names) kept as one op each.
+        backend: what the ONNX model is for, "onnxruntime" or "ncnn" (through
+            ``wb.to_ncnn(artifact)``): the registered rewriters for that backend apply
+            during the export (``wb.rewrite``; stages/rewriters.py).
+        rewrite: False exports the model as written (no rewriter applies).
 
     Returns:
         An ``onnx`` Artifact; its ``diagnostics`` hold every trap found (a frozen
-        ``.item()``, a branch not taken, an axis that is not dynamic) and its ``metrics``
-        the numeric check.
+        ``.item()``, a branch not taken, an axis that is not dynamic), its ``metrics``
+        the numeric check and its ``rewrites`` the rewriters that fired.
 
     Raises:
-        ExportError: the exporter failed (the hint names the cause and the next step).
+        ExportError: the exporter failed (the hint names the cause and the next step), or
+            a rewriter changes the model's numbers (named).
         InputError: a bad argument (the message names it, what was expected and what came).
     """
     t0 = time.perf_counter()
@@ -93,9 +102,11 @@ def export(
     args = as_tensor_tuple(inputs)
     check_arity(model, args)
     modules = resolve_moduleops(model, moduleop, exporter, opset)
+    _check_backend(backend)
 
     with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
         reference = run_torch(model, args, "example inputs")
+    plan = choose(RewriteContext("export", backend, exporter, opset), enabled=rewrite)
     input_names = io_names(input_names, len(args), "input", "input_names", "example inputs")
     output_names = io_names(output_names, len(reference), "output", "output_names",
                             "model outputs", allow_fewer=True)
@@ -106,9 +117,11 @@ def export(
     diags: list[Diagnostic] = []
     with ws.staging() as stage_dir:
         path = stage_dir / MAIN
-        with hooks_restored(model, modules):
+        with hooks_restored(model, modules), plan.applied():
             _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
                           diags, ref_cap, modules)
+        with capture():  # the rewriters that fired, against the model as written
+            verify(plan, model, args, reference, atol=atol, rtol=rtol)
         external = _finish_onnx(path, exporter, opset, modules, external_data_threshold, diags)
         save_reference(stage_dir, {n: a.detach().cpu().numpy()
                                    for n, a in zip(input_names, args, strict=True)}, reference)
@@ -121,10 +134,11 @@ def export(
             "model_class": type(model).__qualname__, "external_data": external,
             "atol": atol, "rtol": rtol, "moduleop": sorted(c.__qualname__ for c in modules),
             # where a model came from, when it says (the trained zoo's provenance)
-            "model_source": getattr(model, "workbench_source", None),
+            "model_source": getattr(model, "workbench_source", None), "backend": backend,
         }
         return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
-                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
+                         seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics,
+                         rewrites=plan.records)
 
 
 # -- argument checks ---------------------------------------------------------------------------
@@ -144,6 +158,13 @@ def _check_model_and_exporter(model: Any, exporter: str, opset: int | None) -> i
         opset = DEFAULT_OPSET[exporter]
     check_opset(opset, exporter)
     return opset
+
+
+def _check_backend(backend: Any) -> None:
+    if backend not in BACKENDS:
+        raise InputError(f"backend={backend!r} is not one of {BACKENDS}",
+                         "the backend the ONNX model is for: 'onnxruntime', or 'ncnn' when it "
+                         "goes on to wb.to_ncnn (its rewriters then apply)")
 
 
 def _second_inputs(inputs2: Any, args: tuple) -> tuple | None:
@@ -173,12 +194,11 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
     with capture() as cap:
         try:
             if exporter == "torchscript":
-                with lent_symbolics(opset):  # aten::diff (transformers' decoder masks)
-                    torch.onnx.export(model, args, str(path), dynamo=False,
-                                      opset_version=opset, input_names=input_names,
-                                      output_names=output_names, dynamic_axes=axes or None,
-                                      do_constant_folding=True,
-                                      export_modules_as_functions=modules or False)
+                torch.onnx.export(model, args, str(path), dynamo=False,
+                                  opset_version=opset, input_names=input_names,
+                                  output_names=output_names, dynamic_axes=axes or None,
+                                  do_constant_folding=True,
+                                  export_modules_as_functions=modules or False)
             else:
 
                 prog = torch.onnx.export(

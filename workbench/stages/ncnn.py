@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._capture import capture
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace
 from ..diagnostics import Diagnostic
@@ -41,6 +42,8 @@ from .pnnx_customops import ncnn_finish, pnnx_prepare
 from .pnnx_preflight import check_second_shapes, input_names, opset_causes
 from .pnnx_run import PNNX_PASSES, _check_exit, _hint_for, _log_diagnostics, _run_pnnx, _tail
 from .pnnx_source import PnnxSource, resolve_source, write_model_file
+from .rewrite_session import choose, verify
+from .rewriters import RewriteContext
 
 PNNX_FILES = ["model.pnnx.param", "model.pnnx.bin", "model_pnnx.py"]
 NCNN_FILES = ["model.ncnn.param", "model.ncnn.bin", "model_ncnn.py"]
@@ -59,6 +62,7 @@ def to_ncnn(
     progress: Progress = False,
     atol: float | None = None,
     rtol: float | None = None,
+    rewrite: bool = True,
 ) -> Artifact:
     """Convert through pnnx; returns the ncnn Artifact whose parent is the pnnx Artifact.
 
@@ -77,6 +81,10 @@ def to_ncnn(
             max |torch|. Default: the fp32 pair of ``workbench.tolerances`` (1e-4, 1e-3),
             or the fp16 pair (1e-2, 1e-2) when ``fp16`` writes fp16 weights. ncnn's fp16 run,
             when this CPU runs it in fp16 at all, is judged against the fp16 pair.
+        rewrite: for a module, the registered rewriters for backend "ncnn" (exporter
+            "torchscript": pnnx reads a TorchScript trace) apply while it is traced, each
+            checked against the module as written (``wb.rewrite``; stages/rewriters.py);
+            False traces the module as written. An ONNX source is converted as it is.
 
     Returns:
         The ncnn Artifact (``.ncnn.param`` + ``.ncnn.bin``), whose parent is the pnnx
@@ -90,6 +98,7 @@ def to_ncnn(
 
     Raises:
         ConversionError: pnnx failed (the tail of its log in the message).
+        ExportError: a rewriter changes the module's numbers (named).
     """
     t0 = time.perf_counter()
     if optlevel not in (0, 1, 2):
@@ -100,13 +109,20 @@ def to_ncnn(
     args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
     check_second_shapes(src.args, args2, input_names(source, src.parent))  # pnnx aborts on others
     ws = src.workspace
+    # a module's rewriters for ncnn, while it is traced (an ONNX source is exported already)
+    plan = choose(RewriteContext("to_ncnn", "ncnn", "torchscript", None),
+                  enabled=rewrite and src.kind == "torchscript")
 
     with Steps(progress, "ncnn", 2 + len(PNNX_PASSES)) as steps, \
             tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir:
         tmp = Path(tmp_dir)
         steps.phase("tracing the module" if src.kind == "torchscript"
                     else "reading the ONNX model")
-        model_file, ref_out, diags = write_model_file(src, tmp)
+        with plan.applied():  # the module traced with its rewriters, when any matches
+            model_file, ref_out, diags = write_model_file(src, tmp)
+        if plan.calls:  # one fired: checked, and the reference is the module as written
+            with capture():
+                ref_out = verify(plan, src.model, src.args, None, atol=tol[0], rtol=tol[1])
         # @wb.custom_op nodes -> stand-ins pnnx keeps as one layer each (see pnnx_customops.py)
         custom = pnnx_prepare(model_file, src.args) if src.kind == "onnx" else []
         cmd = pnnx_command(model_file, src.args, args2, optlevel=optlevel, fp16=fp16,
@@ -120,7 +136,8 @@ def to_ncnn(
         diags += unmatched_moduleops(tmp / PNNX_FILES[0], moduleop)
         pnnx_art = _commit(ws, tmp, PNNX_FILES + ["pnnx.log"], stage="pnnx", format="pnnx",
                            main=PNNX_FILES[0], parent=src.parent, params=params,
-                           seconds=time.perf_counter() - t0, diagnostics=diags)
+                           seconds=time.perf_counter() - t0, diagnostics=diags,
+                           rewrites=plan.records)
         _require(tmp, NCNN_FILES[:2], log, f"pnnx wrote the pnnx graph ({pnnx_art.id}) but not")
         _require_loadable(tmp, pnnx_art, log)
         steps.phase("running ncnn against the reference")
@@ -128,7 +145,7 @@ def to_ncnn(
         steps.advance(steps.total)
         return _commit(ws, tmp, NCNN_FILES, stage="ncnn", format="ncnn", main=NCNN_FILES[0],
                        parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
-                       diagnostics=checks, metrics=metrics)
+                       diagnostics=checks, metrics=metrics, rewrites=plan.records)
 
 
 def _tolerance(fp16: bool, atol: float | None, rtol: float | None) -> tuple[float, float]:

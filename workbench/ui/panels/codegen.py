@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ...artifact.record import Artifact
+from ...artifact.rewrites import code_lines
 from ...artifact.workspace import Workspace
 from ...errors import InputError
 from ..code import program
@@ -56,6 +57,8 @@ class PanelCode:
     def code(self) -> str:
         """The engine calls for the current settings, ready to paste (runs given model, inputs)."""
         body, needs_model = self._chain()
+        # the rewriters that fired in this panel's run, registered before the call again
+        body[:0] = code_lines(getattr(getattr(self, "result", None), "rewrites", None) or [])
         if self.stage not in ("custom_ops", "compare"):
             body.append(f"print({self.var}.summary())")
         return program(body, needs_model)

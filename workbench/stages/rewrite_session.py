@@ -1,0 +1,301 @@
+"""Applying rewriters for one export: installed for the call, restored after it whatever
+happened, checked against the model as written.
+
+``choose`` picks the registered rewriters whose conditions match the export (no model
+run); ``RewritePlan.applied()`` is the ``with`` block the exporter runs in, counting the
+calls; ``verify`` then, only when one fired, runs the model once with them (counting each
+one's calls in one forward) against the untouched model's outputs and refuses a rewriter
+that changes them beyond tolerance, naming it. A model whose rewriters did not fire runs
+no more often than without them.
+
+How a rewriter is installed: the target attribute (``torch.Tensor.repeat``, a module
+class's ``forward``) is replaced by a dispatcher while at least one export on any thread
+needs it, and put back (or deleted, when it was inherited) when the last one ends. The
+dispatcher looks up the *calling thread's* plan: another thread's torch calls during an
+export, and every call after it, reach the original. Inside a function rewriter, calls of
+its own target reach the original too. A special method of torch.Tensor
+(``__getitem__``) is not replaced (that would change the C type's slots for good): a torch
+function mode on the calling thread routes its calls instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..artifact.rewrites import RewriteRecord
+from ..errors import ExportError
+from ..inputs import copies, flatten_outputs
+from .rewriters import RewriteContext, Rewriter, registered, rewriters
+
+_LOCAL = threading.local()  # .plan: the RewritePlan the calling thread exports under
+_LOCK = threading.RLock()
+
+
+@dataclass
+class _Patch:
+    """One replaced attribute: what was there (``raw``, and whether the owner held it
+    itself) and how many plans use it."""
+
+    owner: Any
+    attr: str
+    raw: Any
+    own: bool
+    users: int = 0
+
+
+_PATCHES: dict[tuple[int, str], _Patch] = {}
+
+
+@dataclass
+class RewritePlan:
+    """The rewriters one export applies (by target), the context, how often each ran
+    (``calls``) and after ``verify`` what fired (``records``)."""
+
+    ctx: RewriteContext
+    chosen: dict[tuple[int, str], Rewriter] = field(default_factory=dict)
+    records: list[RewriteRecord] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    _busy: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.chosen)
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[RewritePlan]:
+        """The chosen rewriters installed for the calling thread during the block, and
+        restored on leaving it, also on an exception."""
+        if not self.chosen:
+            yield self
+            return
+        moded = {k: rw for k, rw in self.chosen.items() if _tensor_dunder(rw)}
+        keys = [k for k in self.chosen if k not in moded]
+        previous = getattr(_LOCAL, "plan", None)
+        _install(keys, self.chosen)
+        _LOCAL.plan = self
+        try:
+            with _dunder_mode(self, moded):
+                yield self
+        finally:
+            _LOCAL.plan = previous
+            _uninstall(keys)
+
+    def _call(self, rw: Rewriter, original: Callable, args: tuple, kwargs: dict) -> Any:
+        self.calls[rw.name] = self.calls.get(rw.name, 0) + 1
+        guard = rw.kind == "function"  # its own target, called inside it: the original
+        if guard:
+            self._busy.add(rw.name)
+        _LOCAL.call = replace(self.ctx, rewriter=rw.name, original=original)
+        try:
+            return rw.fn(*args, **kwargs)
+        finally:
+            _LOCAL.call = None
+            if guard:
+                self._busy.discard(rw.name)
+
+    def only(self, names: set[str]) -> RewritePlan:
+        """The same plan with only the rewriters ``names`` (to find which one is wrong)."""
+        return RewritePlan(self.ctx, {k: r for k, r in self.chosen.items() if r.name in names})
+
+
+def rewrite_context() -> RewriteContext | None:
+    """Inside a rewriter's call: the export it runs in, with ``rewriter`` (its name) and
+    ``original`` (the callable it replaces); None elsewhere."""
+    return getattr(_LOCAL, "call", None)
+
+
+# -- choosing and checking ---------------------------------------------------------------------
+def choose(ctx: RewriteContext, enabled: bool = True) -> RewritePlan:
+    """The plan for an export: per target, a user rewriter that matches, else a shipped
+    one that matches (none when ``enabled`` is False)."""
+    plan = RewritePlan(ctx)
+    if not enabled:
+        return plan
+    for rw in sorted(registered(), key=lambda r: r.builtin):
+        key = (id(rw.owner), rw.attr)
+        if key not in plan.chosen and rw.matches(ctx):
+            plan.chosen[key] = rw
+    return plan
+
+
+def verify(plan: RewritePlan, model: Any, args: tuple, reference: list | None, *,
+           atol: float, rtol: float) -> list | None:
+    """After an export ran under ``plan``: when any rewriter fired, the model run with the
+    rewriters on the example ``args`` (counting each one's calls: ``plan.records``) against
+    ``reference``, its outputs as written (computed here when None). Nothing runs when none
+    fired. Returns the reference (None when nothing ran).
+
+    Raises:
+        ExportError: the rewritten model fails, returns other outputs, or differs beyond
+            ``atol + rtol * max |reference|``; the message names the rewriter(s) at fault.
+    """
+    fired = {n for n, c in plan.calls.items() if c}
+    plan.records = _symbolic_records(plan.ctx)
+    if not fired:
+        return reference
+    if reference is None:
+        reference = _run(model, args, RewritePlan(plan.ctx))
+    check = plan.only(fired)
+    got = _run_checked(model, args, check)
+    bad = _worst(reference, got, atol, rtol)
+    if bad is not None:
+        ran = [r for r in check.chosen.values() if check.calls.get(r.name)]
+        culprits = [r for r in ran if _worst(
+            reference, _run(model, args, check.only({r.name})), atol, rtol) is not None]
+        raise _changed_numbers(culprits or ran, bad, atol, rtol)
+    plan.records[:0] = [_record(r, check.calls[r.name], plan.ctx)
+                        for r in check.chosen.values() if check.calls.get(r.name)]
+    return reference
+
+
+def _run(model: Any, args: tuple, plan: RewritePlan) -> list:
+    import torch
+
+    with torch.no_grad(), plan.applied():
+        return [t.detach().cpu().numpy() for t in flatten_outputs(model(*copies(args)))]
+
+
+def _run_checked(model: Any, args: tuple, plan: RewritePlan) -> list:
+    try:
+        return _run(model, args, plan)
+    except Exception as e:
+        names = ", ".join(r.name for r in plan.chosen.values()) or "none"
+        raise ExportError(f"the model fails with its rewriters applied ({names}): "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                          "fix the rewriter named, narrow its conditions, or remove it with "
+                          "wb.unregister_rewriter(name); wb.export(..., rewrite=False) "
+                          "exports the model as written") from e
+
+
+def _worst(reference: list, got: list, atol: float, rtol: float) -> tuple | None:
+    """(output index, max abs error, bound) of the first output past tolerance, or of a
+    count or shape that differs; None when all are within it."""
+    import numpy as np
+
+    if len(got) != len(reference):
+        return (-1, float("inf"), 0.0)
+    for i, (r, g) in enumerate(zip(reference, got, strict=True)):
+        if r.shape != g.shape:
+            return (i, float("inf"), 0.0)
+        if r.size == 0:
+            continue
+        err = float(np.max(np.abs(r.astype(np.float64) - g.astype(np.float64))))
+        bound = atol + rtol * float(np.max(np.abs(r.astype(np.float64))))
+        if not err <= bound:
+            return (i, err, bound)
+    return None
+
+
+def _changed_numbers(culprits: list[Rewriter], bad: tuple, atol: float,
+                     rtol: float) -> ExportError:
+    i, err, bound = bad
+    names = ", ".join(f"{r.name!r} ({r.kind} {r.target})" for r in culprits)
+    what = ("another number of outputs or another shape" if err == float("inf") else
+            f"output {i} max abs {err:.3g} > {bound:.3g} (atol {atol:g} + rtol {rtol:g} x "
+            "max |output|)")
+    return ExportError(f"rewriter {names} changes the model's numbers: {what}, the rewritten "
+                       "model against the model as written on the example inputs",
+                       f"a rewriter must compute what it replaces: fix it, or remove it with "
+                       f"wb.unregister_rewriter({culprits[0].name!r})")
+
+
+def _record(rw: Rewriter, calls: int, ctx: RewriteContext) -> RewriteRecord:
+    c = rw.conditions()
+    return RewriteRecord(rw.name, rw.kind, rw.target, c["backend"], c["exporter"], c["opset"],
+                         calls, rw.builtin, rw.source())
+
+
+def _symbolic_records(ctx: RewriteContext) -> list[RewriteRecord]:
+    """The ``register_symbolic`` conversions this ONNX export can use (the exporter calls
+    them per node, uncounted)."""
+    if ctx.opset is None:
+        return []
+    out = []
+    for rw in rewriters():
+        if rw.kind == "symbolic" and rw.matches(ctx):
+            c = rw.conditions()
+            out.append(RewriteRecord(rw.name, "symbolic", rw.target, None, c["exporter"],
+                                     str(rw.opsets[0]) if rw.opsets else None, None))
+    return out
+
+
+# -- installing --------------------------------------------------------------------------------
+def _tensor_dunder(rw: Rewriter) -> bool:
+    """A special method of torch.Tensor (``__getitem__``...): replacing the attribute would
+    change the C type's slots for good (a tensor left looking like a sequence), so such a
+    rewriter runs from a torch function mode instead, on the calling thread only."""
+    import torch
+
+    return (isinstance(rw.owner, type) and issubclass(rw.owner, torch._C.TensorBase)
+            and rw.attr.startswith("__") and rw.attr.endswith("__"))
+
+
+def _dunder_mode(plan: RewritePlan, moded: dict[tuple[int, str], Rewriter]) -> Any:
+    """A TorchFunctionMode that sends the calls of ``moded``'s targets to their rewriters
+    (torch runs a mode's handler with the mode off, so calls inside a rewriter reach the
+    originals); a null context when there are none."""
+    if not moded:
+        return contextlib.nullcontext()
+    from torch.overrides import TorchFunctionMode
+
+    by_func = {getattr(rw.owner, rw.attr): rw for rw in moded.values()}
+
+    class Rewrites(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            rw = by_func.get(func)
+            if rw is not None and rw.name not in plan._busy:
+                return plan._call(rw, func, args, kwargs or {})
+            return func(*args, **(kwargs or {}))
+
+    return Rewrites()
+
+
+def _dispatcher(key: tuple[int, str], original: Callable) -> Callable:
+    """What replaces the attribute: the calling thread's rewriter when its plan has one for
+    ``key`` and it is not inside itself, else the original."""
+
+    @functools.wraps(original)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        plan = getattr(_LOCAL, "plan", None)
+        if plan is not None:
+            rw = plan.chosen.get(key)
+            if rw is not None and rw.name not in plan._busy:
+                return plan._call(rw, original, args, kwargs)
+        return original(*args, **kwargs)
+
+    return dispatch
+
+
+def _install(keys: list[tuple[int, str]], chosen: dict[tuple[int, str], Rewriter]) -> None:
+    with _LOCK:
+        for key in keys:
+            patch = _PATCHES.get(key)
+            if patch is None:
+                rw = chosen[key]
+                own = rw.attr in getattr(rw.owner, "__dict__", {})
+                raw = rw.owner.__dict__[rw.attr] if own else getattr(rw.owner, rw.attr)
+                patch = _PATCHES[key] = _Patch(rw.owner, rw.attr, raw, own)
+                original = getattr(rw.owner, rw.attr)
+                fn = _dispatcher(key, original)
+                if isinstance(raw, (staticmethod, classmethod)):
+                    fn = staticmethod(fn)  # the original is already bound as it should be
+                setattr(rw.owner, rw.attr, fn)
+            patch.users += 1
+
+
+def _uninstall(keys: list[tuple[int, str]]) -> None:
+    with _LOCK:
+        for key in keys:
+            patch = _PATCHES[key]
+            patch.users -= 1
+            if patch.users == 0:
+                del _PATCHES[key]
+                if patch.own:
+                    setattr(patch.owner, patch.attr, patch.raw)
+                else:
+                    delattr(patch.owner, patch.attr)
