@@ -9,7 +9,7 @@ torch-pruning's dependency graph; or zeroed, "l1-unstructured", ``torch.nn.utils
 exports the unpruned and the pruned model (``wb.export``, TorchScript, opset 17), converts
 both to ncnn (``wb.to_ncnn`` of that ONNX, fp32) in a temporary workspace, and times the
 four models round-robin in this process (``--threads`` threads for both backends, the order
-rotating each round so load hits all alike; each latency the median of ``--repeat`` rounds).
+rotating each round so load hits all alike; each latency the median of ``--runs`` rounds).
 
 Each figure is pruned ÷ unpruned, measured in the same run: ONNX file size, ncnn .bin size,
 ONNX Runtime latency, ncnn latency. Target: structured 50% (``wb.prune``'s default,
@@ -19,7 +19,8 @@ the amount met exactly, widths that leave the packed kernels) and unstructured (
 are stored and multiplied like any weight). A report, not a test: the exit status is 0
 whatever the figures.
 
-Run:  cd /work/main && .venv/bin/python bench/prune_figures.py [--repeat N] [--threads T]
+Run:  cd /work/main && .venv/bin/python bench/prune_figures.py [--runs N] [--threads T]
+  or  cd /work/main && .venv/bin/python bench/converter.py --section prune [--runs N]
 """
 
 from __future__ import annotations
@@ -53,62 +54,74 @@ def _ms(fig: Any) -> str:
     return "-" if fig is None else f"{fig.before:.2f}->{fig.after:.2f}"
 
 
-def prune_section(repeat: int = 30, threads: int = 1, models: tuple[str, ...] = MODELS) -> None:
-    """Print the pruning figures (the table, the target's verdicts, the notes)."""
-    import workbench as wb
+def section_prune(runs: int = 30, threads: int = 1, models: tuple[str, ...] = MODELS
+                  ) -> tuple[list[list[str]], list[str], list[str], list[str]]:
+    """The pruning figures: (table, passed, failed, notes), as bench/converter.py's sections
+    return them; a target figure that could not be measured counts as failed."""
     from workbench import zoo
 
-    print(f"engine: {engine_state()}")
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
-          f"{threads} thread(s) per backend, medians of {repeat} alternating rounds")
-    table, passed, failed, missing, notes = [HEADER], [], [], [], []
-    root = tempfile.mkdtemp(prefix="wb-bench-prune-")
+          f"{threads} thread(s) per backend, medians of {runs} alternating rounds", flush=True)
+    table, passed, failed, notes = [HEADER], [], [], []
     t_all = time.perf_counter()
-    for name in models:
-        model, inputs = zoo.get(name)
-        for amount in AMOUNTS:
-            for method, round_to in VARIANTS:
-                shown = method + (f" round_to={round_to}" if method == "l1-structured"
-                                  else "")
-                label = f"{name} {shown} {amount:.0%}"
-                try:
-                    res = wb.prune(model, amount, method, example_inputs=inputs,
-                                   round_to=round_to, workspace=Path(root) / name,
-                                   threads=threads, repeat=repeat, progress=False)
-                except Exception:  # noqa: BLE001 - printed; the other rows still run
-                    traceback.print_exc()
-                    missing.append(label)
-                    continue
-                rep = res.report
-                for stage, err in rep.errors.items():
-                    missing.append(f"{label} {stage}")
-                    notes.append(f"{label}: {stage}: {err.message.splitlines()[0][:160]}")
-                table.append([name, shown, f"{amount:.0%}", f"{rep.weights_pruned:.1%}",
-                              _ratio(rep.onnx_bytes), _ratio(rep.ncnn_bin_bytes),
-                              _ratio(rep.ort_ms), _ratio(rep.ncnn_ms), _ms(rep.ort_ms),
-                              _ms(rep.ncnn_ms), f"{rep.snr_db:.1f}"])
-                if (method, round_to) == VARIANTS[0] and amount == 0.5:
-                    for backend, fig in (("ORT", rep.ort_ms), ("ncnn", rep.ncnn_ms)):
-                        what = f"{name} structured 50%: {backend} latency ÷ unpruned < 1"
-                        if fig is None or fig.ratio is None:
-                            missing.append(what)
-                        else:
-                            (passed if fig.ratio < 1.0 else failed).append(
-                                f"{what} ({fig.ratio:.2f})")
-                print(f"[{label}: {rep.seconds:.0f} s, load {os.getloadavg()[0]:.1f}]",
-                      flush=True)
+    with tempfile.TemporaryDirectory(prefix="wb-bench-prune-") as root:
+        for name in models:
+            model, inputs = zoo.get(name)
+            for amount in AMOUNTS:
+                for method, round_to in VARIANTS:
+                    rep = _measure(model, inputs, name, amount, method, round_to,
+                                   Path(root) / name, runs, threads, table, notes)
+                    if (method, round_to) == VARIANTS[0] and amount == 0.5:
+                        for backend, fig in (("ORT", getattr(rep, "ort_ms", None)),
+                                             ("ncnn", getattr(rep, "ncnn_ms", None))):
+                            what = f"{name} structured 50%: {backend} latency ÷ unpruned < 1"
+                            if fig is None or fig.ratio is None:
+                                failed.append(f"{what} (not measured)")
+                            else:
+                                (passed if fig.ratio < 1.0 else failed).append(
+                                    f"{what} ({fig.ratio:.2f})")
     notes.append(f"total {time.perf_counter() - t_all:.0f} s; load average at the end: "
                  f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    print_figures(table, passed, failed, missing, notes)
+    return table, passed, failed, notes
+
+
+def _measure(model: Any, inputs: tuple, name: str, amount: float, method: str,
+             round_to: int | None, workspace: Path, runs: int, threads: int,
+             table: list[list[str]], notes: list[str]) -> Any:
+    """One ``wb.prune`` run: its row appended to ``table``, its failures to ``notes``; the
+    report (None when pruning itself failed)."""
+    import workbench as wb
+
+    shown = method + (f" round_to={round_to}" if method == "l1-structured" else "")
+    label = f"{name} {shown} {amount:.0%}"
+    try:
+        rep = wb.prune(model, amount, method, example_inputs=inputs, round_to=round_to,
+                       workspace=workspace, threads=threads, repeat=runs,
+                       progress=False).report
+    except Exception as err:  # noqa: BLE001 - printed; the other rows still run
+        traceback.print_exc()
+        notes.append(f"{label}: not available: {type(err).__name__}")
+        return None
+    for stage, err in rep.errors.items():
+        notes.append(f"{label}: {stage} not available: {err.message.splitlines()[0][:160]}")
+    table.append([name, shown, f"{amount:.0%}", f"{rep.weights_pruned:.1%}",
+                  _ratio(rep.onnx_bytes), _ratio(rep.ncnn_bin_bytes), _ratio(rep.ort_ms),
+                  _ratio(rep.ncnn_ms), _ms(rep.ort_ms), _ms(rep.ncnn_ms),
+                  f"{rep.snr_db:.1f}"])
+    print(f"[{label}: {rep.seconds:.0f} s, load {os.getloadavg()[0]:.1f}]", flush=True)
+    return rep
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=30, help="timed rounds per model")
+    ap.add_argument("--runs", type=int, default=30, help="timed rounds per model pair")
     ap.add_argument("--threads", type=int, default=1, help="threads of both backends")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated zoo names")
     args = ap.parse_args(argv)
-    prune_section(args.repeat, args.threads, tuple(m for m in args.models.split(",") if m))
+    print(f"engine: {engine_state()}")
+    table, passed, failed, notes = section_prune(
+        args.runs, args.threads, tuple(m for m in args.models.split(",") if m))
+    print_figures(table, passed, failed, [], notes)
     return 0
 
 
