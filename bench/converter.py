@@ -12,7 +12,10 @@ Sections (``--section NAME``, repeatable; default: all):
   rewriters of one export (the registry walked, conditions checked) is printed beside it,
   and its share of the export time: what the figure measures when the machine is quiet.
 
-(The pruning figures of issue 33 join this file as a section of their own.)
+- ``prune``: pruning as the deployed model feels it (``bench/prune_figures.py``, whose
+  docstring says how it is measured): the zoo's ResNet and MobileNetV2 pruned 30% and 50%,
+  structured and unstructured; ONNX file, ncnn .bin and ORT / ncnn latency ÷ unpruned.
+  Target: structured 50% cuts latency on both backends.
 
 Run:  cd /work/main && .venv/bin/python bench/converter.py [--section rewriters] [--runs 9]
 """
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import engine_state, print_figures  # bench/ is on sys.path
+from prune_figures import section_prune
 
 REWRITER_TARGET = 1.05
 N_REWRITERS = 50
@@ -111,7 +115,8 @@ def section_rewriters(runs: int) -> tuple[list[list[str]], list[str], list[str],
     return table, ([figure] if ok else []), ([] if ok else [figure]), notes
 
 
-SECTIONS: dict[str, Callable[[int], tuple]] = {"rewriters": section_rewriters}
+SECTIONS: dict[str, Callable[[int], tuple]] = {"rewriters": section_rewriters,
+                                                "prune": section_prune}
 
 
 def main(argv: list[str] | None = None) -> int:
