@@ -226,17 +226,25 @@ def test_rewriters_lists_all_three_kinds(registry):
 
 
 def test_a_symbolic_the_export_can_use_is_listed_with_it(ws):
-    class Asinh(nn.Module):
+    class Twice(nn.Module):
         def forward(self, x):
-            return torch.asinh(x)
+            return torch.asinh(x) + torch.asinh(2 * x)
 
     wb.register_symbolic("aten::asinh", lambda g, x: g.op("Asinh", x), opset=9)
     try:
-        art = wb.export(Asinh(), (_x(2, 5),), workspace=ws, opset=9)
+        art = wb.export(Twice(), (_x(2, 5),), workspace=ws, opset=9)
+        dyn = wb.export(Twice(), (_x(2, 5),), workspace=ws, exporter="dynamo")
+        other = wb.export(nn.ReLU(), (_x(2, 5),), workspace=ws, opset=9)
     finally:
         wb.customops.unregister("aten::asinh")
+    # the TorchScript exporter converted two nodes with it; dynamo's use is not counted
     assert [(r.kind, r.target, r.calls) for r in art.rewrites] == [
-        ("symbolic", "aten::asinh", None)]
+        ("symbolic", "aten::asinh", 2)]
+    assert [(r.kind, r.calls) for r in dyn.rewrites] == [("symbolic", None)]
+    assert other.rewrites == []  # usable, but not used
+    from torch.onnx._internal.torchscript_exporter.registration import registry
+
+    assert not registry.is_registered_op("aten::asinh", 9)  # torch's registry as it was
 
 
 def test_show_code_writes_the_rewriters_before_the_export(ws, registry):

@@ -19,8 +19,10 @@ class RewriteRecord:
 
     ``kind`` is "function" (``wb.rewrite``), "module" (``wb.rewrite_module``) or "symbolic"
     (``wb.register_symbolic``); ``calls`` is how often it ran in one forward on the example
-    inputs (None for a symbolic: the exporter calls it, nothing counts it); ``source`` is
-    its Python source when readable (None for the workbench's own, ``builtin``).
+    inputs (for a symbolic: how many nodes the TorchScript exporter converted with it; None
+    under the dynamo exporter, which is not counted); ``source`` is its Python source when
+    readable (None for the workbench's own, ``builtin``, and for a symbolic, whose
+    registration the custom-ops panel writes).
     """
 
     name: str

@@ -30,7 +30,8 @@ from typing import Any
 from ..artifact.rewrites import RewriteRecord
 from ..errors import ExportError
 from ..inputs import copies, flatten_outputs
-from .rewriters import RewriteContext, Rewriter, registered, rewriters
+from .rewrite_symbolics import counting, records, usable
+from .rewriters import RewriteContext, Rewriter, registered
 
 _LOCAL = threading.local()  # .plan: the RewritePlan the calling thread exports under
 _LOCK = threading.RLock()
@@ -60,6 +61,8 @@ class RewritePlan:
     chosen: dict[tuple[int, str], Rewriter] = field(default_factory=dict)
     records: list[RewriteRecord] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)
+    symbolics: list[Rewriter] = field(default_factory=list)  # register_symbolic's, usable
+    symbolic_calls: dict[str, int] = field(default_factory=dict)
     _busy: set[str] = field(default_factory=set, repr=False)
 
     @property
@@ -70,7 +73,7 @@ class RewritePlan:
     def applied(self) -> Iterator[RewritePlan]:
         """The chosen rewriters installed for the calling thread during the block, and
         restored on leaving it, also on an exception."""
-        if not self.chosen:
+        if not self.chosen and not self.symbolics:
             yield self
             return
         moded = {k: rw for k, rw in self.chosen.items() if _tensor_dunder(rw)}
@@ -79,7 +82,8 @@ class RewritePlan:
         _install(keys, self.chosen)
         _LOCAL.plan = self
         try:
-            with _dunder_mode(self, moded):
+            with _dunder_mode(self, moded), counting(self.symbolics, self.ctx,
+                                                     _symbolic_counts):
                 yield self
         finally:
             _LOCAL.plan = previous
@@ -103,6 +107,12 @@ class RewritePlan:
         return RewritePlan(self.ctx, {k: r for k, r in self.chosen.items() if r.name in names})
 
 
+def _symbolic_counts() -> dict[str, int] | None:
+    """The calling thread's counts of register_symbolic conversions (None outside export)."""
+    plan = getattr(_LOCAL, "plan", None)
+    return None if plan is None else plan.symbolic_calls
+
+
 def rewrite_context() -> RewriteContext | None:
     """Inside a rewriter's call: the export it runs in, with ``rewriter`` (its name) and
     ``original`` (the callable it replaces); None elsewhere."""
@@ -113,7 +123,7 @@ def rewrite_context() -> RewriteContext | None:
 def choose(ctx: RewriteContext, enabled: bool = True) -> RewritePlan:
     """The plan for an export: per target, a user rewriter that matches, else a shipped
     one that matches (none when ``enabled`` is False)."""
-    plan = RewritePlan(ctx)
+    plan = RewritePlan(ctx, symbolics=usable(ctx))
     if not enabled:
         return plan
     for rw in sorted(registered(), key=lambda r: r.builtin):
@@ -135,7 +145,7 @@ def verify(plan: RewritePlan, model: Any, args: tuple, reference: list | None, *
             ``atol + rtol * max |reference|``; the message names the rewriter(s) at fault.
     """
     fired = {n for n, c in plan.calls.items() if c}
-    plan.records = _symbolic_records(plan.ctx)
+    plan.records = records(plan.symbolics, plan.symbolic_calls, plan.ctx)
     if not fired:
         return reference
     if reference is None:
@@ -208,20 +218,6 @@ def _record(rw: Rewriter, calls: int, ctx: RewriteContext) -> RewriteRecord:
     c = rw.conditions()
     return RewriteRecord(rw.name, rw.kind, rw.target, c["backend"], c["exporter"], c["opset"],
                          calls, rw.builtin, rw.source())
-
-
-def _symbolic_records(ctx: RewriteContext) -> list[RewriteRecord]:
-    """The ``register_symbolic`` conversions this ONNX export can use (the exporter calls
-    them per node, uncounted)."""
-    if ctx.opset is None:
-        return []
-    out = []
-    for rw in rewriters():
-        if rw.kind == "symbolic" and rw.matches(ctx):
-            c = rw.conditions()
-            out.append(RewriteRecord(rw.name, "symbolic", rw.target, None, c["exporter"],
-                                     str(rw.opsets[0]) if rw.opsets else None, None))
-    return out
 
 
 # -- installing --------------------------------------------------------------------------------
