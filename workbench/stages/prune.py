@@ -57,8 +57,8 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
         ignored_layers: layers to leave whole, as modules of ``model`` or their names.
         round_to: structured: keep every pruned width a multiple of this. The default 8
             keeps the packed kernels (ONNX Runtime's NCHWc, ncnn's elempack 4/8): pruned
-            50% at exact widths, the zoo's MobileNetV2 ran 1.6-1.7x *slower* on ONNX
-            Runtime and 1.2x on ncnn (bench/prune_figures.py).
+            50% at exact widths, the zoo's MobileNetV2 ran 1.6-1.8x *slower* on ONNX
+            Runtime and 1.05-1.2x on ncnn (bench/prune_figures.py).
             Widths move in steps then, so the amount is met as closely as they allow
             (``report.weights_pruned``); None prunes to the exact ratio.
         backends: which of "onnxruntime" and "ncnn" to export, weigh and time; () measures
