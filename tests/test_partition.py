@@ -136,12 +136,14 @@ def test_compare_parts_checks_the_chain_and_each_part(cut):
     assert next(p for p in bad.parts if p.part == "part2" and p.backend == "ncnn").ok
 
 
-def test_cuts_by_module_name_and_keep_in_torch(ws):
+@pytest.mark.parametrize("cut, exporter", [("backbone", "torchscript"), ("feats", "dynamo")])
+def test_cuts_by_module_name_and_keep_in_torch(ws, cut, exporter):
     model, x = _model(), _x()
-    parts = wb.partition(model, (x,), at=["backbone"], workspace=ws, backends="onnxruntime",
-                         keep_in_torch=[1])
+    parts = wb.partition(model, (x,), at=[cut], workspace=ws, backends="onnxruntime",
+                         keep_in_torch=[1], exporter=exporter)
     head, tail = parts.parts
-    assert head.outputs == ["backbone"] and tail.in_torch == {"onnxruntime": "keep_in_torch"}
+    assert head.outputs == [cut] and tail.in_torch == {"onnxruntime": "keep_in_torch"}
+    assert head.onnx.params["exporter"] == exporter
     with torch.no_grad():
         _same(parts.run((x,)), model(x))
 

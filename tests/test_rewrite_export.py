@@ -77,6 +77,9 @@ def test_a_function_rewriter_applies_for_its_backend_only_and_is_recorded(ws, re
         "cat_repeat", "function", "torch.Tensor.repeat", "ncnn", 1)
     assert "def repeat_by_cat" in rec.source
     assert nc.ok and nc.metrics["max_abs"] < 1e-5
+    dyn = wb.export(model, (x,), workspace=ws, backend="ncnn", exporter="dynamo")
+    assert [r.name for r in dyn.rewrites] == ["cat_repeat"] and dyn.ok
+    assert "Tile" not in dyn.graph.op_histogram
     again = wb.Workspace(ws.path).get(nc.id)  # the record is in artifact.json
     assert again.rewrites == nc.rewrites
     # never leaking: the model as written afterwards, the attribute torch's own again

@@ -57,7 +57,10 @@ def partition(
         workspace: where the parts' artifacts go.
         backends: "onnxruntime" (an ONNX artifact per part) and/or "ncnn" (the part
             exported for ncnn, then ``wb.to_ncnn``).
-        exporter, opset: as for ``wb.export``.
+        exporter, opset: as for ``wb.export``. With "dynamo", a cut inside a submodule's
+            call (a submodule's name, or a mark in a submodule's forward) can fail
+            torch.export (its tracer does not unwind module calls that the stop at the
+            cut leaves by an exception): that part then stays in torch, with the reason.
         input_names, output_names: the names of the model's own inputs and outputs (the
             first part's inputs, the last part's outputs).
         keep_in_torch: indices of parts left in torch without trying a backend (an NMS tail).
