@@ -201,6 +201,8 @@ def test_bad_rewriter_declarations_are_named(registry):
         wb.rewrite("torch.diff", opset=(17, 13))
     with pytest.raises(wb.InputError, match="nn.Module subclass"):
         wb.rewrite_module(torch.diff)
+    with pytest.raises(wb.InputError, match="built-in type"):
+        wb.rewrite("torch.Generator.manual_seed")
 
     def one(self, *s):
         return self.repeat(*s)

@@ -36,6 +36,7 @@ from ..errors import InputError
 BACKENDS = ("onnxruntime", "ncnn")
 EXPORTERS = ("torchscript", "dynamo")
 _LOCK = threading.RLock()
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made in Python, whose attributes can be set
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,9 @@ def rewrite(target: str, *, backend: str | tuple[str, ...] | None = None,
     The decorated function takes the target's arguments (``self`` first for a method) and
     returns what it would. Inside it, calls of the target itself reach the original, so a
     rewriter may handle the cases it knows and hand the rest on
-    (``rewrite_context().original`` is the original too).
+    (``rewrite_context().original`` is the original too). The attribute at ``target`` is
+    what is replaced: code that took the function under another name before the export
+    (``from torch import diff``) keeps calling the original.
 
     Args:
         target: the dotted path, e.g. "torch.Tensor.repeat", "torch.diff".
@@ -255,6 +258,11 @@ def resolve_target(target: Any) -> tuple[Any, str]:
         raise InputError(f"rewrite target {target!r} is a {type(obj).__name__}, not a "
                          "function or method", "rewrite a function, a method, or a module's "
                          "forward (wb.rewrite_module)")
+    if isinstance(owner, type) and not owner.__flags__ & _HEAPTYPE:
+        raise InputError(f"rewrite target {target!r} cannot be replaced: {owner.__name__} is "
+                         "a built-in type, whose attributes are fixed",
+                         "rewrite the function that calls it, or the Python class above it "
+                         "(torch.Tensor's methods can be rewritten: 'torch.Tensor.repeat')")
     return owner, parts[-1]
 
 
