@@ -56,7 +56,7 @@ def test_list_source_is_sampled_with_the_seed_and_recorded(exported):
 
 def test_a_source_within_the_limit_is_taken_whole_in_order():
     data = _arrays(5)
-    cal = load_calibration(data, inputs=IMG, limit=64, progress=False)
+    cal = load_calibration(data, inputs=IMG, limit=64, holdout=0, progress=False)
     assert cal.indices == [0, 1, 2, 3, 4] and cal.total == 5
     np.testing.assert_array_equal(cal.samples[4][0], data[4])
 
@@ -227,3 +227,29 @@ def test_a_calibration_checked_against_another_model_names_the_sample(exported):
     with pytest.raises(InputError, match=r"sample 0, input 'input': does not fit model.onnx: "
                        r"expected input: float32\[1x3x64x64\], got float32\[1x3x16x16\]"):
         cal.check(exported, "model.onnx")
+
+
+# -- a raw photograph (issue 35) ---------------------------------------------------------------
+PHOTO = [TensorInfo("input", (1, 3, 24, 32), "float32")]
+
+
+def _hwc(n):
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, (48, 64, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def test_a_raw_hwc_uint8_image_gets_the_steps_it_needs_not_the_batch_axis():
+    with pytest.raises(InputError, match=r"got uint8\[48x64x3\]") as e:
+        load_calibration(_hwc(2), inputs=PHOTO, progress=False)
+    hint = e.value.hint
+    assert hint.startswith("this looks like an HxWxC image")
+    for step in ("x.transpose(2, 0, 1)", "/ 255", "mean", "batch axis", "preprocess="):
+        assert step in hint, hint
+    # channels last with the batch axis, and a uint8 CHW image: named likewise
+    with pytest.raises(InputError) as e:
+        load_calibration([p[None] for p in _hwc(2)], inputs=PHOTO, progress=False)
+    assert "NxHxWxC image" in e.value.hint and "transpose(0, 3, 1, 2)" in e.value.hint
+    chw = [np.zeros((1, 3, 24, 32), np.uint8)]
+    with pytest.raises(InputError, match="expected dtype float32, got uint8") as e:
+        load_calibration(chw, inputs=PHOTO, progress=False)
+    assert "uint8 pixels" in e.value.hint and "preprocess=" in e.value.hint

@@ -1,12 +1,14 @@
-"""Calibration samples: read from an iterable, a torch DataLoader or a folder, picked with a
-seed, checked against the model's declared inputs, and recorded for the manifest.
+"""Calibration samples: read from an iterable, a torch DataLoader or a folder, prepared by the
+model's preprocessing, picked with a seed (some held out to measure on), checked against the
+model's declared inputs, and recorded for the manifest.
 
 The model's inputs are described as everywhere else in the workbench: ``graph.TensorInfo``
 (name, shape with ``None`` or a name for a dynamic axis, numpy dtype name), as
 ``GraphSummary.inputs`` lists them. A ``Calibration`` holds each sample as a tuple of numpy
 arrays in input order, which is what every runner and
-``ncnn_calibration.calibration_table`` take. Where the samples come from (iterables,
-DataLoaders, folders) is ``calibration_sources``.
+``ncnn_calibration.calibration_table`` take, and the held-out samples beside them. Where the
+samples come from is ``calibration_sources``, how they are prepared ``preprocess``, which
+calibrate and which are held out ``picking``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from ..graph import GraphSummary, TensorInfo, summarize
 from ..inputs import describe
 from ..runtime.base import to_numpy
 from .calibration_sources import SampleSource, sample_source
+from .picking import AUTO, check_holdout, pick
+from .preprocess import CalibrationSource, Preprocess, check_fits
 
 
 @dataclass(repr=False)
@@ -31,7 +35,11 @@ class Calibration:
     ``samples``: one tuple of numpy arrays per sample, in the order of ``inputs``;
     ``indices``: the position of each sample in the source (ascending); ``total``: how many
     samples the source held (None when it was not read to its end); ``source``: what the
-    source was, in words; ``seed`` and ``limit``: how the samples were picked."""
+    source was, in words; ``seed`` and ``limit``: how the samples were picked.
+    ``heldout`` (with ``heldout_indices``): samples of the source not calibrated on, to
+    measure the int8 model on; ``heldout_kind`` "split", "unpicked" or "" (none: see
+    ``picking``). ``preprocess``: how each sample was prepared (None: as given, or images
+    read as RGB / 255); ``default_images``: images read so, without preprocessing."""
 
     samples: list[tuple[Any, ...]]
     inputs: list[TensorInfo]
@@ -40,6 +48,11 @@ class Calibration:
     limit: int
     indices: list[int] = field(default_factory=list)
     total: int | None = None
+    heldout: list[tuple[Any, ...]] = field(default_factory=list)
+    heldout_indices: list[int] = field(default_factory=list)
+    heldout_kind: str = ""
+    preprocess: Preprocess | None = None
+    default_images: bool = False
 
     @property
     def input_names(self) -> list[str]:
@@ -82,6 +95,9 @@ class Calibration:
                 "inputs": [{"name": t.name, "dtype": t.dtype,
                             "shape": None if t.shape is None else list(t.shape)}
                            for t in self.inputs],
+                "preprocess": None if self.preprocess is None else self.preprocess.to_record(),
+                "heldout": {"kind": self.heldout_kind, "count": len(self.heldout),
+                            "indices": list(self.heldout_indices)},
                 "sha256": self.digest()}
 
     def check(self, inputs: Any, model: str = "the model") -> None:
@@ -121,38 +137,53 @@ def input_specs(inputs: Any) -> list[TensorInfo]:
 
 
 def load_calibration(source: Any, *, inputs: Any, limit: int = 64, seed: int = 0,
-                     transform: Callable[[Any], Any] | None = None,
-                     progress: bool = True) -> Calibration:
-    """Read calibration samples from ``source``, at most ``limit`` of them picked with a seed.
+                     transform: Callable[[Any], Any] | None = None, preprocess: Any = None,
+                     holdout: Any = AUTO, progress: bool = True) -> Calibration:
+    """Read calibration samples from ``source``, at most ``limit`` of them picked with a seed,
+    prepared by ``preprocess`` and with some held out (``holdout``) to measure on.
 
     Args:
         source: an iterable of samples, each a tensor/array (one-input models), a tuple of
             them in input order, or a dict by input name; a torch ``DataLoader`` (its batches
             split into samples of batch size 1, the batch axis kept); a numpy array or torch
-            tensor holding a batch (split along axis 0 likewise); or a folder of ``.npy``
-            files (one array each; ``.npz`` files hold one array per input name) or images.
-            Images are read with PIL and passed to ``transform`` when given (a PIL image in,
-            an array or tensor out, with or without the batch axis). Without a transform an
+            tensor holding a batch (split along axis 0 likewise); a folder of ``.npy``
+            files (one array each; ``.npz`` files hold one array per input name) or images;
+            or a ``CalibrationSource`` (one of those with its preprocessing). Images are read
+            with PIL and prepared by ``preprocess`` (or ``transform``); without either an
             image is converted to RGB (L for a 1-channel input), resized to the input's
             H x W (bilinear), scaled to [0, 1] and laid out CHW float32 with a batch axis of
-            1: no mean/std normalisation, so pass a transform when the model expects one.
+            1: no mean/std normalisation (``Calibration.default_images`` says so).
         inputs: the model's declared inputs: an Artifact, its GraphSummary, a model path,
             or a list of ``graph.TensorInfo``. Every sample is checked against them (count,
             rank, fixed axes, dtype, finite values).
-        limit: the most samples kept. A source with more is sampled without replacement with
-            ``numpy.random.default_rng(seed)``: a sized source (list, folder, Dataset) by
-            ``rng.choice`` over its indices, reading only the samples picked; a stream
-            (generator, DataLoader) by reservoir sampling in one pass.
+        limit: the most samples calibrating. A source with more is sampled without
+            replacement with ``numpy.random.default_rng(seed)`` (``picking``).
         seed: the seed of that pick (the same seed and source give the same samples).
-        transform: for image folders, a PIL image -> array/tensor.
+        transform: for image folders, a PIL image -> array/tensor (the same as
+            ``preprocess=Preprocess(fn=transform)``).
+        preprocess: the model's preprocessing (``preprocess.Preprocess``, a dict of its
+            fields, or a callable), applied to every sample: images, HxWxC arrays.
+        holdout: samples held out of the calibration to measure on: "auto", a count, a
+            share in (0, 1), or 0 (``picking``).
         progress: show a tqdm progress bar while reading.
 
     Returns:
-        A Calibration: samples in source order, their indices, the seed and a description of
-        the source (``to_record()`` for the manifest).
+        A Calibration: samples in source order, their indices, the held-out samples, the
+        seed, the preprocessing and a description of the source (``to_record()``).
     """
     import numpy as np
 
+    if isinstance(source, CalibrationSource):
+        if preprocess is not None and Preprocess.of(preprocess) != source.preprocess:
+            raise InputError("preprocess= is given and the CalibrationSource carries its own",
+                             "set the preprocessing once: on the CalibrationSource, or "
+                             "preprocess= with the bare source")
+        source, preprocess = source.source, source.preprocess
+    pre = Preprocess.of(preprocess)
+    if pre is not None and transform is not None:
+        raise InputError("transform= and preprocess= are both given",
+                         "use one: preprocess=Preprocess(fn=transform) is the same as "
+                         "transform=, and works for any source")
     specs = input_specs(inputs)
     if not specs:
         raise InputError("inputs= declares no model input; calibration needs at least one",
@@ -160,80 +191,38 @@ def load_calibration(source: Any, *, inputs: Any, limit: int = 64, seed: int = 0
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise InputError(f"limit={limit!r}: expected a positive number of samples",
                          "e.g. limit=64; ONNX Runtime and ncnn calibrate well on 32 to 500")
-    rng = np.random.default_rng(seed)
-    reader = sample_source(source, specs, transform)
-    if reader.total is not None and reader.total > limit:
-        picked = sorted(int(i) for i in rng.choice(reader.total, size=limit, replace=False))
-        total = reader.total
-        raw = _read(reader, picked, progress)
-    else:
-        picked, raw, total = _reservoir(reader, limit, rng, progress)
-    if not raw:
+    check_holdout(holdout)
+    check_fits(pre, specs)
+    reader = sample_source(source, specs, transform, pre)
+    got = pick(reader, limit, holdout, np.random.default_rng(seed), progress)
+    if not got.values:
         raise InputError(f"calibration source {reader.description} holds no sample",
                          reader.empty_hint)
-    samples = [_as_sample(value, specs, i, reader) for i, value in zip(picked, raw, strict=True)]
-    return Calibration(samples=samples, inputs=specs, source=reader.description, seed=seed,
-                       limit=limit, indices=picked, total=total)
+    prep = None if reader.preprocessed else pre
 
+    def samples(indices: list[int], values: list[Any]) -> list[tuple[Any, ...]]:
+        return [_as_sample(v, specs, i, reader, prep) for i, v in zip(indices, values,
+                                                                      strict=True)]
 
-# -- picking ------------------------------------------------------------------------------
-def _read(reader: SampleSource, picked: list[int], progress: bool) -> list[Any]:
-    from tqdm.auto import tqdm
-
-    assert reader.get is not None
-    out = []
-    for i in tqdm(picked, desc="calibration: reading", unit="sample", disable=not progress,
-                  leave=False):
-        try:
-            out.append(reader.get(i))
-        except InputError:
-            raise
-        except Exception as e:  # noqa: BLE001 - the user's Dataset failed on this index
-            raise InputError(f"reading calibration source {reader.description} failed at "
-                             f"sample {i}: {type(e).__name__}: {e}",
-                             "the source's own error is above; check the Dataset's "
-                             "__getitem__") from e
-    return out
-
-
-def _reservoir(reader: SampleSource, limit: int, rng: Any,
-               progress: bool) -> tuple[list[int], list[Any], int]:
-    """Algorithm R over the whole source: ``limit`` samples uniformly, in one pass, keeping
-    at most ``limit`` in memory (a DataLoader over a big dataset is never held whole)."""
-    from tqdm.auto import tqdm
-
-    items = reader.items() if reader.items is not None else (
-        reader.get(i) for i in range(reader.total or 0))  # type: ignore[misc]
-    kept: list[tuple[int, Any]] = []
-    n = 0
-    try:
-        for n, value in enumerate(tqdm(items, desc="calibration: reading", unit="sample",
-                                       total=reader.total, disable=not progress,
-                                       leave=False), start=1):
-            i = n - 1
-            if len(kept) < limit:
-                kept.append((i, value))
-            else:
-                j = int(rng.integers(0, n))
-                if j < limit:
-                    kept[j] = (i, value)
-    except InputError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the user's iterable or Dataset failed
-        raise InputError(f"reading calibration source {reader.description} failed at sample "
-                         f"{n}: {type(e).__name__}: {e}",
-                         "the source's own error is above; check the Dataset's __getitem__ "
-                         "or the generator") from e
-    kept.sort(key=lambda t: t[0])
-    return [i for i, _ in kept], [v for _, v in kept], n
+    return Calibration(samples=samples(got.indices, got.values), inputs=specs,
+                       source=reader.description, seed=seed, limit=limit,
+                       indices=got.indices, total=got.total,
+                       heldout=samples(got.held_indices, got.held_values),
+                       heldout_indices=got.held_indices, heldout_kind=got.kind,
+                       preprocess=pre, default_images=reader.default_images)
 
 
 # -- checking -----------------------------------------------------------------------------
-def _as_sample(value: Any, specs: list[TensorInfo], index: int,
-               reader: SampleSource) -> tuple[Any, ...]:
-    """One source value as a tuple of arrays in input order, checked against ``specs``."""
+def _as_sample(value: Any, specs: list[TensorInfo], index: int, reader: SampleSource,
+               pre: Preprocess | None = None) -> tuple[Any, ...]:
+    """One source value as a tuple of arrays in input order (prepared by ``pre`` when it is
+    given), checked against ``specs``."""
     names = [t.name for t in specs]
     where = f"calibration sample {index}"
+    if pre is not None:
+        value = pre.apply(value, specs[0], where)
+    made = ("the transform returned" if reader.is_transform else
+            "preprocessing gave" if pre is not None or reader.preprocessed else "got")
     if isinstance(value, dict):
         unknown = sorted(set(value) - set(names))
         missing = [n for n in names if n not in value]
@@ -259,10 +248,10 @@ def _as_sample(value: Any, specs: list[TensorInfo], index: int,
     for spec, v in zip(specs, values, strict=True):
         a = _to_numpy(v, f"{where}, input {spec.name!r}")
         shape = spec.shape
-        if (reader.is_transform and shape and a.ndim == len(shape) - 1
+        if (made != "got" and shape and a.ndim == len(shape) - 1
                 and (shape[0] == 1 or not isinstance(shape[0], int))):
             a = a[None]  # a transform's CHW output: the batch axis of 1 added
-        _check_array(a, spec, index, "", transform=reader.is_transform)
+        _check_array(a, spec, index, "", made=made)
         out.append(a)
     return tuple(out)
 
@@ -281,36 +270,70 @@ def _to_numpy(v: Any, what: str) -> Any:
     return np.ascontiguousarray(a)
 
 
-def _check_array(a: Any, spec: TensorInfo, index: int, prefix: str,
-                 transform: bool = False) -> None:
-    """Rank, fixed axes, dtype and finiteness of one input of one sample."""
+def _check_array(a: Any, spec: TensorInfo, index: int, prefix: str, made: str = "got"
+                 ) -> None:
+    """Rank, fixed axes, dtype and finiteness of one input of one sample (``made``: "got",
+    or what made the array: "the transform returned", "preprocessing gave")."""
     import numpy as np
 
     where = f"calibration sample {index}, input {spec.name!r}: {prefix}"
     shape = spec.shape
     declared = str(spec)
-    source = "the transform returned" if transform else "got"
     if shape is not None and (a.ndim != len(shape) or any(
             isinstance(d, int) and d != g for d, g in zip(shape, a.shape, strict=False))):
-        if a.ndim != len(shape):
-            hint = (f"make the transform return {len(shape)}-d data like {declared}"
-                    if transform else
-                    "add the batch axis (x[None] or x.unsqueeze(0))"
-                    if a.ndim == len(shape) - 1 else
-                    f"give {len(shape)}-d arrays shaped like {declared}")
-        else:
-            bad = [i for i, (d, g) in enumerate(zip(shape, a.shape, strict=True))
-                   if isinstance(d, int) and d != g]
-            hint = (f"axes {bad} are fixed by the export; "
-                    + ("resize in the transform" if transform else
-                       "resize or crop the samples to them, or export with those axes in "
-                       "dynamic_axes"))
-        raise InputError(f"{where}expected {declared}, {source} {describe(a)}", hint)
+        raise InputError(f"{where}expected {declared}, {made} {describe(a)}",
+                         _shape_hint(a, spec, made))
     if spec.dtype and a.dtype.name != spec.dtype and spec.dtype in np.sctypeDict:
-        raise InputError(f"{where}expected dtype {spec.dtype}, {source} {a.dtype.name} "
+        image = a.dtype == np.uint8 and np.dtype(spec.dtype).kind == "f"
+        raise InputError(f"{where}expected dtype {spec.dtype}, {made} {a.dtype.name} "
                          f"({describe(a)})",
+                         "uint8 pixels: scale them to float and normalise them as the "
+                         f"model's inputs are ({IMAGE_FIX})" if image else
                          f"cast it, e.g. x.astype(np.{spec.dtype}) (numpy's random and "
                          "image arrays default to float64/uint8)")
     if a.dtype.kind in "fc" and not np.isfinite(a).all():
         raise InputError(f"{where}holds NaN or inf ({describe(a)})",
                          "calibration ranges come from these values; drop or fix the sample")
+
+
+IMAGE_FIX = ("or let the source do it once for both backends: preprocess={'size': 224, "
+             "'mean': [...], 'std': [...]} with the model's values, as wb.quantize and "
+             "load_calibration take it")
+
+
+def _shape_hint(a: Any, spec: TensorInfo, made: str) -> str:
+    """What to do about a sample of the wrong rank or size: an HxWxC (or NHWC) image is named
+    as one, with the steps it needs."""
+    shape = spec.shape
+    channels = shape[1] if len(shape) == 4 and isinstance(shape[1], int) else None
+    last = a.shape[-1] if a.ndim else None
+    if channels and last == channels and a.ndim in (3, 4) and a.shape[-3] != channels:
+        layout = "HxWxC" if a.ndim == 3 else "NxHxWxC"
+        steps = ["channels first: x.transpose(2, 0, 1)" if a.ndim == 3
+                 else "channels first: x.transpose(0, 3, 1, 2)"]
+        if a.dtype.kind in "ui":
+            steps.append("float: x.astype(np.float32) / 255")
+        steps.append("normalised as the model's inputs are ((x - mean) / std)")
+        if a.ndim == 3:
+            steps.append("the batch axis: x[None]")
+        return (f"this looks like an {layout} image ({describe(a)}, channels last); the "
+                f"model takes {spec}: make it {', '.join(steps)}; {IMAGE_FIX}")
+    if made == "preprocessing gave" and a.ndim == len(shape) and channels \
+            and a.shape[1] != channels:
+        return (f"preprocessing gives {a.shape[1]} channel(s), input {spec.name!r} takes "
+                f"{channels}: give {channels}-channel data (layout= says where the channels "
+                "are: HWC or CHW)")
+    if a.ndim != len(shape):
+        return (f"make the transform return {len(shape)}-d data like {spec}"
+                if made == "the transform returned" else
+                "add the batch axis (x[None] or x.unsqueeze(0))"
+                if a.ndim == len(shape) - 1 else
+                f"give {len(shape)}-d arrays shaped like {spec}")
+    bad = [i for i, (d, g) in enumerate(zip(shape, a.shape, strict=True))
+           if isinstance(d, int) and d != g]
+    return (f"axes {bad} are fixed by the export; "
+            + ("resize in the transform" if made == "the transform returned" else
+               "preprocessing resizes to the input's H x W unless size= says otherwise"
+               if made == "preprocessing gave" else
+               "resize or crop the samples to them, or export with those axes in "
+               "dynamic_axes"))

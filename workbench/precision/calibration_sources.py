@@ -1,7 +1,8 @@
 """Where calibration samples come from: an iterable or a sequence of samples, a batch array
 or tensor (split along axis 0), a torch DataLoader (its batches split into samples of batch
-size 1), or a folder of ``.npy`` files or images (read with PIL, through the user's
-transform or the default: RGB or L, resized to the input, [0, 1], 1xCxHxW float32).
+size 1), or a folder of ``.npy`` files or images (read with PIL, through the model's
+preprocessing, the user's transform or the default: RGB or L, resized to the input, [0, 1],
+1xCxHxW float32, no mean/std).
 
 Each source is a ``SampleSource``: its length when known, and random access (``get``) or a
 stream (``items``); ``calibration.load_calibration`` picks from it and checks the samples.
@@ -32,15 +33,19 @@ class SampleSource:
     items: Callable[[], Iterable[Any]] | None = None
     empty_hint: str = "give at least one sample; 32 to 64 like the real data is typical"
     is_transform: bool = False
+    preprocessed: bool = False  # the reader applied the preprocessing (images)
+    default_images: bool = False  # images read as RGB / 255: no preprocessing given
 
 
-def sample_source(source: Any, specs: list[TensorInfo], transform: Any) -> SampleSource:
+def sample_source(source: Any, specs: list[TensorInfo], transform: Any,
+                  preprocess: Any = None) -> SampleSource:
     """The SampleSource of what ``load_calibration`` was given (see its ``source``), or an
-    InputError saying what a source can be."""
+    InputError saying what a source can be. ``preprocess`` (a ``preprocess.Preprocess``) is
+    applied here to images only (it needs the PIL image); to other samples by the caller."""
     import numpy as np
 
     if isinstance(source, (str, Path)):
-        return _folder(Path(source), specs, transform)
+        return _folder(Path(source), specs, transform, preprocess)
     if transform is not None:
         raise InputError("transform= is given, but the calibration source is not a folder",
                          "transform maps the images of a folder; apply it to your samples "
@@ -119,7 +124,7 @@ def _batch_len(v: Any) -> int:
     return int(shape[0])
 
 
-def _folder(path: Path, specs: list[TensorInfo], transform: Any) -> SampleSource:
+def _folder(path: Path, specs: list[TensorInfo], transform: Any, pre: Any) -> SampleSource:
     if not path.is_dir():
         raise InputError(f"calibration folder {str(path)!r} is not a folder",
                          "pass an existing folder of .npy files or images, or an iterable of "
@@ -140,8 +145,10 @@ def _folder(path: Path, specs: list[TensorInfo], transform: Any) -> SampleSource
     desc = f"folder {str(path)!r} ({len(files)} {kind} files)"
     if npy:
         return SampleSource(desc, len(files), get=lambda i: _load_npy(files[i]))
-    return SampleSource(desc, len(files), get=lambda i: _load_image(files[i], specs, transform),
-                   is_transform=transform is not None)
+    return SampleSource(desc, len(files),
+                        get=lambda i: _load_image(files[i], specs, transform, pre),
+                        is_transform=transform is not None, preprocessed=pre is not None,
+                        default_images=transform is None and pre is None)
 
 
 def _load_npy(path: Path) -> Any:
@@ -158,7 +165,7 @@ def _load_npy(path: Path) -> Any:
     return data
 
 
-def _load_image(path: Path, specs: list[TensorInfo], transform: Any) -> Any:
+def _load_image(path: Path, specs: list[TensorInfo], transform: Any, pre: Any) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -178,6 +185,8 @@ def _load_image(path: Path, specs: list[TensorInfo], transform: Any) -> Any:
                              "the transform gets a PIL.Image (mode "
                              f"{image.mode}, size {image.size}) and returns an array or "
                              "tensor; try it on Image.open(path) by itself") from e
+    if pre is not None:
+        return pre.apply(image, specs[0], f"calibration image {path.name}")
     return _default_image_array(image, path, specs)
 
 
@@ -192,14 +201,15 @@ def _default_image_array(image: Any, path: Path, specs: list[TensorInfo]) -> Any
         raise InputError(
             f"calibration image {path.name}: the default image reading makes one 1xCxHxW "
             f"float32 input, the model declares {', '.join(str(t) for t in specs)}",
-            "pass transform= (PIL image -> array) that makes what the model takes")
+            "pass preprocess=Preprocess(fn=...) (PIL image -> array) that makes what the model "
+            "takes")
     c, h, w = shape[1], shape[2], shape[3]
     if not all(isinstance(d, int) for d in (c, h, w)) or c not in (1, 3):
         raise InputError(
             f"calibration image {path.name}: input {spec.name!r} is {spec}; the default image "
             "reading needs fixed C (1 or 3), H and W to resize to",
-            "pass transform= that resizes the image, e.g. lambda im: np.asarray("
-            "im.convert('RGB').resize((224, 224)), np.float32).transpose(2, 0, 1) / 255")
+            "pass preprocess= with the size to resize to, e.g. preprocess={'size': 224, "
+            "'mean': [...], 'std': [...]}, or transform= (PIL image -> array)")
     im = image.convert("L" if c == 1 else "RGB").resize((w, h), Image.Resampling.BILINEAR)
     a = np.asarray(im, dtype=np.float32) / np.float32(255.0)
     a = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
