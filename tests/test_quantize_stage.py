@@ -37,7 +37,8 @@ def test_ncnn_int8_is_a_child_artifact_that_records_how_it_was_made(base, ncnn_f
     assert q.stage == "quantize" and q.format == "ncnn" and q.parent_id == ncnn_fp32.id
     assert q.params["precision"] == "int8" and q.params["method"] == "kl"
     cal = q.params["calibration"]
-    assert cal["count"] == 6 and cal["seed"] == 0 and len(cal["sha256"]) == 64
+    assert cal["count"] == 5 and cal["seed"] == 0 and len(cal["sha256"]) == 64
+    assert cal["heldout"]["count"] == 1 and cal["heldout"]["kind"] == "split"  # auto: 6 // 4
     assert (q.dir / "model.table").is_file()
     # weights really int8: every quantizable layer carries int8_scale_term (key 8)
     convs = [ly for ly in parse_ncnn_param(q.path).layers if ly.type == "Convolution"]
@@ -276,9 +277,58 @@ def test_records_from_a_qdq_model_map_back_to_the_float_nodes(base, onnx_fp32):
     rec = SimpleNamespace(node=f"{conv.output[0]}_DequantizeLinear",
                           name=f"{conv.output[0]}_DequantizeLinear_Output")
     assert _exclude_names([rec], onnx_fp32, "onnxruntime") == [conv.name]
-    # a name the user typed is checked as it is
+    # the names a ranking shows, typed or pasted, map the same way (not refused: issue 35)
+    for typed in (rec.node, rec.name, f"{conv.output[0]}_QuantizeLinear"):
+        assert _exclude_names([typed], onnx_fp32, "onnxruntime") == [conv.name], typed
+    # a plain name is checked as it is
     with pytest.raises(wb.InputError, match="no node or tensor"):
-        _exclude_names([rec.node], onnx_fp32, "onnxruntime")
+        _exclude_names(["/conv9/Conv"], onnx_fp32, "onnxruntime")
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "ncnn"])
+def test_an_exclusion_name_from_another_model_names_it_and_close_names(base, onnx_fp32,
+                                                                       ncnn_fp32, backend):
+    from types import SimpleNamespace
+
+    from workbench.stages.quantize import _exclude_names
+
+    art = onnx_fp32 if backend == "onnxruntime" else ncnn_fp32
+    other = ("/features/features.2/conv/conv.2/Clip_output_0_DequantizeLinear"
+             if backend == "onnxruntime" else "convrelu_99")
+    for item in (other, SimpleNamespace(node=other, name=other)):
+        with pytest.raises(wb.InputError) as e:
+            _exclude_names([item], art, backend)
+        assert other.replace("_output_0_DequantizeLinear", "") in e.value.message
+        assert art.id in e.value.message
+    # close names are suggested: a near-miss of a real name
+    real = (next(n.name for n in __import__("workbench").onnx_io.load_onnx(art.path).graph.node
+                 if n.op_type == "Conv") if backend == "onnxruntime"
+            else next(ly.name for ly in parse_ncnn_param(art.path).layers
+                      if ly.type == "Convolution"))
+    with pytest.raises(wb.InputError) as e:
+        _exclude_names([real + "x"], art, backend)
+    assert real in e.value.hint
+    with pytest.raises(wb.InputError) as e:  # a ranked (QDQ) name from another export
+        _exclude_names([SimpleNamespace(node=real + "x_DequantizeLinear", name="")], art,
+                       backend)
+    assert real in e.value.hint and "from a ranking" in e.value.message
+
+
+def test_ranking_names_as_strings_keep_what_the_records_keep(base, onnx_fp32):
+    """``exclude=[r.node for r in rep.sensitive(k)]`` (the names the table shows, as text)
+    keeps the same nodes float as ``exclude=rep.sensitive(k)``."""
+    from workbench.stages.quantize import _exclude_names
+
+    model, x, _, samples = base
+    q = wb.quantize(onnx_fp32, samples, progress=False)
+    rep = wb.compare(model, [q], x, mode="both", progress=False)
+    top = rep.sensitive(1)
+    assert any(r.node.endswith("_DequantizeLinear") for r in top), [r.node for r in top]
+    as_text = [r.node for r in top]
+    assert _exclude_names(as_text, onnx_fp32, "onnxruntime") == \
+        _exclude_names(top, onnx_fp32, "onnxruntime")
+    kept = wb.quantize(onnx_fp32, samples, exclude=as_text, progress=False)
+    assert kept.params["exclude"] == _exclude_names(top, onnx_fp32, "onnxruntime")
 
 
 def test_a_ranked_ncnn_layer_keeps_its_int8_readers_float(base, ncnn_fp32):
