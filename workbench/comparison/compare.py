@@ -21,6 +21,7 @@ from .capture import Aligner, Captured, InputSetCapture, RunFailed, capture_refe
 from .findings import Findings
 from .formulas import formula_notes, mask_note, pow_note
 from .measure import SPREAD_OPS, candidate_runs, measure_run
+from .partitioned import compare_partitioned, split_partitions
 from .plan import MODES, Plan, check_inputs
 from .plan import plan as make_plan
 from .report import CompareReport, Record
@@ -46,7 +47,10 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
 
     Args:
         reference: an ``nn.Module`` (or a runner) computing the expected values.
-        candidates: one or a list of ONNX/ncnn artifacts, paths or runners.
+        candidates: one or a list of ONNX/ncnn artifacts, paths or runners, or a
+            Partition (``wb.partition``): each part's artifacts compared op by op against
+            the part's torch span on the torch values at its boundary, and the chain of
+            parts against the whole model (``wb.compare_parts``; partitioned.py).
         inputs: a tuple of tensors, or a list of tuples (metrics aggregate to the worst).
         mode: "accumulated" (each backend end to end), "isolated" (each op on reference
             inputs) or "both".
@@ -67,7 +71,8 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
             ``report.task`` {candidate: TaskScore}, a line each in the summary.
 
     Returns:
-        A CompareReport: its records (one per aligned tensor, candidate and mode, the worst
+        A CompareReport (a PartitionedReport, with ``partitions``, when a Partition was
+        given: ``ok`` needs its chains within tolerance too): its records (one per aligned tensor, candidate and mode, the worst
         over the input sets), alignments, verdicts and first divergence. A candidate whose
         run crashes, hangs or fails is not ok (``report.failed`` says why) and the others are
         still compared. ``notes`` says when an ncnn candidate asked for fp16 or bf16 ran in
@@ -80,10 +85,20 @@ def compare(reference: Any, candidates: Any, inputs: Any, *, mode: str = "accumu
             candidate that is not ONNX or ncnn, or inputs the candidates do not take; a task
             that is none, an evaluation set or output that does not fit (task.py).
     """
-    plan = make_plan(reference, candidates, inputs, mode=mode, tolerance=tolerance,
-                     per_op_tolerance=per_op_tolerance,
-                     per_tensor_tolerance=per_tensor_tolerance, min_explained=min_explained,
-                     timeout=timeout, task=task)
+    options = {"mode": mode, "tolerance": tolerance, "per_op_tolerance": per_op_tolerance,
+               "per_tensor_tolerance": per_tensor_tolerance, "progress": progress,
+               "min_explained": min_explained, "timeout": timeout, "task": task}
+    partitions, candidates = split_partitions(candidates)
+    if partitions:
+        return compare_partitioned(_compare, reference, partitions, candidates, inputs, options)
+    return _compare(reference, candidates, inputs, **options)
+
+
+def _compare(reference: Any, candidates: Any, inputs: Any, *, progress: Progress,
+             **options: Any) -> CompareReport:
+    """compare() of plain candidates (ONNX and ncnn models): plan, capture, align,
+    measure, report."""
+    plan = make_plan(reference, candidates, inputs, **options)
     bar = Steps(progress, "compare", plan.steps)
     with Schedule() as schedule:
         run = _Comparison(plan, schedule, bar, Aligner(reference, plan.modules),
