@@ -224,7 +224,9 @@ class Pipeline:
         model is stale (made from a float model since re-run); never raises. Returns the
         results."""
         order = self._order()
-        requantize = "quantize" in self._stale_artifacts()
+        # an int8 model once made is made again when it is stale after the float stages ran
+        # (made from a float model since re-run: by this run too, not only before it)
+        requantize = self.panels["quantize"].artifact is not None
         self.run_all_button.disabled = True
         self.progress.value = 0
         self.progress.bar_style = "info"
