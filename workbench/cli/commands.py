@@ -1,5 +1,6 @@
 """The commands of the stages and the sweep: demo, inspect, export, raise, simplify, quantize,
-sweep and report (to-ncnn, compare and featmask: ``cli.ncnn``).
+sweep and report (to-ncnn, compare and featmask: ``cli.ncnn``; prune, rewriters and export's
+``--partition``: ``cli.converter``).
 
 Each command imports the engine's stages inside itself, on purpose: ``workbench --help`` and a
 bad flag answer in 0.06 s, where importing the stages first costs 1.4 s (numpy and the stage
@@ -56,11 +57,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     from ..stages.simplify import simplify
 
     model, inputs = _model_and_inputs(args.model, args.input, args.dtype)
+    if args.partition:  # one artifact per part, the chain checked (cli/converter.py)
+        from .converter import export_partition
+
+        return export_partition(args, model, inputs)
     axes: dict[str, dict[int, str]] = {}
     for name, axis, dim in args.dynamic or ():
         axes.setdefault(name, {})[axis] = dim
     art = export(model, inputs, workspace=args.out, exporter=args.exporter, opset=args.opset,
-                 dynamic_axes=axes or None)
+                 dynamic_axes=axes or None, backend=args.backend, rewrite=args.rewrite)
     arts = [art]
     if args.simplify:
         arts.append(simplify(art))

@@ -40,6 +40,7 @@ def _model_and_inputs(spec: str, shapes: list[tuple[int, ...]] | None,
     the factory's own when it returns both (a sweep's factories do)."""
     import torch
 
+    _check_model_path(spec)
     got = load_factory(spec)
     if isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], torch.nn.Module):
         model, inputs = got
@@ -60,6 +61,17 @@ def _model_and_inputs(spec: str, shapes: list[tuple[int, ...]] | None,
     return got.eval(), tuple(torch.rand(s, generator=gen).to(dtype) for s in shapes)
 
 
+def _check_model_path(spec: str) -> None:
+    """A MODEL given as path/file.py:FACTORY whose file does not exist: named, with where
+    it was looked for (before anything is imported)."""
+    path_text, sep, _ = spec.rpartition(":")
+    if sep and (path_text.endswith(".py") or "/" in path_text) and not Path(path_text).is_file():
+        raise InputError(f"model {spec!r}: the file {path_text!r} does not exist (looked for "
+                         f"{Path(path_text).absolute()})",
+                         "give the path of the .py file that defines the factory, relative to "
+                         "the working directory or absolute, e.g. nets.py:make")
+
+
 def _report_artifacts(args: argparse.Namespace, arts: list[Any]) -> int:
     ok = all(a.ok for a in arts)
     if args.json:
@@ -67,6 +79,8 @@ def _report_artifacts(args: argparse.Namespace, arts: list[Any]) -> int:
         return 0 if ok else 1
     for a in arts:
         print(a.summary())
+        for r in getattr(a, "rewrites", ()):  # the rewriters that fired in its export
+            print(f"  rewriter fired: {r.line()}")
         for d in a.diagnostics:
             if d.level != "info":
                 print(f"  {d}")
@@ -78,6 +92,7 @@ def _artifact(a: Any) -> dict[str, Any]:
     return {"id": a.id, "stage": a.stage, "format": a.format, "path": str(a.path),
             "ok": a.ok, "nodes": a.graph.node_count, "metrics": a.metrics,
             "seconds": round(a.seconds, 3),
+            "rewrites": [r.to_dict() for r in getattr(a, "rewrites", ())],
             "diagnostics": [d.to_dict() for d in a.diagnostics]}
 
 

@@ -27,7 +27,7 @@ def cmd_to_ncnn(args: argparse.Namespace) -> int:
                          "add --target arm64-v8.2 (or another); on this machine to-ncnn "
                          "checks ncnn's fp32 and fp16 runs already")
     kw = {"workspace": args.out, "fp16": args.fp16, "atol": args.atol, "rtol": args.rtol,
-          "progress": not args.json}
+          "progress": not args.json, "rewrite": args.rewrite}
     model = inputs = None
     if args.source.endswith(".onnx") or Path(args.source).suffix == ".onnx":
         art = to_ncnn(args.source, **kw)

@@ -16,6 +16,7 @@ from .commands import (
     cmd_sweep,
 )
 from .common import _dynamic, _shape
+from .converter import cmd_prune, cmd_rewriters, round_to
 from .ncnn import cmd_compare, cmd_featmask, cmd_to_ncnn
 
 DESCRIPTION = """The ``workbench`` command: the engine headless, for scripts and CI. Every command
@@ -27,12 +28,16 @@ EXAMPLES = {
     "demo": "  workbench demo --workspace runs/demo",
     "inspect": "  workbench inspect model.onnx --json",
     "export": "  workbench export mypkg.nets:make_net --input 1x3x224x224 --simplify\n"
-              "  workbench export nets.py:make --input 1x3x64x64 --dynamic input:0=batch --json",
+              "  workbench export nets.py:make --input 1x3x64x64 --dynamic input:0=batch --json\n"
+              "  workbench export nets.py:detector --backend ncnn --no-rewrite\n"
+              "  workbench export nets.py:detector --partition backbone_out,head "
+              "--backend ncnn",
     "simplify": "  workbench simplify runs/x/0001-export/model.onnx --backend onnxsim\n"
                 "  workbench simplify model.onnx --json || echo 'numbers changed'",
     "raise": "  workbench raise model.onnx --rules GELU,LayerNorm --opset 23",
     "to-ncnn": "  workbench to-ncnn model.onnx --fp16\n"
                "  workbench to-ncnn mypkg.nets:make_net --input 1x3x224x224 --json\n"
+               "  workbench to-ncnn nets.py:make --no-rewrite\n"
                "  workbench to-ncnn mypkg.nets:make_net --target arm64-v8.2 "
                "--precision fp32,fp16",
     "compare": "  workbench compare mypkg.nets:make_net model.onnx model.ncnn.param "
@@ -54,6 +59,14 @@ EXAMPLES = {
                 "  workbench quantize runs/x/0003-ncnn/model.ncnn.param --calibration "
                 "images/ --exclude conv_3 --json\n"
                 "  workbench quantize bert.onnx --dynamic",
+    "prune": "  workbench prune mypkg.nets:make_net --input 1x3x224x224 --amount 0.5 "
+             "--method l1-structured\n"
+             "  workbench prune resnet --amount 0.3 --method l1-unstructured --json\n"
+             "  workbench prune nets.py:make --amount 0.5 --round-to none --backends ncnn "
+             "--save pruned.pt",
+    "rewriters": "  workbench rewriters --backend ncnn\n"
+                 "  workbench rewriters nets.py:make --backend onnxruntime --exporter dynamo "
+                 "--json",
     "report": "  workbench report runs/nightly -o report.html\n"
               "  workbench report runs/nightly -o diff.html --against runs/last-week",
 }
@@ -107,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simplify(sub)
     _add_raise(sub)
     _add_to_ncnn(sub)
+    _add_prune(sub)
+    _add_rewriters(sub)
     _add_quantize(sub)
     _add_compare(sub)
     _add_featmask(sub)
@@ -138,7 +153,23 @@ def _add_export(sub: Any) -> None:
     e.add_argument("--dynamic", type=_dynamic, action="append",
                    help="NAME:AXIS[=DIM] dynamic axis, e.g. input:0=batch (repeatable)")
     e.add_argument("--simplify", action="store_true", help="also run the simplify stage")
+    e.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "ncnn"],
+                   help="what the ONNX model is for: the rewriters registered for it apply "
+                   "during the export (default onnxruntime)")
+    _rewrite_flag(e)
+    e.add_argument("--partition", default=None, metavar="AT[,AT]",
+                   help="cut the model at these points (wb.mark names or submodule names, "
+                   "in forward order; a cut of several tensors joined by +) and export each "
+                   "part for --backend; parts it cannot take stay in torch; the chain is "
+                   "checked against the model (exit 1 when it is off)")
     e.add_argument("--out", default=None, help="workspace folder (default ./workbench-runs/default)")
+
+
+def _rewrite_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rewrite", action=argparse.BooleanOptionalAction, default=True,
+                   help="apply the registered rewriters whose conditions match this export "
+                   "(wb.rewrite; listed by `workbench rewriters`); --no-rewrite exports the "
+                   "model as written (default: --rewrite)")
 
 
 def _add_simplify(sub: Any) -> None:
@@ -165,6 +196,7 @@ def _add_to_ncnn(sub: Any) -> None:
     n.add_argument("source", help="a .onnx file, or MODULE:FACTORY (traced by pnnx)")
     _inputs_args(n)
     n.add_argument("--fp16", action="store_true", help="store fp16 weights")
+    _rewrite_flag(n)
     n.add_argument("--atol", type=float, default=None,
                    help="the check's absolute tolerance (default 1e-4; 1e-2 with --fp16)")
     n.add_argument("--rtol", type=float, default=None,
@@ -173,6 +205,43 @@ def _add_to_ncnn(sub: Any) -> None:
     _target_flags(n, "with --target: comma-separated ncnn precisions run there, each checked "
                   "against torch: fp32, fp16 (storage, and arithmetic where the CPU has it), "
                   "fp16-storage, bf16 (default fp32,fp16)")
+
+
+def _add_prune(sub: Any) -> None:
+    r = _sub(sub, "prune", "prune MODULE:FACTORY (structured: whole channels; unstructured: "
+             "zeroed weights) and measure the pruned model against the unpruned one where it "
+             "runs: parameters, MACs, ONNX and ncnn .bin size, ONNX Runtime and ncnn latency, "
+             "output change (exit 1 when a backend could not be measured)", cmd_prune)
+    r.add_argument("model", help="MODULE:FACTORY, path/to/file.py:FACTORY or a zoo name "
+                   "(resnet, mobilenet_v2, ...)")
+    _inputs_args(r)
+    r.add_argument("--amount", type=float, required=True,
+                   help="the fraction of the conv/linear weights to take away, in [0, 1)")
+    r.add_argument("--method", default="l1-structured",
+                   help="l1-structured (default: channels removed, consistent across residual "
+                   "adds and concats) or l1-unstructured (weights zeroed)")
+    r.add_argument("--round-to", type=round_to, default=8, metavar="N|none",
+                   help="structured: keep every pruned width a multiple of N (default 8: "
+                   "the backends' packed kernels); none prunes to the exact ratio")
+    r.add_argument("--ignore", action="append", help="a layer to leave whole, by its name "
+                   "in model.named_modules() (repeatable)")
+    r.add_argument("--backends", default="onnxruntime,ncnn",
+                   help="comma-separated backends to export, weigh and time (none: torch "
+                   "figures only)")
+    r.add_argument("--threads", type=int, default=1, help="intra-op threads of both backends")
+    r.add_argument("--repeat", type=int, default=15, help="timed alternating rounds")
+    r.add_argument("--save", default=None, help="also torch.save the pruned module here")
+    r.add_argument("--out", default=None, help="workspace folder for the four models")
+
+
+def _add_rewriters(sub: Any) -> None:
+    w = _sub(sub, "rewriters", "list the registered rewriters (code replaced during export "
+             "only, for one backend) and whether each applies to an export", cmd_rewriters)
+    w.add_argument("model", nargs="?", default=None, help="optional MODULE:FACTORY whose "
+                   "module registers rewriters when imported (the factory is not called)")
+    w.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "ncnn"])
+    w.add_argument("--exporter", default="torchscript", choices=["torchscript", "dynamo"])
+    w.add_argument("--opset", type=int, default=17)
 
 
 def _add_quantize(sub: Any) -> None:
