@@ -639,9 +639,11 @@ def test_colour_by_snr_of_an_int8_candidate(deep):
     rep = wb.compare(model, [q8], x, progress=False)
     gv = GraphView(q8, report=rep, color_by="accumulated", metric="snr_db")
     recs = {r.name: r for r in rep.records if r.mode == "accumulated"}
-    snr = [min((recs[t].metrics.snr_db for t in n["outputs"] if t in recs), default=None)
+    # a folded Q/DQ pair's rounded tensor is its writer's (graphqdq.py): its SNR colours it
+    snr = [min((recs[t].metrics.snr_db for t in [*n.get("rounded", ()), *n["outputs"]]
+                if t in recs), default=None) if n["fold"] < 0 else None
            for n in gv.payload["nodes"]]
-    assert gv.values == snr and sum(v is not None for v in snr) >= 40
+    assert gv.values == snr and sum(v is not None for v in snr) >= 20
     assert gv.canvas.colors == higher_better_colors(snr)[0]
     worst = min(range(len(snr)), key=lambda i: snr[i] if snr[i] is not None else 1e9)
     best = max(range(len(snr)), key=lambda i: snr[i] if snr[i] is not None else -1e9)

@@ -60,7 +60,8 @@ export function drawingSVG(layout, model) {
   }
   parts.push('</g><g class="wb-edges">');
   const paths = edgePaths(layout);
-  for (const p of paths) parts.push(`<path d="${pathD(p)}"/>`);
+  const int8 = layout.int8 || []; // an edge carrying a tensor rounded to int8: marked, its scale on hover
+  paths.forEach((p, e) => parts.push(int8[e] ? `<path class="wb-int8" d="${pathD(p)}"><title>${esc(int8[e])}</title></path>` : `<path d="${pathD(p)}"/>`));
   parts.push("</g>");
   if (items.length <= SHAPE_LABELS) {
     parts.push('<g class="wb-shapes">');
@@ -80,9 +81,11 @@ export function drawingSVG(layout, model) {
     const label = eager ? labelSVG(labels[k], w, h) : "";
     if (r >= 0) {
       const nd = nodes[r];
-      parts.push(`<g class="wb-node${strokes[r] ? " wb-flagged" : ""}" data-id="${esc(nd.id)}" data-index="${r}" data-op="${esc(nd.op)}" ${tr}>` +
+      // an op that reads or writes int8 (its Q/DQ folded into it): an orange corner says so
+      const q8 = nd.q8 ? '<path class="wb-int8-tag" d="M0.5,9V4.5Q0.5,0.5 4.5,0.5H9Z"/>' : "";
+      parts.push(`<g class="wb-node${strokes[r] ? " wb-flagged" : ""}${nd.q8 ? " wb-int8" : ""}" data-id="${esc(nd.id)}" data-index="${r}" data-op="${esc(nd.op)}" ${tr}>` +
         `<title>${esc(titles[r] || nd.id)}</title>` +
-        `<rect width="${w}" height="${h}" rx="4" fill="${esc(colors[r] || NODE_FILL)}"/>${label}</g>`);
+        `<rect width="${w}" height="${h}" rx="4" fill="${esc(colors[r] || NODE_FILL)}"/>${label}${q8}</g>`);
     } else {
       const g = -1 - r;
       parts.push(`<g class="wb-group${gstrokes[g] ? " wb-flagged" : ""}" data-module="${esc(groups[g].id)}" data-group="${g}" ${tr}>` +

@@ -8,7 +8,8 @@ const EXPORT_CSS = `text{font:11px sans-serif;text-anchor:middle;fill:#111}.wb-s
 .wb-node rect,.wb-group rect{stroke:rgba(0,0,0,.35);stroke-width:1}.wb-group rect{stroke:#50607a;stroke-width:1.5}
 .wb-flagged rect{stroke:#7f0000;stroke-width:2.5}.wb-groupbox rect{fill:rgba(80,96,122,.06);stroke:#50607a;stroke-dasharray:4 3}
 .wb-groupbox text{text-anchor:start;font-size:11px;font-weight:600;fill:#50607a}.wb-shape{font-size:9px;fill:#666;text-anchor:start}
-.wb-legend-svg text{text-anchor:start;font-size:11px}`;
+.wb-legend-svg text{text-anchor:start;font-size:11px}.wb-edges path.wb-int8{stroke:#e65100;stroke-width:1.6;stroke-dasharray:5 3}
+.wb-int8-tag{fill:#e65100;stroke:none}`;
 
 export function exportSVG(viewport, size, legend, title) {
   const lw = 200;

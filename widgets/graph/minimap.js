@@ -1,9 +1,11 @@
 // The minimap: every item drawn as a small box, the part in view as a rectangle; a click or
 // a drag there moves the view. x and y are scaled apart (up to 6x): a long chain of ops
-// still fills the overview instead of being a one-pixel line.
+// still fills the overview instead of being a one-pixel line. It sits in the side column
+// under the legend, beside the drawing: it never covers a node. Its size is its element's
+// (CSS: smaller in a linked view's narrow column).
 
 const MINIMAP_ITEMS = 40; // a minimap from this many items drawn (or a drawing taller than the view)
-const MINI_W = 160, MINI_H = 120;
+let MINI_W = 160, MINI_H = 120; // the element's size, read when the minimap is shown
 
 export function initMinimap(s) {
   const { root, svg, model } = s;
@@ -43,6 +45,7 @@ export function initMinimap(s) {
     mini.style.display = on ? "block" : "none";
     root.dataset.minimap = on ? "1" : "0";
     if (!on) { data = null; return; }
+    if (mini.clientWidth && mini.clientHeight) { MINI_W = mini.clientWidth; MINI_H = mini.clientHeight; }
     const k = Math.min(MINI_W / size.width, MINI_H / size.height);
     const sx = Math.min(MINI_W / size.width, 6 * k), sy = Math.min(MINI_H / size.height, 6 * k);
     data = { items: layout.items, x: layout.x, y: layout.y, widths: layout.w, heights: layout.h, sx, sy,

@@ -32,8 +32,8 @@ function skeleton() {
     `<input class="wb-find" type="search" data-lm-suppress-shortcuts="true" placeholder="find node" title="a node name or op type; Enter selects the next match">` +
     `</div>` +
     `<div class="wb-graphview-body"><span class="wb-graphview-status"></span><svg class="wb-graph" xmlns="${SVGNS}"><g class="wb-viewport"></g></svg>` +
-    `<div class="wb-minimap" title="overview: click or drag to move the view"><canvas></canvas><div class="wb-minimap-view"></div></div>` +
-    `<div class="wb-legend"></div></div>`;
+    `<div class="wb-side"><div class="wb-legend"></div>` + // beside the drawing, never over a node
+    `<div class="wb-minimap" title="overview: click or drag to move the view"><canvas></canvas><div class="wb-minimap-view"></div></div></div></div>`;
   return root;
 }
 
@@ -140,8 +140,10 @@ export async function render({ model, el }) {
     d.draws = String(Number(d.draws || 0) + 1);
     root.classList.add("wb-drawn");
     const closed = items.filter((r) => r < 0).length;
-    const folded = nodes.filter((n) => n.fold >= 0).length;
-    status.textContent = `${nodes.length - folded} nodes${folded ? ` (+${folded} folded constants)` : ""} \u00b7 ${items.length} drawn${closed ? ` (${closed} modules closed)` : ""} \u00b7 ${ENGINE} \u00b7 ${ms.total.toFixed(0)} ms`;
+    const folded = nodes.filter((n) => n.fold >= 0 && !n.qdq).length;
+    const qdq = nodes.filter((n) => n.fold >= 0 && n.qdq).length;
+    const extra = [folded ? `+${folded} folded constants` : "", qdq ? `+${qdq} Q/DQ folded` : ""].filter(Boolean).join(", ");
+    status.textContent = `${nodes.length - folded - qdq} nodes${extra ? ` (${extra})` : ""} \u00b7 ${items.length} drawn${closed ? ` (${closed} modules closed)` : ""} \u00b7 ${ENGINE} \u00b7 ${ms.total.toFixed(0)} ms`;
     model.set("render_ms", { ...ms, items: items.length, why });
     model.save_changes();
   };

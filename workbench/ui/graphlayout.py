@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .graphlayered import GAP, layered_layout
@@ -40,8 +40,9 @@ class GraphLayout:
     slot order and the per-item lists follow it. ``rep`` gives each node its item (FOLDED
     for a constant folded into its reader). ``layers`` are the rows top to bottom, each a list
     of slots left to right. ``edges`` are (slot, slot, shape text), once per pair of items,
-    ``paths`` their polylines; ``boxes`` are (group, x0, y0, x1, y1) of the open modules,
-    outer before inner."""
+    ``paths`` their polylines, ``int8`` their hover text where the edge carries a tensor
+    rounded to int8 ('' elsewhere; graphqdq.py); ``boxes`` are (group, x0, y0, x1, y1) of the
+    open modules, outer before inner."""
 
     opened: tuple[str, ...]
     items: list[int]
@@ -58,6 +59,7 @@ class GraphLayout:
     width: float
     height: float
     seconds: float
+    int8: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The layout as the browser gets it (the canvas's ``layout`` trait). An edge's
@@ -69,7 +71,7 @@ class GraphLayout:
                 "edges": [list(e) for e in self.edges],
                 "bends": [[c for p in path[1:-1] for c in p] for path in self.paths],
                 "boxes": [list(b) for b in self.boxes], "width": self.width,
-                "height": self.height, "ms": round(self.seconds * 1000, 2)}
+                "height": self.height, "ms": round(self.seconds * 1000, 2), "int8": self.int8}
 
 
 def layout_graph(graph: dict[str, Any], opened: Iterable[str]) -> GraphLayout:
@@ -77,8 +79,8 @@ def layout_graph(graph: dict[str, Any], opened: Iterable[str]) -> GraphLayout:
 
     Args:
         graph: the canvas's graph: ``nodes`` ({op, label, g (innermost group), fold}),
-            ``edges`` (node index pairs), ``shapes`` (per edge), ``groups`` ({id, label,
-            parent, size}).
+            ``edges`` (node index pairs), ``shapes`` and ``int8`` (per edge; int8 optional),
+            ``groups`` ({id, label, parent, size}).
         opened: the ids of the open groups (the ``expanded`` trait).
 
     Returns:
@@ -90,12 +92,16 @@ def layout_graph(graph: dict[str, Any], opened: Iterable[str]) -> GraphLayout:
     open_ = {k for k, g in enumerate(groups) if g["id"] in names}
     rep, items = visible_items(nodes, groups, [n["g"] for n in nodes], open_)
     slot = {r: k for k, r in enumerate(items)}
-    shapes = graph.get("shapes") or []
+    shapes, int8 = graph.get("shapes") or [], graph.get("int8") or []
     seen: dict[tuple[int, int], str] = {}
+    rounded: dict[tuple[int, int], str] = {}
     for e, (a, b) in enumerate(graph["edges"]):
         ra, rb = rep[a], rep[b]
         if ra in slot and rb in slot and ra != rb:
-            seen.setdefault((slot[ra], slot[rb]), shapes[e] if e < len(shapes) else "")
+            pair = (slot[ra], slot[rb])
+            seen.setdefault(pair, shapes[e] if e < len(shapes) else "")
+            if e < len(int8) and int8[e]:
+                rounded.setdefault(pair, int8[e])
     labels = [(nodes[r]["op"], nodes[r].get("label") or "") if r >= 0 else
               (_clip(groups[-1 - r]["label"], GROUP_LABEL_CHARS), f"{groups[-1 - r]['size']} nodes")
               for r in items]
@@ -122,7 +128,8 @@ def layout_graph(graph: dict[str, Any], opened: Iterable[str]) -> GraphLayout:
         edges=[(a, b, s) for (a, b), s in seen.items()],
         paths=[[(round(px, 1), round(py, 1)) for px, py in p] for p in placed.paths],
         boxes=_boxes(xs, ys, widths, heights, keys), width=_r(placed.width),
-        height=_r(placed.height), seconds=time.perf_counter() - t0)
+        height=_r(placed.height), seconds=time.perf_counter() - t0,
+        int8=[rounded.get(pair, "") for pair in seen])
 
 
 def _boxes(xs: list[float], ys: list[float], widths: list[float], heights: list[float],

@@ -22,6 +22,7 @@ from ..errors import InputError
 from ..graph import GraphSummary
 from ..onnx_io import check_model_file, detect_format, load_onnx
 from ..params import parse_ncnn_param, parse_pnnx_param
+from .graphqdq import qdq_params
 
 FOLDED_OPS = {"Constant", "MemoryData", "pnnx.Attribute"}  # folded into their consumers
 COLLAPSE_ABOVE = 100  # graphs with more drawn nodes than this start collapsed to modules
@@ -102,17 +103,20 @@ def _onnx_payload(model: Any, title: str) -> dict[str, Any]:
         rows.append((name, op, list(node.input), list(node.output),
                      scope_path(name, meta.get("pkg.torch.onnx.name_scopes")),
                      {a.name: _attr_text(a) for a in node.attribute}))
-    return _payload("onnx", title, rows, _onnx_shapes(model))
+    payload = _payload("onnx", title, rows, _onnx_shapes(model))
+    payload["qparams"] = qdq_params(model)  # Q/DQ scales and zero points, as text
+    return payload
 
 
 def _payload(fmt: str, title: str, rows: list[tuple], shapes: dict[str, str]
              ) -> dict[str, Any]:
     nodes, producer, seen = [], {}, set()
-    for i, (name, op, _ins, outs, path, attrs) in enumerate(rows):
+    for i, (name, op, ins, outs, path, attrs) in enumerate(rows):
         uid = name if name not in seen else f"{name}#{i}"
         seen.add(uid)
         nodes.append({"id": uid, "op": op, "outputs": [o for o in outs if o], "path": path,
-                      "label": _label(name, path, op), "attrs": attrs, "fold": -1})
+                      "label": _label(name, path, op), "attrs": attrs, "fold": -1,
+                      "inputs": [t for t in ins if t]})
         for o in outs:
             if o:
                 producer[o] = i

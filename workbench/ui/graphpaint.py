@@ -5,6 +5,7 @@ node's colour), outline and tooltip. Plain functions of the view's data: no widg
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -21,6 +22,31 @@ from .graphcolors import (
 )
 
 Values = list[float | None]
+
+
+def match_candidate(report: Any, source: Any, name: str | None, color_by: str) -> Any:
+    """The report's candidate a view draws: the one named, else the one whose file is
+    ``source``'s (None when none is and only op types are coloured)."""
+    from .graphmodel import _source_path
+
+    cands = list(report.candidates)
+    if name is not None:
+        found = [c for c in cands if c.name == name]
+        if not found:
+            raise InputError(f"candidate {name!r} is not in the report",
+                             f"candidates: {[c.name for c in cands]}")
+        return found[0]
+    path = _source_path(source)
+    if path is not None:
+        for c in cands:
+            if Path(c.path).resolve() == path.resolve():
+                return c
+    if color_by != "op_type":
+        raise InputError(
+            f"the report compares {[str(c.path) for c in cands]}, not "
+            f"{path or type(source).__name__}",
+            "draw an artifact the report compared, or pass candidate='<its name>'")
+    return None
 
 
 def given_values(nodes: list[dict[str, Any]], values: Any, color_by: str,
@@ -81,8 +107,11 @@ def node_colors(nodes: list[dict[str, Any]], values: Values, ratios: Values | No
     """Each node's colour and the legend: a palette per op type, or a ramp of the value
     (error over tolerance on a fixed log scale when the report gives both)."""
     drawn = [n["fold"] < 0 for n in nodes]  # folded constants are no nodes drawn
-    folded = [["constants folded into their readers (not drawn)", "#ffffff",
-               len(nodes) - sum(drawn)]] if not all(drawn) else []
+    qdq = sum(n["fold"] >= 0 and n.get("folded") == "qdq" for n in nodes)
+    consts = len(nodes) - sum(drawn) - qdq
+    folded = ([["constants folded into their readers (not drawn)", "#ffffff", consts]]
+              if consts else []) + ([["Q/DQ folded into their ops (int8 edges dashed)",
+                                      "#ffffff", qdq]] if qdq else [])
     if color_by == "op_type":
         colors, items = op_colors([n["op"] for n in nodes], drawn)
         return colors, {"kind": "categories", "title": "op type", "items": items + folded}

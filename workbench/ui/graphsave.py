@@ -54,9 +54,10 @@ def save_graph(view: GraphView, path: str | Path, expanded: bool | None = None) 
     ax.axis("off")
     fs = scale  # font sizes follow the drawing's scale (points == pixels at 72 dpi)
     _draw_boxes(ax, lay, view.groups, fs)
-    for pts in lay.paths:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#9a9a9a", lw=1.2 * fs,
-                zorder=1)
+    for e, pts in enumerate(lay.paths):  # an int8 edge (graphqdq.py) orange and dashed
+        q8 = e < len(lay.int8) and bool(lay.int8[e])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#e65100" if q8 else "#9a9a9a",
+                lw=(1.6 if q8 else 1.2) * fs, ls="--" if q8 else "-", zorder=1)
     _draw_items(ax, lay, view, fs, snap=fmt == "png")
     _legend(ax, view.canvas.legend, lay.width + 10, 0, fs)
     ax.text(10, 18 - TITLE_H, view.canvas.title, fontsize=13 * fs, weight="bold")

@@ -32,7 +32,6 @@ from .graphcolors import (
 )
 from .graphmodel import (
     NodeAccount,
-    _source_path,
     attach_modules,
     build_groups,
     graph_payload,
@@ -43,6 +42,7 @@ from .graphmodel import (
     visible_items,
 )
 from .graphpanel import node_html
+from .graphqdq import fold_qdq
 from .graphsave import save_graph
 
 __all__ = ["MISSING", "ERROR_STOPS", "GraphCanvas", "GraphView", "NodeAccount", "graph_payload",
@@ -58,6 +58,9 @@ class GraphView(widgets.HBox):
     ``values`` maps node names or the tensors they produce to a number; ``report`` (a
     CompareReport) gives the ``accumulated`` or ``isolated`` error per node and the plots.
     ``panel=False`` leaves the side panel out (a LinkedView shows one for all its graphs).
+    An ONNX QDQ model is drawn with its QuantizeLinear/DequantizeLinear nodes folded into the
+    ops they wrap (graphqdq.py: the op's int8 inputs marked, scales on hover); the "Q/DQ"
+    toggle, or ``show_qdq=True``, draws them.
     """
 
     selected = traitlets.Unicode("")
@@ -66,7 +69,8 @@ class GraphView(widgets.HBox):
 
     def __init__(self, artifact_or_summary: Any, values: dict[str, float] | None = None,
                  color_by: str = "op_type", report: Any = None, metric: str = "max_abs",
-                 candidate: str | None = None, panel: bool = True) -> None:
+                 candidate: str | None = None, panel: bool = True,
+                 show_qdq: bool = False) -> None:
         if color_by not in COLOR_BY:
             raise InputError(f"color_by={color_by!r} is not one of {', '.join(COLOR_BY)}",
                              "GraphView(artifact, color_by='op_type'), or 'accumulated' / "
@@ -76,26 +80,23 @@ class GraphView(widgets.HBox):
         self.report = report
         self.color_by = color_by
         self.metric = metric
-        self.payload = graph_payload(artifact_or_summary)
-        nodes = self.payload["nodes"]
-        self._index = {n["id"]: i for i, n in enumerate(nodes)}
-        self._producer = {t: i for i, n in enumerate(nodes) for t in n["outputs"]}
-        self.candidate = (self._match_candidate(artifact_or_summary, candidate)
-                          if report is not None else None)
-        self.records = self._records_by_node() if self.candidate is not None else {}
+        payload = graph_payload(artifact_or_summary)
+        self.candidate = (graphpaint.match_candidate(report, artifact_or_summary, candidate,
+                                                     color_by) if report is not None else None)
         alignment = (self.report.alignments.get(self.candidate.name)
                      if self.candidate is not None else None)
-        self.accounts = node_accounts(nodes, alignment)  # why each node has a value or not
         if alignment is not None:  # the comparison's modules for nodes the exporter left bare
             module_of = {**{t: m for t, m in alignment.attributed.items() if m},
                          **alignment.pairs}
-            nodes = attach_modules(nodes, module_of, self.payload["edges"])
-            self.payload = {**self.payload, "nodes": nodes}
-        self.groups, self._node_group = build_groups(nodes)
-        self._group_index = {g["id"]: k for k, g in enumerate(self.groups)}
+            payload = {**payload, "nodes": attach_modules(payload["nodes"], module_of,
+                                                          payload["edges"])}
+        # {Q/DQ shown: the payload drawn}; the same nodes in both, folded or not
+        self._payloads = {True: payload, False: fold_qdq(payload) or payload}
+        self.qdq_shown = bool(show_qdq) or self._payloads[False] is payload
+        self._use(self._payloads[self.qdq_shown])
+        nodes = self.payload["nodes"]
         self._check_metric(metric)
         self._given_values = values
-        self._modules: list[tuple[str, ...]] | None = None
         self.values = self._node_values(values)
         colors, strokes, legend = self._colors()
         gcolors, gstrokes, gtips = self._group_paint(colors, strokes)
@@ -124,14 +125,55 @@ class GraphView(widgets.HBox):
             print("Click a node to see its numbers" + (" and diff plots." if self.records
                                                         else "."))
 
+    _modules: list[tuple[str, ...]] | None
+
+    def _use(self, payload: dict[str, Any]) -> None:
+        """Draw ``payload`` (Q/DQ folded or shown): its nodes' records, accounts and groups.
+        A folded Q/DQ pair's rounded tensor is its writer's: its records colour the op."""
+        self.payload, nodes = payload, payload["nodes"]
+        self._index = {n["id"]: i for i, n in enumerate(nodes)}
+        self._producer = {t: i for i, n in enumerate(nodes) for t in n["outputs"]}
+        self._producer.update({t: i for i, n in enumerate(nodes) for t in n.get("rounded", ())})
+        self.records = self._records_by_node() if self.candidate is not None else {}
+        alignment = (self.report.alignments.get(self.candidate.name)
+                     if self.candidate is not None else None)
+        self.accounts = node_accounts(  # why each node has a value or not
+            [{**n, "outputs": [*n.get("rounded", ()), *n["outputs"]]} for n in nodes],
+            alignment)
+        self._modules = None
+        self.groups, self._node_group = build_groups(nodes)
+        self._group_index = {g["id"]: k for k, g in enumerate(self.groups)}
+
+    def show_qdq(self, show: bool = True) -> None:
+        """Draw an int8 QDQ model's QuantizeLinear/DequantizeLinear nodes (``show``), or fold
+        them into the ops they wrap again; the modules open stay open, and a module that only
+        the Q/DQ nodes make a group (an op and its Q/DQ) opens."""
+        if bool(show) == self.qdq_shown or self._payloads[False] is self._payloads[True]:
+            return
+        self.qdq_shown = bool(show)
+        before, opened = set(self._group_index), set(self.canvas.expanded)
+        self._use(self._payloads[self.qdq_shown])
+        self.values = self._node_values(None if self.color_by == "op_type"
+                                        else self._given_values)
+        with self.canvas.hold_sync():
+            self.canvas.expanded = [g["id"] for g in self.groups
+                                    if g["id"] in opened or g["id"] not in before]
+            self.canvas.graph = self._canvas_graph()
+            self.canvas.title = _title(self.payload, self.payload["nodes"])
+            self._paint()
+        if self.qdq_w.value != self.qdq_shown:
+            self.qdq_w.value = self.qdq_shown
+
     def _canvas_graph(self) -> dict[str, Any]:
         """What the browser gets of the graph: per node its id, op type, label, why it has a
         value or none, its innermost group and fold; the edges, their shapes, the groups."""
         return {"nodes": [{"id": n["id"], "op": n["op"], "label": n["label"], "why": a.text,
-                           "kind": a.kind, "g": g, "fold": n["fold"]}
+                           "kind": a.kind, "g": g, "fold": n["fold"],
+                           "qdq": n.get("folded") == "qdq", "q8": bool(n.get("int8"))}
                           for n, a, g in zip(self.payload["nodes"], self.accounts,
                                              self._node_group, strict=True)],
                 "edges": self.payload["edges"], "shapes": self.payload["shapes"],
+                "int8": self.payload.get("int8", []),
                 "groups": [{k: g[k] for k in ("id", "label", "parent", "size")}
                            for g in self.groups]}
 
@@ -151,9 +193,17 @@ class GraphView(widgets.HBox):
                                          description="metric", layout={"width": "200px"})
         self.metric_w.observe(lambda c: self.set_metric(c["new"]), names="value")
         self.metric_w.add_class("wb-graphview-metric")
-        bar = widgets.HBox([self.color_w] + ([self.metric_w] if len(metrics) > 1 else []),
-                           layout=widgets.Layout(flex_flow="row wrap"))  # wraps when narrow
-        return widgets.VBox([bar, self.canvas] if len(modes) > 1 else [self.canvas],
+        self.qdq_w = widgets.ToggleButton(
+            value=self.qdq_shown, description="Q/DQ", icon="eye",
+            tooltip="draw the QuantizeLinear/DequantizeLinear nodes (off: folded into the ops "
+                    "they wrap, int8 inputs marked)")
+        self.qdq_w.observe(lambda c: self.show_qdq(c["new"]), names="value")
+        self.qdq_w.add_class("wb-graphview-qdq")
+        qdq = self._payloads[False] is not self._payloads[True]
+        tools = ([self.color_w] if len(modes) > 1 else []) + (
+            [self.metric_w] if len(metrics) > 1 else []) + ([self.qdq_w] if qdq else [])
+        bar = widgets.HBox(tools, layout=widgets.Layout(flex_flow="row wrap"))  # wraps
+        return widgets.VBox([bar, self.canvas] if tools else [self.canvas],
                             layout=widgets.Layout(flex="1 1 58%", min_width="400px"))
 
     # -- what is shown ----------------------------------------------------------------------
@@ -247,15 +297,19 @@ class GraphView(widgets.HBox):
         except InputError:
             self.color_by = before
             raise
-        colors, strokes, legend = self._colors()
-        gcolors, gstrokes, gtips = self._group_paint(colors, strokes)
         with self.canvas.hold_sync():
-            self.canvas.group_colors, self.canvas.group_strokes = gcolors, gstrokes
-            self.canvas.group_tooltips = gtips
-            self.canvas.colors, self.canvas.strokes = colors, strokes
-            self.canvas.legend, self.canvas.tooltips = legend, self._tooltips()
+            self._paint()
         if self.color_w.value != color_by and color_by in [v for _l, v in self.color_w.options]:
             self.color_w.value = color_by
+
+    def _paint(self) -> None:
+        """Send the nodes' and groups' colours, outlines, legend and tooltips as they are."""
+        colors, strokes, legend = self._colors()
+        gcolors, gstrokes, gtips = self._group_paint(colors, strokes)
+        self.canvas.group_colors, self.canvas.group_strokes = gcolors, gstrokes
+        self.canvas.group_tooltips = gtips
+        self.canvas.colors, self.canvas.strokes = colors, strokes
+        self.canvas.legend, self.canvas.tooltips = legend, self._tooltips()
 
     def set_metric(self, metric: str) -> None:
         """Colour by another metric of the report's records (``snr_db``, ``cosine``,
@@ -342,26 +396,6 @@ class GraphView(widgets.HBox):
                                       self.metric)
 
     # -- report -> per-node values ----------------------------------------------------------
-    def _match_candidate(self, source: Any, name: str | None) -> Any:
-        cands = list(self.report.candidates)
-        if name is not None:
-            found = [c for c in cands if c.name == name]
-            if not found:
-                raise InputError(f"candidate {name!r} is not in the report",
-                                 f"candidates: {[c.name for c in cands]}")
-            return found[0]
-        path = _source_path(source)
-        if path is not None:
-            for c in cands:
-                if Path(c.path).resolve() == path.resolve():
-                    return c
-        if self.color_by != "op_type":
-            raise InputError(
-                f"the report compares {[str(c.path) for c in cands]}, not "
-                f"{path or type(source).__name__}",
-                "draw an artifact the report compared, or pass candidate='<its name>'")
-        return None
-
     def _records_by_node(self) -> dict[int, dict[str, list]]:
         """{node index: {mode: [records of its output tensors]}} for the matched candidate."""
         out: dict[int, dict[str, list]] = {}
@@ -400,8 +434,11 @@ class GraphView(widgets.HBox):
         return colors, strokes, legend
 
     def _tooltips(self) -> list[str]:
-        return graphpaint.tooltips(self.payload["nodes"], self.values, self.color_by,
-                                   [self._why(i) for i in range(len(self.payload["nodes"]))])
+        nodes = self.payload["nodes"]
+        return [tip + "".join(f"\n{line}" for line in n.get("int8", ()))
+                for tip, n in zip(graphpaint.tooltips(
+                    nodes, self.values, self.color_by,
+                    [self._why(i) for i in range(len(nodes))]), nodes, strict=True)]
 
     def _node_index(self, node: str, what: str) -> int:
         i = self._index.get(node, self._producer.get(node))
@@ -449,7 +486,10 @@ class GraphView(widgets.HBox):
 
 
 def _title(payload: dict[str, Any], nodes: list[dict[str, Any]]) -> str:
-    """'model.onnx (onnx, 6 nodes, 1 constant folded)': the nodes drawn, the folded apart."""
-    folded = sum(n["fold"] >= 0 for n in nodes)
-    return (f"{payload['title']} ({payload['format']}, {len(nodes) - folded} nodes"
-            + (f", {folded} constant{'s' if folded > 1 else ''} folded" if folded else "") + ")")
+    """'model.onnx (onnx, 6 nodes, 1 constant folded, 12 Q/DQ folded)': the nodes drawn, the
+    folded apart."""
+    qdq = sum(n["fold"] >= 0 and n.get("folded") == "qdq" for n in nodes)
+    folded = sum(n["fold"] >= 0 for n in nodes) - qdq
+    return (f"{payload['title']} ({payload['format']}, {len(nodes) - folded - qdq} nodes"
+            + (f", {folded} constant{'s' if folded > 1 else ''} folded" if folded else "")
+            + (f", {qdq} Q/DQ folded" if qdq else "") + ")")
