@@ -141,6 +141,11 @@ def run_notebook(path: Path, kernel: str, tmp_path: Path) -> None:
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     assert code_cells and all(c.execution_count is not None for c in code_cells), \
         f"{path.name}: not every code cell ran"
+    # a cell tagged "figures" says it shows figures: its outputs must hold them (rep.plot()
+    # once showed "[<Figure size ...>, ...]" text where notebook 08 said it drew them)
+    blank = [i for i, c in enumerate(nb.cells) if "figures" in c.metadata.get("tags", [])
+             and not any("image/png" in o.get("data", {}) for o in c.get("outputs", []))]
+    assert not blank, f"{path.name}: cells {blank} are tagged 'figures' and show no image"
     assert sorted(p.name for p in NOTEBOOKS.iterdir()) == before, \
         f"{path.name} wrote into {NOTEBOOKS} instead of its working directory"
 
