@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from .floor_slopes import LIPSCHITZ, NCNN_ACT, ONNX_ACT, steepest
+
 # kinds (noise_floor.py says how each rounds and carries error)
 WEIGHTED = "weighted"  # sum over a row of weights times inputs, plus a bias
 MATMUL = "matmul"  # a product of two activations
@@ -43,8 +45,10 @@ class OpFloor:
     layer type it was read from. A weighted op also gives the L2 norm of each output's row
     (``rows2``) and how it reads its input (``cin`` channels in ``groups``, a patch
     ``window`` wide on each spatial axis, () for a matmul's rows, None when unknown), for
-    the Cauchy-Schwarz bound (noise_floor.patch_norms). ``stored_low``: an ncnn layer whose
-    .bin stores its weights in fp16 or int8 (their rounding is not fp32's)."""
+    the Cauchy-Schwarz bound (floor_patches.patch_norms). ``stored_low``: an ncnn layer whose
+    .bin stores its weights in fp16 or int8 (their rounding is not fp32's). ``act`` the
+    activation a weighted op's layer or node applies to its sums, "" for none (its slope:
+    floor_slopes.py)."""
 
     kind: str
     inputs: tuple[str, ...] = ()
@@ -59,16 +63,12 @@ class OpFloor:
     groups: int = 1
     window: tuple[int, ...] | None = None
     stored_low: bool = False
+    act: str = ""
 
 
 # ops of a quantized model: a candidate holding them is judged by low precision's rules
 QUANTIZED = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                        "MatMulInteger", "ConvInteger", "Quantize", "Dequantize", "Requantize"})
-# the steepest slope of activations (|f'| at most): what an input error becomes
-LIPSCHITZ = {"Sigmoid": 0.25, "HardSigmoid": 0.5, "Tanh": 1.0, "TanH": 1.0, "Softplus": 1.0,
-             "Erf": 1.13, "Gelu": 1.13, "GELU": 1.13, "Swish": 1.1, "Mish": 1.1,
-             "HardSwish": 1.5, "Elu": 1.0, "ELU": 1.0, "Celu": 1.0, "CELU": 1.0,
-             "Selu": 1.76, "SELU": 1.76, "Softsign": 1.0, "BNLL": 1.0}
 ONNX_EXACT = frozenset("""Relu Clip MaxPool Max Min Reshape Flatten Transpose Squeeze
 Unsqueeze Concat Slice Split Gather GatherElements GatherND Identity Pad Expand Tile
 DepthToSpace SpaceToDepth Neg Abs Dropout Cast ReduceMax ReduceMin Where ScatterND
@@ -76,8 +76,8 @@ ScatterElements Trilu Shape Size Floor Ceil Round Sign GlobalMaxPool""".split())
 NCNN_EXACT = frozenset("""Clip Reshape Permute Flatten Concat Slice Crop Padding Squeeze
 ExpandDims Noop Dropout ShuffleChannel PixelShuffle Reorg Tile Flip AbsVal Cast Packing
 DeepCopy CopyTo Gather Expand""".split())
-# ncnn's fused activation (9=activation_type) -> its steepest slope (2 leaky: its slope)
-NCNN_ACTIVATION = {0: 1.0, 1: 1.0, 3: 1.0, 4: 0.25, 5: 1.1, 6: 1.5}
+# ORT's fused ops (com.microsoft) -> the op whose sums they apply ``activation`` to
+FUSED = {"FusedConv": "Conv", "FusedGemm": "Gemm"}
 
 
 def _abs_rows(w: Any, rows: int) -> Any:
@@ -163,6 +163,8 @@ def _onnx_rule(node: Any, const: Any) -> OpFloor | None:
     import numpy as np
 
     op, ins = node.op_type, list(node.input)
+    if op in FUSED:
+        return _onnx_fused(node, const)
     acts = tuple(i for i in ins if i and const(i) is None)
     consts = [c for i in ins if i and (c := const(i)) is not None]
     if op in ("Conv", "ConvTranspose") and len(ins) > 1 and const(ins[1]) is not None:
@@ -208,6 +210,27 @@ def _onnx_rule(node: Any, const: Any) -> OpFloor | None:
         s = g / np.sqrt(var + float(_attr(node, "epsilon", 1e-5)))
         return OpFloor(WEIGHTED, acts[:1], 2, np.abs(s), np.abs(beta - mean * s), op=op)
     return _onnx_elementwise(node, op, acts, consts)
+
+
+def _onnx_fused(node: Any, const: Any) -> OpFloor | None:
+    """ORT's FusedConv / FusedGemm (com.microsoft): a Conv / Gemm whose node applies its
+    ``activation`` to the sums (floor_slopes.py); None (a fallback) for an activation not
+    known here, or a FusedConv adding a fourth input before it."""
+    from onnx import NodeProto
+
+    act = _attr(node, "activation", b"")
+    act = ONNX_ACT.get(act.decode() if isinstance(act, bytes) else str(act))
+    if act is None or node.op_type == "FusedConv" and len(node.input) > 3 and node.input[3]:
+        return None
+    plain = NodeProto()
+    plain.CopyFrom(node)
+    plain.op_type, plain.domain = FUSED[node.op_type], ""
+    rule = _onnx_rule(plain, const)
+    if rule is None or rule.kind != WEIGHTED:
+        return None
+    params = list(_attr(node, "activation_params", []) or [])
+    alpha = params[0] if params else _attr(node, "activation_alpha", None)
+    return replace(rule, act=act, lipschitz=steepest(act, alpha), op=node.op_type)
 
 
 def _recurrent(acts: tuple[str, ...], w_x: Any, w_h: Any, bias: Any, op: str) -> OpFloor:
@@ -319,11 +342,10 @@ def _fp32_blobs(layout: Any, bin_path: Path) -> dict[str, dict[str, Any]]:
 
 
 def _ncnn_act(ly: Any) -> float:
-    """The steepest slope of a layer's fused activation (9=): 0 for one not known."""
+    """The steepest slope of a layer's fused activation (9=; 10= its parameters): 1 for none,
+    0 for one not known."""
     act = int(_p(ly, 9))
-    if act == 2:
-        return max(1.0, abs(_p(ly, 10, 0.0)))  # leaky relu: 10= its slope
-    return NCNN_ACTIVATION.get(act, 0.0)
+    return 1.0 if act == 0 else steepest(NCNN_ACT.get(act, ""), _p(ly, 10, 0.0))
 
 
 def _ncnn_reads(ly: Any, t: str, size: int, out: int) -> tuple[int, int, tuple | None]:
@@ -363,7 +385,8 @@ def _ncnn_rule(ly: Any, acts: tuple[str, ...], w: dict[str, Any]) -> OpFloor | N
         b = w.get("bias")
         groups, cin, window = _ncnn_reads(ly, t, aw.size, out)
         return OpFloor(WEIGHTED, acts[:1], n + (b is not None), rows, _bias(b), lipschitz=lip,
-                       op=t, rows2=rows2, cin=cin, groups=groups, window=window)
+                       op=t, rows2=rows2, cin=cin, groups=groups, window=window,
+                       act=NCNN_ACT.get(int(_p(ly, 9)), ""))
     if t == "BatchNorm" and {"slope", "mean", "var", "bias"} <= set(w):
         s = w["slope"].astype(np.float64) / np.sqrt(w["var"] + _p(ly, 1, 0.0))
         return OpFloor(WEIGHTED, acts[:1], 2, np.abs(s), np.abs(w["bias"] - w["mean"] * s),

@@ -25,7 +25,9 @@ reference's computation rounds too, and its terms (torch's conv, then its BatchN
 such sums at every step (its hidden state |h| <= 1), the steps' as one sum of steps * n
 terms. Sums, means and products take the same form from their operands' magnitudes; data
 movement, max and clamping round nothing (one rounding of the output is allowed to every
-op); activations ``SMOOTH_ULPS`` ulps of their largest output. An op whose terms are not
+op); activations ``SMOOTH_ULPS`` ulps of their largest output; a sigmoid or a tanh fused into
+a weighted op's layer passes the sums' rounding through its slope, which its output tells
+(floor_slopes.py: a sigmoid saturated near 1 passes almost none). An op whose terms are not
 known (a normalisation, an attention, a custom op, a linear resize whose weights come from
 coordinates) falls back to ``FALLBACK_ULPS`` ulps of its largest output per computation, so
 that its tolerance is about the former default rtol (1e-3) of the whole tensor's range: its
@@ -58,7 +60,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from . import floor_ops as ops
-from .metrics import _cache_lock
+from . import floor_slopes as slopes
+from .floor_patches import matmul_norms, patch_norms
 
 if TYPE_CHECKING:
     from .metrics import TensorMetrics
@@ -82,6 +85,10 @@ class FloorInputs:
     shapes: dict[str, tuple] = field(default_factory=dict)
     # a weighted op's largest input patch norm per group, a matmul's row x column norms
     patch: dict[str, Any] = field(default_factory=dict)
+    # a fused sigmoid's or tanh's outputs per channel: how near its steepest point they come
+    gaps: dict[str, Any] = field(default_factory=dict)
+    # their max abs error in the accumulated run: an isolated run's outputs lie within it
+    seen: dict[str, float] = field(default_factory=dict)
 
 
 def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, Any] | None
@@ -111,7 +118,21 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
         if name not in out.aligned:
             out.mags[name] = absmax(v)
     _patches(out, every)
+    _gaps(out, every)
     return out
+
+
+def _gaps(fi: FloorInputs, every: dict[str, Any]) -> None:
+    """fi.gaps of every weighted op whose fused activation's slope its output tells."""
+    import numpy as np
+
+    for name, r in fi.rules.items():
+        if r.kind == ops.WEIGHTED and r.act in slopes.RECOVERABLE and r.rows is not None \
+                and every.get(name) is not None:
+            got = slopes.channel_gaps(r.act, every[name], int(np.size(r.rows)),
+                                      None if r.window is None else len(r.window))
+            if got is not None:
+                fi.gaps[name] = got
 
 
 def _patches(fi: FloorInputs, every: dict[str, Any]) -> None:
@@ -179,6 +200,21 @@ class _Eval:
             carried = [self.basis.get(i) for i in rule.inputs if i not in self.fi.aligned]
             self.basis[name] = "fallback" if "fallback" in carried else basis
 
+    def slope(self, name: str, rule: ops.OpFloor) -> Any:
+        """Per channel, the steepest slope of a fused sigmoid or tanh between the reference's
+        outputs and this run's (floor_slopes.py): they lie within the tensor's measured error
+        of the captured (accumulated) ones, and in an isolated run within that plus the
+        accumulated run's. None for an op with no such activation."""
+        if rule.kind != ops.WEIGHTED or rule.act not in slopes.RECOVERABLE:
+            return None
+        m = self.measured.get(name)
+        radius = None
+        if m is not None and self.mode == "accumulated":
+            radius = self.fi.seen[name] = m.max_abs
+        elif m is not None and name in self.fi.seen:
+            radius = self.fi.seen[name] + m.max_abs
+        return slopes.slopes(rule.act, self.fi.gaps.get(name), radius)
+
     def floor(self, name: str, rule: ops.OpFloor) -> tuple[float, str]:
         """(noise floor, basis) of one tensor: SIDES times its op's rounding plus the error
         its inputs carry through it."""
@@ -186,7 +222,7 @@ class _Eval:
         m_in = [self.mag(i) for i in rule.inputs]
         local_gains = None if m_out is None else _local(rule, m_out, m_in, [
             self.fi.shapes.get(i) for i in rule.inputs], self.fi.shapes.get(name),
-            self.fi.patch.get(name))
+            self.fi.patch.get(name), self.slope(name, rule))
         basis = rule.kind if rule.kind in (ops.EXACT, ops.SMOOTH, ops.FALLBACK) else "terms"
         if local_gains is None:  # terms unknown: a floor from the tensor's own magnitude
             top_in = max((m for m in m_in if m), default=0.0)
@@ -202,26 +238,34 @@ class _Eval:
 
 
 def _terms(rule: ops.OpFloor, m_x: float, patch: Any) -> float:
-    """The largest sum |w| |x| + |b| over a weighted op's outputs: per output row the
-    smaller of sum |w| * max |x| and ||w||_2 * its group's largest input patch norm."""
+    """The largest sum |w| |x| + |b| over a weighted op's outputs."""
     import numpy as np
 
-    rows, bias = rule.rows * m_x, rule.bias
+    return float(np.max(_row_terms(rule, m_x, patch)))
+
+
+def _row_terms(rule: ops.OpFloor, m_x: float, patch: Any) -> Any:
+    """sum |w| |x| + |b| per output row of a weighted op, at most: the smaller of sum |w| *
+    max |x| and ||w||_2 * its group's largest input patch norm, plus its |b| (the largest
+    |b| where the biases are not one per row)."""
+    import numpy as np
+
+    rows, bias = np.asarray(rule.rows * m_x, dtype=np.float64), rule.bias
     if patch is not None and rule.rows2 is not None and np.shape(rule.rows2) == np.shape(rows):
         per = rows.size // max(np.size(patch), 1)
         near = np.repeat(patch, per) if per * np.size(patch) == rows.size else np.max(patch)
         rows = np.minimum(rows, rule.rows2 * near)
     if bias is not None and np.shape(bias) == np.shape(rows):
-        return float(np.max(rows + bias))
-    return float(np.max(rows)) + (float(np.max(bias)) if bias is not None and np.size(bias)
-                                  else 0.0)
+        return rows + bias
+    return rows + (float(np.max(bias)) if bias is not None and np.size(bias) else 0.0)
 
 
 def _local(rule: ops.OpFloor, m_out: float, m_in: list[float | None],
            shapes: list[tuple | None], out_shape: tuple | None,
-           patch: Any = None) -> tuple | None:
+           patch: Any = None, slope: Any = None) -> tuple | None:
     """(one computation's rounding, the gain of each input, how carried errors combine) of
-    one op; None when its terms are not known."""
+    one op; None when its terms are not known. ``slope``: a weighted op's fused activation's
+    per channel (_Eval.slope), None for today's rule (the rounding of the sums)."""
     import numpy as np
 
     k, lip = rule.kind, rule.lipschitz
@@ -229,6 +273,10 @@ def _local(rule: ops.OpFloor, m_out: float, m_in: list[float | None],
         return 0.0, [lip] * len(m_in), max
     if any(m is None for m in m_in):
         return None
+    if k == ops.WEIGHTED and m_in and slope is not None:
+        local, gain = slopes.through(rule.act, ops.ulp_terms(rule) * U * _row_terms(
+            rule, m_in[0], patch), rule.rows, slope)
+        return local, [gain], sum
     if k == ops.WEIGHTED and m_in:
         s = _terms(rule, m_in[0], patch)
         return ops.ulp_terms(rule) * U * s, [float(np.max(rule.rows)) * lip], sum
@@ -273,16 +321,26 @@ def noise_floors(fi: FloorInputs, mode: str, measured: dict[str, TensorMetrics]
     return {n: (ev.floors[n], ev.basis[n]) for n in ev.floors}
 
 
-def op_noise_floor(rule: ops.OpFloor, out: Any, inputs: dict[str, Any]) -> float:
+def op_noise_floor(rule: ops.OpFloor, out: Any, inputs: dict[str, Any],
+                   ref: Any = None) -> float:
     """The noise floor of one op computed alone on exact inputs (an isolated run): ``rule``
-    its OpFloor, ``out`` its output, ``inputs`` {name: array} of what it reads."""
+    its OpFloor, ``out`` its output, ``inputs`` {name: array} of what it reads; ``ref`` the
+    reference's output, if known (a fused activation's slope is then taken between the two:
+    floor_slopes.py)."""
     import numpy as np
+
+    from .metrics import Tolerance, tensor_metrics
 
     fi = FloorInputs({"out": rule}, set(inputs), {"out": absmax(out)},
                      {"out": np.shape(out), **{n: np.shape(v) for n, v in inputs.items()}})
     fi.mags.update({n: absmax(v) for n, v in inputs.items()})
     _patches(fi, inputs)
-    return noise_floors(fi, "isolated", {})["out"][0]
+    _gaps(fi, {"out": out})
+    if ref is None:
+        return noise_floors(fi, "isolated", {})["out"][0]
+    # on exact inputs the run is its own accumulated one: the outputs differ by the measured
+    return noise_floors(fi, "accumulated", {"out": tensor_metrics(ref, out, Tolerance())})[
+        "out"][0]
 
 
 def fallback_floor(top: float) -> float:
@@ -318,118 +376,3 @@ def count_over(ref: Any, cand: Any, bound: float) -> int:
     with np.errstate(invalid="ignore"):
         diff = np.abs(a - b)
         return int(np.count_nonzero(~(diff <= bound) & (a != b) & ~np.isnan(a)))
-
-
-# -- the input patch norms of weighted ops (Cauchy-Schwarz) -------------------------------------
-# A convolution's or a matmul's output sums |w| * |x| over its row of weights and a patch of
-# its input. sum_k |w_ck| * max |x| bounds it cheaply but assumes every input at its maximum:
-# 5-10 times too much on activations (heavy-tailed, post-ReLU), which would hide a weight
-# moved by 1e-3 of its max in a long reduction. By Cauchy-Schwarz the sum is also at most
-# ||w_c||_2 * ||x_patch||_2; the largest patch norm of the input (per group of input channels)
-# is one pass over it: the sum of x^2 over each group's channels at every position (a
-# compiled kernel, numba as in metrics.py; numpy without it), then the largest box sum of the
-# kernel's (dilated) extent. Once per tensor and input set.
-
-_KERNEL: Any = None  # the numba dispatcher once built; False if numba cannot be imported
-_LOADED: set[bool] = set()  # the variants (writeable or not) _KERNEL has run on here
-
-
-def _group_squares(x: Any, groups: int, out: Any) -> Any:
-    """out[b, g, p] = sum of x[b, c, p]^2 over group g's channels (x: (B, C, P) float32)."""
-    nb, nc, npos = x.shape
-    per = nc // groups
-    for b in range(nb):
-        for c in range(nc):
-            g = c // per
-            for p in range(npos):
-                v = x[b, c, p]
-                out[b, g, p] += v * v
-    return out
-
-
-def _kernel() -> Any:
-    global _KERNEL
-    if _KERNEL is None:
-        try:
-            from numba import njit
-
-            opts = {"nogil": True, "error_model": "numpy", "fastmath": {"reassoc", "nsz"}}
-            try:
-                _KERNEL = njit(cache=True, **opts)(_group_squares)
-            except RuntimeError:  # no writable cache dir: compiled in memory
-                _KERNEL = njit(**opts)(_group_squares)
-        except ImportError:
-            _KERNEL = False
-    return _KERNEL
-
-
-def patch_norms(x: Any, cin: int, groups: int, window: tuple[int, ...]) -> Any:
-    """The largest L2 norm of an input patch of each group: ``x`` laid out (..., cin,
-    *spatial) with ``len(window)`` spatial axes (0: rows of ``cin`` values, as a matmul
-    reads them), a patch ``window`` wide on each. None when ``x`` is not so laid out."""
-    import numpy as np
-
-    x = np.asarray(x)
-    nd = len(window)
-    if x.dtype.kind != "f" or x.size == 0 or groups < 1 or cin % groups:
-        return None
-    if nd == 0:
-        if x.size % cin:
-            return None
-        x3 = x.reshape(-1, cin, 1)
-        spatial: tuple[int, ...] = (1,)
-    else:
-        if x.ndim < nd + 1 or x.shape[-nd - 1] != cin or nd > 2:
-            return None
-        spatial = tuple(x.shape[-nd:])
-        x3 = x.reshape(-1, cin, math.prod(spatial))
-    x3 = np.ascontiguousarray(x3, dtype=np.float32)
-    sq = np.zeros((x3.shape[0], groups, x3.shape[2]), np.float32)
-    kernel = _kernel()
-    if kernel:
-        key = bool(x3.flags.writeable)  # a read-only array is another numba type
-        if key in _LOADED:
-            kernel(x3, groups, sq)
-        else:  # compiled or loaded from numba's cache: one process at a time
-            with _cache_lock():
-                kernel(x3, groups, sq)
-            _LOADED.add(key)
-    else:
-        sq = np.square(x3, dtype=np.float32).reshape(x3.shape[0], groups, cin // groups,
-                                                     -1).sum(axis=2)
-    if not np.isfinite(sq).all():
-        return None
-    if nd:
-        sq = _box_sums(sq.reshape(sq.shape[0], groups, *spatial), window)
-    return np.sqrt(sq.reshape(sq.shape[0], groups, -1).max(axis=(0, 2)).astype(np.float64))
-
-
-def _box_sums(q: Any, window: tuple[int, ...]) -> Any:
-    """Sums of ``q`` (B, G, *spatial, >= 0) over every window of the given extent (clipped
-    to the axis): every patch a kernel reads, padded or not, lies within one of them."""
-    import numpy as np
-
-    out = q.astype(np.float64)
-    for k, axis in zip(window, range(2, 2 + len(window)), strict=True):
-        k = min(k, out.shape[axis])
-        if k <= 1:
-            continue
-        c = np.cumsum(out, axis=axis)
-        zero = np.zeros_like(np.take(c, [0], axis=axis))
-        c = np.concatenate([zero, c], axis=axis)
-        out = np.take(c, range(k, c.shape[axis]), axis=axis) - \
-            np.take(c, range(0, c.shape[axis] - k), axis=axis)
-    return out
-
-
-def matmul_norms(a: Any, b: Any) -> float | None:
-    """max ||row of a|| * max ||column of b||: a bound on sum |a_ik| |b_kj| (a @ b)."""
-    import numpy as np
-
-    a, b = np.asarray(a), np.asarray(b)
-    if a.dtype.kind != "f" or b.dtype.kind != "f" or a.ndim < 1 or b.ndim < 2 or not a.size:
-        return None
-    ra = np.sqrt(np.square(a, dtype=np.float64).sum(axis=-1).max())
-    rb = np.sqrt(np.square(b, dtype=np.float64).sum(axis=-2).max())
-    top = float(ra * rb)
-    return top if math.isfinite(top) else None
