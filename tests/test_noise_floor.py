@@ -233,3 +233,22 @@ def test_accumulated_floors_carry_the_measured_input_error():
     iso = noise_floors(fi, "isolated", measured)
     assert acc["r"][0] == pytest.approx(1e-5, rel=0.05) and iso["r"][0] < 1e-6
     assert acc["d"][0] > 3.0 * 1e-5 > iso["d"][0]  # 3 = max row sum of |w|
+
+
+def test_the_text_tables_leave_the_floor_blank_where_none_decided():
+    """An fp32 row shows its noise floor; a low precision's row (its per-element rule decided,
+    no floor) shows a blank cell in the csv and html tables, as the compare view does, not 0."""
+    from workbench.comparison.record import Record
+    from workbench.comparison.report import CompareReport
+
+    ref = np.linspace(-1, 1, 100, dtype=np.float32)
+    m = tensor_metrics(ref, ref + 1e-6, Tolerance(1e-4, 1e-3))
+    rows = [Record("fp32", "accumulated", 0, "y", "conv", "Conv", judged(m, 2e-6, "terms")),
+            Record("fp16", "accumulated", 0, "y", "conv", "Conv", m)]
+    rep = CompareReport(rows, {}, [])
+    csv_rows = rep.table("csv").splitlines()
+    col = csv_rows[0].split(",").index("noise_floor")
+    assert [r.split(",")[col] for r in csv_rows[1:]] == ["2e-06", ""]
+    cells = [row.split("<td>") for row in rep.table("html").split("<tr")[2:]]
+    assert [c[col + 1].split("</td>")[0] for c in cells] == ["2e-06", ""]
+    assert [r["noise_floor"] for r in rep.table()] == [2e-6, 0.0]  # the records as they are

@@ -280,6 +280,7 @@ class CompareReport:
         rows = self.rows(candidate, mode)
         if format == "records":
             return rows
+        rows = [_shown(r) for r in rows]
         if format == "csv":
             buf = io.StringIO()
             w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore")
@@ -506,6 +507,12 @@ def _bound(m: Any) -> str:
     if floor > 0 and m.tolerance == FACTOR * floor:
         return f"{m.tolerance:.3g}, {FACTOR:g}x its fp32 noise floor"
     return f"{m.tolerance:.3g}"
+
+
+def _shown(row: dict) -> dict:
+    """A row as the csv and html tables show it: no noise floor where none decided (a low
+    precision's per-element rule, ``floor_basis`` empty): a blank cell, not 0."""
+    return row if row.get("floor_basis") else {**row, "noise_floor": None}
 
 
 def _fmt(v: Any) -> str:
