@@ -6,6 +6,9 @@ model (onnxruntime) or the ncnn model, and the last comparison's sensitivity ran
 int8 artifact joins compare's candidates. "Run all" runs the stages in order, as
 ``wb.Pipeline`` does headless (quantize on demand only); each tab can also be run on its
 own, again and again with other settings, and the next stages pick up its newest artifact.
+The converter's tools are tabs too, on demand: Rewriters (what each registered rewriter
+matched in the newest export and ncnn trace), Partition (cuts picked from the marks and
+modules, or on the export's graph) and Prune (its figures before and after).
 """
 
 from __future__ import annotations
@@ -26,11 +29,17 @@ from .panels import (
     CustomOpsPanel,
     ExportPanel,
     NcnnPanel,
+    PartitionPanel,
+    PrunePanel,
     QuantizePanel,
     RaisePanel,
+    RewritersPanel,
     SimplifyPanel,
     StagePanel,
 )
+
+# tabs "Run all" leaves to the user (see Pipeline._order)
+ON_DEMAND = ("custom_ops", "quantize", "rewriters", "partition", "prune")
 
 
 class Pipeline:
@@ -41,6 +50,7 @@ class Pipeline:
                  raise_ops: dict[str, Any] | None = None, ncnn: dict[str, Any] | None = None,
                  compare: dict[str, Any] | None = None,
                  quantize: dict[str, Any] | None = None,
+                 partition: dict[str, Any] | None = None, prune: dict[str, Any] | None = None,
                  raise_: dict[str, Any] | None = None) -> None:
         """The pipeline widget; display it in a cell (or call ``run()``).
 
@@ -51,6 +61,9 @@ class Pipeline:
             export, simplify, raise_ops, ncnn, compare, quantize: each stage panel's initial
                 settings, keyword arguments as the engine function takes them (as
                 ``wb.Pipeline``'s keywords of the same names).
+            partition, prune: the Partition and Prune tabs' initial settings (``at``,
+                ``backends``...; ``amount``, ``method``, ``round_to``...), as
+                ``wb.partition`` and ``wb.prune`` take them.
             raise_: the old spelling of ``raise_ops`` (deprecated; a DeprecationWarning).
         """
         if raise_ is not None:
@@ -65,7 +78,8 @@ class Pipeline:
         self.inputs = inputs
         self.workspace = workspace if isinstance(workspace, Workspace) else as_workspace(workspace)
         self.panels = self._make_panels(export=export, simplify=simplify, raise_ops=raise_ops,
-                                        ncnn=ncnn, compare=compare, quantize=quantize)
+                                        ncnn=ncnn, compare=compare, quantize=quantize,
+                                        partition=partition, prune=prune)
         given = os.fspath(workspace) if isinstance(workspace, (str, os.PathLike)) else None
         for panel in self.panels.values():  # Show code writes the workspace as the user did
             panel.workspace_given = given
@@ -79,10 +93,13 @@ class Pipeline:
         panels: dict[str, StagePanel] = {}
         panels["export"] = ExportPanel(model, inputs, workspace=ws, **s["export"])
         panels["custom_ops"] = CustomOpsPanel(workspace=ws, export_panel=panels["export"])
+        panels["rewriters"] = RewritersPanel(workspace=ws)
         panels["simplify"] = SimplifyPanel(workspace=ws, **s["simplify"])
         panels["raise"] = RaisePanel(workspace=ws, **s["raise_ops"])
         panels["ncnn"] = NcnnPanel(model, inputs, workspace=ws, **s["ncnn"])
         panels["compare"] = ComparePanel(model, inputs, workspace=ws, **s["compare"])
+        panels["partition"] = PartitionPanel(model, inputs, workspace=ws, **s["partition"])
+        panels["prune"] = PrunePanel(model, inputs, workspace=ws, **s["prune"])
         panels["quantize"] = QuantizePanel(model, inputs, workspace=ws, **s["quantize"])
         return panels
 
@@ -112,8 +129,10 @@ class Pipeline:
 
     def _order(self) -> list[str]:
         """The stages "Run all" runs (custom ops only on demand: it registers, then re-exports;
-        quantize too: int8 is a choice made after the float model checks out)."""
-        return [s for s in self.panels if s not in ("custom_ops", "quantize")]
+        quantize too: int8 is a choice made after the float model checks out; so are the
+        converter's tools: the rewriters' listing follows each export by itself, and a
+        partition or a pruning is a choice)."""
+        return [s for s in self.panels if s not in ON_DEMAND]
 
     def _wire(self) -> None:
         p = self.panels
@@ -138,6 +157,11 @@ class Pipeline:
                 p["ncnn"].source = art
             if panel.stage != "quantize":  # the float model int8 starts from
                 p["quantize"].set_source(art)
+            if panel.stage == "export":  # the graph the partition tab picks cuts on
+                p["partition"].set_graph(art)
+            if panel.stage in ("export", "ncnn"):  # what each rewriter matched there
+                p["rewriters"].set_artifacts(
+                    [q.artifact for q in (p["export"], p["ncnn"]) if q.artifact is not None])
             self._set_candidates()
             self._refresh()
 

@@ -7,7 +7,8 @@ read. ``panel.code()`` is the engine call for the current settings, ready to pas
 
 Modules: ``base`` (StagePanel: the frame and its run), ``codegen`` (what Show code writes),
 ``export``, ``customops``, ``transform`` (simplify, raise), ``ncnn``, ``compare``,
-``quantize``. The HTML they show is ``workbench.ui.html`` (re-exported here).
+``quantize``, ``rewriters`` (what each rewriter matched), ``partition`` (the cut picker),
+``prune``. The HTML they show is ``workbench.ui.html`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ from .compare import ComparePanel
 from .customops import CustomOpsPanel
 from .export import ExportPanel
 from .ncnn import NcnnPanel
+from .partition import PartitionPanel
+from .prune import PrunePanel
 from .quantize import QuantizePanel
+from .rewriters import RewritersPanel
 from .transform import RaisePanel, SimplifyPanel
 
 __all__ = ["LEVEL_COLOURS", "ComparePanel", "CustomOpsPanel", "ExportPanel", "NcnnPanel",
-           "QuantizePanel", "RaisePanel", "SimplifyPanel", "StagePanel", "artifact_html",
+           "PartitionPanel", "PrunePanel", "QuantizePanel", "RaisePanel", "RewritersPanel",
+           "SimplifyPanel", "StagePanel", "artifact_html",
            "code_block_html", "diagnostics_html", "error_html", "histogram_html"]

@@ -25,14 +25,14 @@ class ExportPanel(StagePanel):
                  exporter: str = "torchscript", opset: int = 17,
                  input_names: list[str] | None = None, output_names: list[str] | None = None,
                  dynamic_axes: dict[str, Any] | None = None, atol: float = 1e-4,
-                 rtol: float = 1e-3) -> None:
+                 rtol: float = 1e-3, backend: str = "onnxruntime", rewrite: bool = True) -> None:
         self.model = model
         self.inputs = inputs
         self._shapes = [tuple(t.shape) for t in as_tensor_tuple(inputs)]
         self._error_listeners: list[Callable[[StagePanel, BaseException], None]] = []
         self._init = dict(exporter=exporter, opset=opset, input_names=input_names,
                           output_names=output_names, dynamic_axes=dynamic_axes or {},
-                          atol=atol, rtol=rtol)
+                          atol=atol, rtol=rtol, backend=backend, rewrite=rewrite)
         super().__init__(workspace=workspace)
 
     @property
@@ -51,13 +51,19 @@ class ExportPanel(StagePanel):
         self.output_names = widgets.Text(value=", ".join(i["output_names"] or ["output"]),
                                          description="output names",
                                          style={"description_width": "initial"})
+        # the rewriters registered for this backend apply during the export (Rewriters tab)
+        self.backend = widgets.Dropdown(options=["onnxruntime", "ncnn"], value=i["backend"],
+                                        description="for backend",
+                                        style={"description_width": "initial"})
+        self.rewrite = widgets.Checkbox(value=i["rewrite"], indent=False,
+                                        description="apply rewriters")
         self.atol = widgets.FloatText(value=i["atol"], description="atol")
         self.rtol = widgets.FloatText(value=i["rtol"], description="rtol")
         self.axes_rows = self._axes_editor(names, i["dynamic_axes"])
         axes_box = widgets.VBox([widgets.HTML("<b>dynamic axes</b> (tick an axis to let it vary; "
                                               "the text names the dimension)"),
                                  *self.axes_rows])
-        return [widgets.HBox([self.exporter, self.opset]),
+        return [widgets.HBox([self.exporter, self.opset, self.backend, self.rewrite]),
                 widgets.HBox([self.input_names, self.output_names]),
                 widgets.HBox([self.atol, self.rtol]), axes_box]
 
@@ -65,7 +71,7 @@ class ExportPanel(StagePanel):
         axes = [c for row in self.axes_rows for pair in row.children[1:]
                 for c in pair.children]
         return [self.exporter, self.opset, self.input_names, self.output_names, self.atol,
-                self.rtol, *axes]
+                self.rtol, self.backend, self.rewrite, *axes]
 
     def _axes_editor(self, names: list[str], given: dict[str, Any]) -> list[Any]:
         """One row per input: a checkbox and a dimension name per axis of its example shape."""
@@ -107,9 +113,18 @@ class ExportPanel(StagePanel):
                     raise InputError(f"dimension name {dim!r} (input {input_names[k]!r}, axis "
                                      f"{a}) is not an identifier", "use a name like batch, h, w")
             axes[input_names[k]] = chosen
-        return {"exporter": self.exporter.value, "opset": self.opset.value,
-                "input_names": input_names, "output_names": comma_names(self.output_names.value),
-                "dynamic_axes": axes or None, "atol": self.atol.value, "rtol": self.rtol.value}
+        out = {"exporter": self.exporter.value, "opset": self.opset.value,
+               "input_names": input_names, "output_names": comma_names(self.output_names.value),
+               "dynamic_axes": axes or None, "atol": self.atol.value, "rtol": self.rtol.value}
+        if self.backend.value != "onnxruntime":  # the defaults stay out of Show code
+            out["backend"] = self.backend.value
+        if not self.rewrite.value:
+            out["rewrite"] = False
+        return out
+
+    def _render(self, result: Any) -> None:
+        super()._render(result)
+        self.result_html.value += rewrites_html(result)
 
     def _execute(self, settings: dict[str, Any]) -> Any:
         return export(self.model, self.inputs, workspace=self._ws(), **settings)
@@ -125,3 +140,16 @@ class ExportPanel(StagePanel):
     def on_error(self, fn: Callable[[StagePanel, BaseException], None]) -> None:
         """Call ``fn(panel, error)`` when export fails (the custom-ops panel reads the op)."""
         self._error_listeners.append(fn)
+
+
+def rewrites_html(art: Any) -> str:
+    """The rewriters that fired in this export and how often (the Rewriters tab lists those
+    that did not)."""
+    fired = getattr(art, "rewrites", None) or []
+    if not fired:
+        return (f"<div class='wb-rewrites' style='color:#777'>rewriters fired: none (exported "
+                f"for {esc(art.params.get('backend', 'onnxruntime'))})</div>")
+    items = "".join(f"<li><code>{esc(r.name)}</code> {esc(r.kind)} {esc(r.target)}"
+                    + ("" if r.calls is None else f" &times;{r.calls}") + "</li>"
+                    for r in fired)
+    return f"<div class='wb-rewrites'>rewriters fired:<ul>{items}</ul></div>"
