@@ -63,7 +63,8 @@ class PrunePanel(StagePanel):
         self.method.observe(self._method_changed, names="value")
         self._method_changed()
         return [widgets.HBox([self.amount, self.method, self.round_to]),
-                widgets.HBox([widgets.HTML("measured on:"), *self.backends.values(),
+                widgets.HBox([widgets.HTML("measured on:", layout=widgets.Layout(width="95px")),
+                              *self.backends.values(),
                               self.repeat, self.threads])]
 
     def _watched(self) -> list[Any]:
