@@ -67,8 +67,10 @@ class Calibration:
 
     def __repr__(self) -> str:  # the arrays themselves would flood a notebook cell
         ins = ", ".join(str(t) for t in self.inputs)
+        held = f", {len(self.heldout)} held out" if self.heldout else ""
         return (f"Calibration({self.count} samples of {ins}; from {self.source}, seed "
-                f"{self.seed}, indices {self.indices[:8]}{'...' if self.count > 8 else ''})")
+                f"{self.seed}, indices {self.indices[:8]}{'...' if self.count > 8 else ''}"
+                f"{held})")
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.samples)

@@ -289,7 +289,7 @@ def _ort(job: _Job, per_channel: bool, dynamic: bool) -> Artifact:
                                                 per_channel=per_channel, exclude=job.exclude,
                                                 progress=job.progress)
         job.steps.advance()
-        job.steps.phase("measuring the int8 model against its float parent on held-out "
+        job.steps.phase("checking the int8 model against its float parent, on held-out "
                         "samples")
         diags, metrics = measure(OrtRunner(source.path), OrtRunner(out), cal, source,
                                  job.task, job.example)
@@ -318,7 +318,7 @@ def _ncnn(job: _Job, requantize: bool) -> Artifact:
         model = write_int8_model(source.path, None, table, d / main, d / "model.ncnn.bin",
                                  keep_float=job.exclude, requantize=requantize)
         job.steps.advance()
-        job.steps.phase("measuring the int8 model against its float parent on held-out "
+        job.steps.phase("checking the int8 model against its float parent, on held-out "
                         "samples")
         diags, metrics = measure(fp32, NcnnRunner(d / main, precision="fp32"), cal, source,
                                  job.task, job.example)
