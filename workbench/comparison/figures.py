@@ -1,5 +1,6 @@
-"""What every comparison plot shares: numbers and arrays checked on the way in, and a bare
-matplotlib Figure that a Jupyter cell shows (no pyplot, no global figures)."""
+"""What every comparison plot shares: numbers and arrays checked on the way in, a bare
+matplotlib Figure that a Jupyter cell shows (no pyplot, no global figures), and ``Figures``,
+the list of them a report returns, which a cell shows as figures too."""
 
 from __future__ import annotations
 
@@ -87,3 +88,22 @@ def _new_figure(width: float, height: float) -> tuple[Figure, Axes]:
     _show_in_ipython()
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
+
+
+class Figures(list):
+    """The figures a report draws (``plot``, ``plot_tensor``): a list, to index and save,
+    that a notebook shows as the figures themselves, each in an output of its own as
+    ``display(fig)`` shows one (a plain list showed as "[<Figure size 800x550 with 1 Axes>,
+    ...]" text and no figure). A None place (a plot that does not apply) shows nothing."""
+
+    def _ipython_display_(self) -> None:
+        import io
+
+        from IPython.display import display
+
+        for fig in self:
+            if fig is None:
+                continue
+            buf = io.BytesIO()  # the PNG whatever formatters the kernel has (no pyplot needed)
+            fig.savefig(buf, format="png", dpi=fig.dpi)
+            display({"image/png": buf.getvalue(), "text/plain": repr(fig)}, raw=True)

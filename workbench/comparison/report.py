@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from ..shapes import unbatched
+from .figures import Figures
 from .fp16_risk import DEFAULT_MIN_SNR_DB, Fp16Risks, fp16_unsafe, overflow_note
 from .record import Record
 
@@ -34,25 +35,6 @@ SOURCE_SHARE, SOURCE_LEAD = 0.05, 10.0
 COLUMNS = ["candidate", "mode", "order", "name", "reference", "op_type", "max_abs", "mean_abs",
            "max_rel", "cosine", "snr_db", "frac_over_tol", "min_tol", "noise_floor", "tolerance",
            "passed", "relation"]
-
-
-class Figures(list):
-    """The figures a report draws (``plot``, ``plot_tensor``): a list, to index and save,
-    that a notebook shows as the figures themselves, each in an output of its own as
-    ``display(fig)`` shows one (a plain list showed as "[<Figure size 800x550 with 1 Axes>,
-    ...]" text and no figure). A None place (a plot that does not apply) shows nothing."""
-
-    def _ipython_display_(self) -> None:
-        import io
-
-        from IPython.display import display
-
-        for fig in self:
-            if fig is None:
-                continue
-            buf = io.BytesIO()  # the PNG whatever formatters the kernel has (no pyplot needed)
-            fig.savefig(buf, format="png", dpi=fig.dpi)
-            display({"image/png": buf.getvalue(), "text/plain": repr(fig)}, raw=True)
 
 
 @dataclass
@@ -316,15 +298,13 @@ class CompareReport:
 
     def plot(self, metric: str = "max_abs") -> Figures:
         """The figures: error along the graph (accumulated vs isolated, tolerance, first
-        divergence marked) and error by op type. A notebook shows them when they are a cell's
-        value (or ``display(figs)``); elsewhere nothing is shown: save them.
+        divergence marked) and error by op type; a notebook shows them as a cell's value.
 
         Args:
             metric: the metric plotted: max_abs, mean_abs, max_rel, cosine or snr_db.
 
         Returns:
-            [error along the graph, error by op type]: matplotlib Figures, in a list that a
-            notebook shows as the figures themselves (``Figures``).
+            [error along the graph, error by op type]: matplotlib Figures (``Figures``).
         """
         from . import plots
 
@@ -346,8 +326,7 @@ class CompareReport:
             channel: the channel the heatmap shows.
 
         Returns:
-            [histogram, heatmap or None (a tensor of fewer than 2 axes), scatter], shown in a
-            notebook as ``plot`` shows its figures.
+            [histogram, heatmap or None (a tensor of fewer than 2 axes), scatter] (``Figures``).
         """
         import numpy as np
 
