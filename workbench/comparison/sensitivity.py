@@ -54,13 +54,19 @@ class _Steps:
         self.seconds: dict[str, float] = {}
         self._name, self._t0 = "", time.perf_counter()
 
-    def phase(self, name: str, steps: int = 0) -> None:
-        """Start step ``name`` (its ``steps`` added to the bar's total: known only now)."""
+    def phase(self, name: str) -> None:
+        """Start step ``name``: the bar says it, its seconds are counted."""
         self._stop()
         self._name, self._t0 = name, time.perf_counter()
-        if steps:
-            self.bar.total += steps
         self.bar.set_postfix_str(name, refresh=True)
+
+    def grow(self, steps: int) -> None:
+        """``steps`` more to the bar's total (known only once the isolated run is done).
+        Through ``reset``: a notebook bar takes a new total only there."""
+        if steps:
+            n = self.bar.n
+            self.bar.reset(total=self.bar.total + steps)
+            self.bar.update(n)
 
     def step(self, n: int = 1) -> None:
         self.bar.update(n)
@@ -124,7 +130,7 @@ def _rank(report: Any, cand: Any, ref_runner: Any, progress: bool) -> Ranking:
         extra = _unrecorded(report, cand, al, records, floats, covers, iso, ref_values)
         records += extra
         plan = _blame_plan(cand, records) if cand.kind == "ncnn" else []
-        steps.bar.total += len(extra) + len(plan)
+        steps.grow(len(extra) + len(plan))
         steps.step()
         steps.phase("lowering and clean run")
         cut = set(al.pairs) if cand.kind == "ncnn" else set(al.pairs) & set(layout)
