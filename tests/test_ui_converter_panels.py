@@ -145,6 +145,17 @@ def test_a_cut_that_does_not_exist_is_shown_with_its_hint(ws, at, expected):
     assert isinstance(panel.error, wb.InputError) and ws.artifacts == []
 
 
+def test_listing_the_cut_points_leaves_a_model_in_training_mode_as_it_was():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    model[2].eval()  # mixed modes stay mixed
+    stats = model[1].running_mean.clone()
+    panel = PartitionPanel(model, (torch.rand(2, 3, 8, 8),))
+    assert [n for _, n in panel.points] == ["0", "1", "2"]
+    assert torch.equal(model[1].running_mean, stats)
+    assert [m.training for m in model.modules()] == [True, True, True, False]
+
+
 def test_a_node_clicked_on_the_graph_adds_its_module_as_a_cut(ws):
     model, inputs = _small()
     onx = wb.export(model, inputs, workspace=ws)

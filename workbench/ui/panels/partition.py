@@ -32,9 +32,16 @@ BACKENDS = ("onnxruntime", "ncnn")
 
 def cut_points(model: Any, inputs: Any) -> list[tuple[str, str]]:
     """(label, name) of every point ``model`` can be cut at, in the order forward() reaches
-    it on ``inputs``: its marks and the submodules it calls (each the first time)."""
+    it on ``inputs``: its marks and the submodules it calls (each the first time). The
+    model runs once in eval mode; each module's mode is put back after."""
     modules = dict(model.named_modules())
-    seen, _ = probe(model, copies(as_tensor_tuple(inputs)), [n for n in modules if n])
+    modes = {m: m.training for m in modules.values()}
+    model.eval()  # a BatchNorm in training mode would move its statistics
+    try:
+        seen, _ = probe(model, copies(as_tensor_tuple(inputs)), [n for n in modules if n])
+    finally:
+        for m, training in modes.items():
+            m.training = training
     return [(f"module {n} ({type(modules[n]).__name__})" if n in modules else f"mark {n}", n)
             for n in sorted(seen, key=lambda n: seen[n].order)]
 
