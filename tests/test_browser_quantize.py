@@ -70,6 +70,7 @@ def test_a_folder_with_the_models_preprocessing_and_held_out_figures(lab) -> Non
     _select(quant, "calibrate on").select_option(label="a folder")
     expect(quant.locator(".wb-preprocess")).to_be_visible()
     _type(_text(quant, "folder"), "photos")
+    _type(_text(quant, "hold out"), "2")  # of six photographs (auto holds out from 8 up)
     run = quant.locator("button", has_text=re.compile(r"^\s*Run\s*$"))
     run.click()
     result = quant.locator(".wb-quantized")
@@ -90,7 +91,6 @@ def test_a_folder_with_the_models_preprocessing_and_held_out_figures(lab) -> Non
     quant.locator("button", has_text="Show code").click()
     expect(quant.locator("pre.wb-code")).to_contain_text(
         "preprocess={'mean': [0.485, 0.456, 0.406], 'std': [0.229, 0.224, 0.225]}")
-    _type(_text(quant, "hold out"), "2")
     expect(quant.locator("pre.wb-code")).to_contain_text("holdout=2")
     run.click()
     expect(result).to_contain_text("mean [0.485, 0.456, 0.406]", timeout=60_000)

@@ -143,17 +143,18 @@ def measure(parent: Any, child: Any, cal: Any, source: Artifact, task: Any = Non
             f"the int8 figures are measured on {len(per)} of the calibration samples "
             "themselves (the source holds too few to hold any out, and no example inputs "
             "are stored with the model): they flatter the int8 model",
-            "give more samples (from 4 up, a quarter is held out), or holdout=1 or more, "
+            "give more samples (from 8 up, a quarter is held out), or holdout=1 or more, "
             "or the example inputs: wb.quantize(..., example=inputs)"))
     elif cal is not None:
         in_per, _, _ = _run(parent, child, list(cal.samples[:IN_SAMPLE_MAX]), False)
         metrics["in_sample"] = {"count": len(in_per), "snr_db": _spread(
             [min(d.values()) if d else float("nan") for d in in_per])}
-    ex = example if held.kind != "example" else None
-    if ex is not None and cal is not None and len(ex) == len(cal.inputs):
+    if held.kind == "example":
+        metrics["example_snr_db"] = worst[0] if worst else None
+    elif example is not None and cal is not None and len(example) == len(cal.inputs):
         # the model's own input, beside samples prepared as the calibration was (a folder
         # read without the model's preprocessing shows here what it costs)
-        ex_per, _, _ = _run(parent, child, [ex], False)
+        ex_per, _, _ = _run(parent, child, [example], False)
         metrics["example_snr_db"] = min(ex_per[0].values()) if ex_per[0] else None
     if task is not None:
         metrics["heldout"]["task"], note = _task(task, outputs)

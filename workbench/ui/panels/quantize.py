@@ -451,7 +451,7 @@ def _heldout_html(m: dict[str, Any]) -> str:
     if held.get("kind") in ("split", "unpicked"):
         where = f"{n} " + (where.replace("samples", "sample", 1) if n == 1 else where)
     inside = (m.get("in_sample") or {}).get("snr_db", {}).get("median")
-    example = m.get("example_snr_db")
+    example = m.get("example_snr_db") if held.get("kind") != "example" else None
     cls = "wb-insample" if held.get("kind") == "calibration" else "wb-heldout"
     return (f"<span class='{cls}'>on {esc(where)} ({fig})</span>"
             + ("" if inside is None else
