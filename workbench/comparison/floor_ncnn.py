@@ -30,7 +30,7 @@ from .floor_kinds import (
     max_abs,
     recurrent,
 )
-from .floor_slopes import LIPSCHITZ, NCNN_ACT, steepest
+from .floor_slopes import LIPSCHITZ, NCNN_ACT, absolute, steepest
 
 NCNN_EXACT = frozenset("""Clip Reshape Permute Flatten Concat Slice Crop Padding Squeeze
 ExpandDims Noop Dropout ShuffleChannel PixelShuffle Reorg Tile Flip AbsVal Cast Packing
@@ -215,7 +215,10 @@ def _ncnn_elementwise(ly: Any, t: str, acts: tuple[str, ...]) -> OpFloor | None:
     if t == "Softmax":
         return OpFloor(SOFTMAX, acts, op=t)
     if t in LIPSCHITZ:
-        return OpFloor(SMOOTH, acts, lipschitz=LIPSCHITZ[t], op=t)
+        alpha = _p(ly, 0, 1.67326324) * _p(ly, 1, 1.050700987) if t == "SELU" else \
+            _p(ly, 0, 0.1 if t == "ELU" else 1.0) if t in ("ELU", "CELU") else 1.0
+        act, bound = absolute(t, alpha)
+        return OpFloor(SMOOTH, acts, lipschitz=LIPSCHITZ[t], op=t, act=act, bound=bound)
     if t == "Exp":
         return OpFloor(SMOOTH, acts, lipschitz=-1.0, op=t)
     return None

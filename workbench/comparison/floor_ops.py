@@ -41,7 +41,7 @@ from .floor_kinds import (
     ulp_terms,
 )
 from .floor_ncnn import ncnn_floors
-from .floor_slopes import LIPSCHITZ, ONNX_ACT, steepest
+from .floor_slopes import LIPSCHITZ, ONNX_ACT, absolute, steepest
 
 # what noise_floor.py and the tests read from here, wherever it is defined
 __all__ = ["EXACT", "FALLBACK", "MATMUL", "MEAN", "PRODUCT", "QUANTIZED", "RECURRENT",
@@ -201,10 +201,18 @@ def _onnx_elementwise(node: Any, op: str, acts: tuple[str, ...],
     if op in ("Softmax", "LogSoftmax"):
         return OpFloor(SOFTMAX, acts, op=op)
     if op in LIPSCHITZ:
-        return OpFloor(SMOOTH, acts, lipschitz=LIPSCHITZ[op], op=op)
+        act, bound = absolute(op, _onnx_alpha(node, op))
+        return OpFloor(SMOOTH, acts, lipschitz=LIPSCHITZ[op], op=op, act=act, bound=bound)
     if op == "Exp":
         return OpFloor(SMOOTH, acts, lipschitz=-1.0, op=op)  # its slope is its value
     return None
+
+
+def _onnx_alpha(node: Any, op: str) -> float:
+    """The scale of an ELU's negative side (Elu, Celu: alpha; Selu: alpha * gamma); 1 else."""
+    if op == "Selu":
+        return float(_attr(node, "alpha", 1.67326319)) * float(_attr(node, "gamma", 1.05070102))
+    return float(_attr(node, "alpha", 1.0)) if op in ("Elu", "Celu") else 1.0
 
 
 # -- per file, cached ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The slope a fused activation lets a weighted op's rounding through: the noise floor of a
-layer that applies a sigmoid or a tanh to its sums (noise_floor.py), from its own output.
+"""An activation's part in the fp32 noise floor (noise_floor.py): the slope it lets an error
+in its input through, told by its own output, and its own rounding, absolute where its
+implementations approximate in absolute terms.
 
-Pattern: a weighted op whose layer or node applies an elementwise activation to the sums it
-computes, so the sums are never a tensor of their own:
+Pattern 1, fused: a weighted op whose layer or node applies an elementwise activation to the
+sums it computes, so the sums are never a tensor of their own:
 
     ncnn   Convolution | Convolution1D | ConvolutionDepthWise* | Deconvolution* | InnerProduct
            with 9=activation_type (1 relu, 2 leaky relu, 3 clip, 4 sigmoid, 5 mish, 6 hardswish)
@@ -29,6 +30,16 @@ sum's floor times it plus the activation's own rounding. A piecewise-linear acti
 (relu, clip, leaky relu, hard sigmoid) or one that is not monotonic (mish, hardswish, swish)
 keeps the floor it had: an output at a clip's bound or at a relu's zero does not say how far
 past it the sum went, so the slope there cannot be told from the output.
+
+Pattern 2, standalone: an activation that is a node or layer of its own (ONNX Sigmoid, Tanh,
+HardSigmoid, Softplus, Elu/Celu/Selu, Gelu, Mish, HardSwish; ncnn's layers of those names,
+TanH, ELU, ...: ``ABSOLUTE``). Its own rounding is ``OWN_ULPS`` ulps of its bound (1 for a
+sigmoid or a tanh; the larger of the bound and its largest output where it grows past it),
+measured per implementation, not ulps of its largest output: ORT's sigmoid errs 2.3 ulps of
+1 at outputs of 1e-7 (inputs in [-17.5, -15]), which 64 ulps of the largest output (a
+tolerance of 9e-12) called a divergence; ncnn's tanh 2.2 ulps of 1 at outputs of 1e-3. A
+sigmoid's or a tanh's input error passes through the slope its output tells, as above with
+one gap for the whole tensor: inputs near -16 carry an upstream error through 1e-7 of it.
 """
 
 from __future__ import annotations
@@ -45,12 +56,30 @@ LIPSCHITZ = {"Sigmoid": 0.25, "HardSigmoid": 0.5, "Tanh": 1.0, "TanH": 1.0, "Sof
 SIGMOID, TANH = "sigmoid", "tanh"
 # the activations whose slope the output tells: (where the slope is steepest, its square root)
 RECOVERABLE = {SIGMOID: (0.5, 0.5), TANH: (0.0, 1.0)}
-# an activation's own error, per side, in ulps of 1 (its outputs are within [-1, 1]; ORT's
-# rational approximations err in absolute terms, not relative to the output). Measured
-# against float64 over [-30, 30]: sigmoid, torch 1.5, ncnn's SIMD path 3.1, ORT 2.8 ulps, and
-# any two of them differ by at most 3 (4 on both sides); tanh: torch 0.5, ncnn 4.8, ORT 4.5,
-# ORT against torch 5 (10 on both sides)
-OWN_ULPS = {SIGMOID: 2.0, TANH: 5.0}
+# activations whose implementations round in absolute terms, by op type (ONNX, ncnn): their
+# own error is a few ulps of a bound of what they compute with (``own``), however small their
+# outputs. A sigmoid's, a tanh's, a hard sigmoid's outputs' range (1: ORT's rational
+# approximations; ncnn's tanh near 0), softplus's 1 + e^x (ncnn: log(exp(x) + 1)), an ELU's
+# alpha (alpha (e^x - 1) near 0; a SELU's alpha * gamma: the caller passes it), the gate
+# GELU, Mish and hard swish multiply their input by (torch's GELU, ncnn's Mish in their tails)
+ABSOLUTE = {"Sigmoid": SIGMOID, "Tanh": TANH, "TanH": TANH, "HardSigmoid": "hardsigmoid",
+            "Softplus": "softplus", "Elu": "elu", "ELU": "elu", "Celu": "elu", "CELU": "elu",
+            "Selu": "selu", "SELU": "selu", "Gelu": "gelu", "GELU": "gelu", "Mish": "mish",
+            "HardSwish": "hardswish"}
+# an activation's own error, per side, in ulps of its bound, or of its largest output where
+# that is larger (softplus, GELU, ... grow past their bound): half the largest difference
+# measured between any two of torch, ORT and ncnn's packed and scalar paths, each against
+# float64 on inputs over [-88, 30], 64K per decade of the curve. Sigmoid: torch 1.5, ORT
+# 2.3 (at outputs near 1e-8 too: ORT's approximation is absolute, and zero below -18), ncnn
+# 2.4 (3.1 measured before); any two differ by 3 ulps of 1. Tanh: torch 0.5, ncnn 4.8 (2.2
+# ulps of 1 at outputs of 1e-3: not relative), ORT 5.2; torch against either 5. Hard sigmoid
+# 3 (ncnn 1.75 at outputs near 0: alpha x + beta cancels), softplus 3.1 (ncnn 1 ulp of 1 at
+# outputs of 1e-7), ELU and CELU 1 (ORT's e^x - 1 near 0), SELU 2.3, GELU 17 (torch's own,
+# x in [-5, -3]; its tanh form 13 against ncnn's), Mish 20 (ncnn's, x in [-8, -5]), hard
+# swish 5.3 (ncnn near -3). Erf (relative near 0, 1 ulp near +-1), swish, exp and log err
+# relative to their outputs: not here (noise_floor.SMOOTH_ULPS of the largest output)
+OWN_ULPS = {SIGMOID: 2.0, TANH: 5.0, "hardsigmoid": 2.0, "softplus": 2.0, "elu": 1.0,
+            "selu": 2.0, "gelu": 9.0, "mish": 10.0, "hardswish": 3.0}
 # ncnn's activation_type (9=) and ORT's fused ops' activation attribute, by name
 NCNN_ACT = {1: "relu", 2: "leakyrelu", 3: "clip", 4: SIGMOID, 5: "mish", 6: "hardswish"}
 ONNX_ACT = {"Relu": "relu", "LeakyRelu": "leakyrelu", "Clip": "clip", "Sigmoid": SIGMOID,
@@ -103,9 +132,21 @@ def slopes(act: str, gaps: Any, radius: float | None) -> Any:
     return np.clip((h - d) * (h + d), 0.0, h * h)
 
 
-def own(act: str) -> float:
-    """An activation's own rounding on one side (absolute: its outputs are within [-1, 1])."""
-    return OWN_ULPS.get(act, 0.0) * U
+def own(act: str, scale: float = 1.0) -> float:
+    """An activation's own rounding on one side, absolute: ``OWN_ULPS`` ulps of ``scale`` (1
+    for a fused sigmoid or tanh, whose outputs are within [-1, 1]; for a standalone one the
+    larger of its bound and its largest output); 0 for an activation not in the table."""
+    return OWN_ULPS.get(act, 0.0) * U * scale
+
+
+def absolute(op: str, alpha: float = 1.0) -> tuple[str, float]:
+    """(activation, bound) of a standalone activation op whose rounding is absolute
+    (``ABSOLUTE``), ("", 0) for the others: the bound 1, or |alpha| for an ELU, a CELU and a
+    SELU (alpha * gamma)."""
+    act = ABSOLUTE.get(op, "")
+    if not act:
+        return "", 0.0
+    return act, abs(alpha) if act in ("elu", "selu") else 1.0
 
 
 def through(act: str, local: Any, rows: Any, slope: Any) -> tuple[float, float]:

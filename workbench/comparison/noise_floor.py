@@ -25,9 +25,12 @@ reference's computation rounds too, and its terms (torch's conv, then its BatchN
 such sums at every step (its hidden state |h| <= 1), the steps' as one sum of steps * n
 terms. Sums, means and products take the same form from their operands' magnitudes; data
 movement, max and clamping round nothing (one rounding of the output is allowed to every
-op); activations ``SMOOTH_ULPS`` ulps of their largest output; a sigmoid or a tanh fused into
-a weighted op's layer passes the sums' rounding through its slope, which its output tells
-(floor_slopes.py: a sigmoid saturated near 1 passes almost none). An op whose terms are not
+op); an activation whose implementations approximate in absolute terms (a sigmoid, a tanh,
+softplus, GELU, ...: floor_slopes.ABSOLUTE) its measured ulps of its bound (1 for a sigmoid:
+ORT's errs 2.3 ulps of 1 at outputs of 1e-7), the others ``SMOOTH_ULPS`` ulps of their
+largest output; a sigmoid or a tanh fused into a weighted op's layer passes the sums'
+rounding through its slope, which its output tells (floor_slopes.py: a sigmoid saturated
+near 1 passes almost none), and a standalone one its input's error. An op whose terms are not
 known (a normalisation, an attention, a custom op, a linear resize whose weights come from
 coordinates) falls back to ``FALLBACK_ULPS`` ulps of its largest output per computation, so
 that its tolerance is about the former default rtol (1e-3) of the whole tensor's range: its
@@ -36,7 +39,7 @@ that its tolerance is about the former default rtol (1e-3) of the whole tensor's
 Accumulated error is the op's rounding plus the error its inputs already carry, which the
 comparison measured: an input error e becomes at most ``gain * e`` (a weighted op's largest
 row sum of |w|; 1 for data movement, a sum's operands, a mean; an activation's steepest
-slope; 2 for a softmax; for a recurrent layer its largest input row sum and for an unknown
+slope, or a sigmoid's or a tanh's where its output tells it; 2 for a softmax; for a recurrent layer its largest input row sum and for an unknown
 op the ratio of its output's range to its input's, estimates). Steps with no reference
 tensor of their own (a lowered op's pieces) carry their own floors to the aligned tensor
 after them, in both modes.
@@ -123,16 +126,22 @@ def floor_inputs(cand: Any, al: Any, values: dict[str, Any], feeds: dict[str, An
 
 
 def _gaps(fi: FloorInputs, every: dict[str, Any]) -> None:
-    """fi.gaps of every weighted op whose fused activation's slope its output tells."""
+    """fi.gaps of every weighted op whose fused activation's slope its output tells (per
+    channel), and of every standalone sigmoid or tanh (one for the tensor)."""
     import numpy as np
 
     for name, r in fi.rules.items():
-        if r.kind == ops.WEIGHTED and r.act in slopes.RECOVERABLE and r.rows is not None \
-                and every.get(name) is not None:
+        if r.act not in slopes.RECOVERABLE or every.get(name) is None:
+            continue
+        if r.kind == ops.WEIGHTED and r.rows is not None:
             got = slopes.channel_gaps(r.act, every[name], int(np.size(r.rows)),
                                       None if r.window is None else len(r.window))
-            if got is not None:
-                fi.gaps[name] = got
+        elif r.kind == ops.SMOOTH:
+            got = slopes.channel_gaps(r.act, every[name], 1, None)
+        else:
+            continue
+        if got is not None:
+            fi.gaps[name] = got
 
 
 def _patches(fi: FloorInputs, every: dict[str, Any]) -> None:
@@ -201,11 +210,12 @@ class _Eval:
             self.basis[name] = "fallback" if "fallback" in carried else basis
 
     def slope(self, name: str, rule: ops.OpFloor) -> Any:
-        """Per channel, the steepest slope of a fused sigmoid or tanh between the reference's
-        outputs and this run's (floor_slopes.py): they lie within the tensor's measured error
-        of the captured (accumulated) ones, and in an isolated run within that plus the
-        accumulated run's. None for an op with no such activation."""
-        if rule.kind != ops.WEIGHTED or rule.act not in slopes.RECOVERABLE:
+        """Per channel, the steepest slope of a sigmoid or tanh (fused, or standalone: one
+        for the tensor) between the reference's outputs and this run's (floor_slopes.py): they
+        lie within the tensor's measured error of the captured (accumulated) ones, and in an
+        isolated run within that plus the accumulated run's. None for an op with no such
+        activation."""
+        if rule.kind not in (ops.WEIGHTED, ops.SMOOTH) or rule.act not in slopes.RECOVERABLE:
             return None
         m = self.measured.get(name)
         radius = None
@@ -264,8 +274,9 @@ def _local(rule: ops.OpFloor, m_out: float, m_in: list[float | None],
            shapes: list[tuple | None], out_shape: tuple | None,
            patch: Any = None, slope: Any = None) -> tuple | None:
     """(one computation's rounding, the gain of each input, how carried errors combine) of
-    one op; None when its terms are not known. ``slope``: a weighted op's fused activation's
-    per channel (_Eval.slope), None for today's rule (the rounding of the sums)."""
+    one op; None when its terms are not known. ``slope``: a sigmoid's or a tanh's, fused into
+    a weighted op (per channel) or standalone (_Eval.slope); None where the output does not
+    tell it (the rounding of the sums; an activation's steepest slope)."""
     import numpy as np
 
     k, lip = rule.kind, rule.lipschitz
@@ -304,10 +315,31 @@ def _local(rule: ops.OpFloor, m_out: float, m_in: list[float | None],
         total = n if k == ops.REDUCE_SUM else 1
         return math.sqrt(n) * U * total * m_in[0], [float(total)], sum
     if k == ops.SMOOTH:
-        return SMOOTH_ULPS * U * m_out, [m_out if lip < 0 else lip] * len(m_in), sum
+        return _smooth(rule, m_out), [_smooth_gain(rule, m_out, slope)] * len(m_in), sum
     if k == ops.SOFTMAX and shapes and shapes[0]:
         return SMOOTH_ULPS * math.sqrt(shapes[0][-1]) * U * m_out, [2.0] * len(m_in), sum
     return None
+
+
+def _smooth(rule: ops.OpFloor, m_out: float) -> float:
+    """A standalone activation's own rounding: absolute, its measured ulps of the larger of
+    its bound and its largest output, where its implementations approximate in absolute
+    terms (floor_slopes.ABSOLUTE: a sigmoid's near 0 as near 1); ``SMOOTH_ULPS`` ulps of its
+    largest output for the others."""
+    if rule.act in slopes.OWN_ULPS:
+        return slopes.own(rule.act, max(rule.bound, m_out))
+    return SMOOTH_ULPS * U * m_out
+
+
+def _smooth_gain(rule: ops.OpFloor, m_out: float, slope: Any) -> float:
+    """What a standalone activation makes of an error in its input: the slope its output
+    tells (a sigmoid's or a tanh's, ``slope``), its steepest (``lipschitz``), or for exp its
+    largest output (its slope is its value)."""
+    import numpy as np
+
+    if slope is not None:
+        return float(np.max(slope))
+    return m_out if rule.lipschitz < 0 else rule.lipschitz
 
 
 def noise_floors(fi: FloorInputs, mode: str, measured: dict[str, TensorMetrics]
@@ -325,8 +357,8 @@ def op_noise_floor(rule: ops.OpFloor, out: Any, inputs: dict[str, Any],
                    ref: Any = None) -> float:
     """The noise floor of one op computed alone on exact inputs (an isolated run): ``rule``
     its OpFloor, ``out`` its output, ``inputs`` {name: array} of what it reads; ``ref`` the
-    reference's output, if known (a fused activation's slope is then taken between the two:
-    floor_slopes.py)."""
+    reference's output, if known (a sigmoid's or a tanh's slope, fused or standalone, is then
+    taken between the two: floor_slopes.py)."""
     import numpy as np
 
     from .metrics import Tolerance, tensor_metrics
