@@ -33,6 +33,8 @@ _LAZY = {
     "RaiseReport": ("workbench.stages.raise_report", "RaiseReport"),
     "to_ncnn": ("workbench.stages.ncnn", "to_ncnn"),
     "quantize": ("workbench.stages.quantize", "quantize"),
+    "Preprocess": ("workbench.precision.preprocess", "Preprocess"),
+    "CalibrationSource": ("workbench.precision.preprocess", "CalibrationSource"),
     "ncnn_featmask": ("workbench.stages.ncnn_featmask", "ncnn_featmask"),
     "prune": ("workbench.stages.prune", "prune"),
     "PruneResult": ("workbench.stages.prune_report", "PruneResult"),
