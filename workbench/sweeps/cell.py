@@ -380,8 +380,9 @@ def as_declared(samples: list[tuple[Any, ...]], art: Any) -> list[tuple[Any, ...
 
 def calibration_samples(inputs: tuple, n: int = CALIBRATION_SAMPLES, seed: int = 0
                         ) -> list[tuple[Any, ...]]:
-    """``n`` calibration samples: the example inputs first (the quantize stage checks its SNR
-    on the first), then seeded ones like them: floats uniform over each input's range,
+    """``n`` calibration samples: the example inputs first, then seeded ones like them (with
+    fewer than 8 the quantize stage holds none out: its SNR is measured on the example
+    inputs, which calibrated too; a cell's verdict is the comparison's, not that figure): floats uniform over each input's range,
     integers (token ids) drawn from theirs, others repeated."""
     import torch
 
