@@ -2,9 +2,10 @@
 against its torch span on the torch values at its boundary (so a part's own error is told
 from what the parts before it passed on).
 
-``compare_parts`` is the entry point until ``wb.compare`` takes a partition itself; for
-each backend of the partition it runs the chain (parts a backend did not take run in
-torch) and every part alone.
+``compare_parts`` checks the chain and each part's outputs; for each backend of the
+partition it runs the chain (parts a backend did not take run in torch) and every part
+alone. ``wb.compare(model, [parts], inputs)`` calls it for a partition among its candidates
+and adds each part's op-by-op comparison against its torch span (partitioned.py).
 """
 
 from __future__ import annotations
