@@ -4,6 +4,9 @@ tensors named, the tail left in torch, the chain and each part checked against t
 
 from __future__ import annotations
 
+import copy
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -104,6 +107,12 @@ def test_each_part_has_its_artifacts_and_named_boundaries(cut):
     # the NMS tail: its trace froze a loop and branches over scores, so it stays in torch
     assert tail.artifacts == {} and set(tail.in_torch) == {"onnxruntime", "ncnn"}
     assert "tracer-" in tail.in_torch["onnxruntime"]
+    # pnnx crashes on it: the reason names the part, its span and what to do, pnnx's beside
+    why = tail.in_torch["ncnn"]
+    assert re.match(r"pnnx (crashed|failed) converting the ONNX export of part2 \(from cut "
+                    r"head\.0, head\.1 to the model's outputs output_0, output_1\)", why), why
+    assert "such tails usually stay in torch" in why and "keep_in_torch=[2]" in why
+    assert re.search(r"\(raw: ConversionError: pnnx (was killed by signal|exited)", why)
 
 
 def test_the_chain_runs_as_the_whole_model_on_other_inputs(cut):
@@ -215,3 +224,114 @@ def test_partition_of_an_onnx_model_by_tensor_names(ws):
     assert all(set(p.artifacts) == {"onnxruntime", "ncnn"} for p in parts.parts)
     rep = wb.compare_parts(model, parts, (_x(seed=5),), atol=1e-4)
     assert rep.ok, rep.summary()
+
+
+def test_boundary_names_are_identifiers_no_other_boundary_takes():
+    from workbench.stages.partition_parts import boundary_names
+
+    got = boundary_names(["1", "a b", "input", "feats", "cut_1", "x" * 200, "head.0"],
+                         ["input", "output"])
+    assert got == {"1": "cut_1_2", "a b": "cut_a_b", "input": "cut_input", "feats": "feats",
+                   "cut_1": "cut_1", "x" * 200: "cut_" + "x" * 112, "head.0": "head.0"}
+
+
+def _seq():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(8, 4, 1)).eval()
+
+
+def test_a_sequential_cut_at_digit_names_runs_on_every_backend(ws):
+    # nn.Sequential's children are "0", "1"...: TorchScript's exporter refuses "1" as a
+    # tensor name, so the artifacts call it cut_1 and the part maps it back
+    model, x = _seq(), _x()
+    parts = wb.partition(model, (x,), at=["1", "3"], workspace=ws)
+    p0, p1, p2 = parts.parts
+    assert parts.cuts == [["1"], ["3"]]
+    assert (p0.outputs, p1.inputs, p1.outputs, p2.inputs) == (
+        ["cut_1"], ["cut_1"], ["cut_3"], ["cut_3"])
+    assert p1.names == {"cut_1": "1", "cut_3": "3"} and p0.names == {"cut_1": "1"}
+    for part in parts.parts:
+        assert set(part.artifacts) == {"onnxruntime", "ncnn"}, part.in_torch
+        graph = onnx.load(str(part.onnx.path)).graph
+        assert [i.name for i in graph.input] == part.inputs
+        assert [o.name for o in graph.output] == part.outputs
+    assert "part1: cut_1 (cut '1') -> cut_3 (cut '3')" in parts.summary()
+    with torch.no_grad():
+        for backend in ("onnxruntime", "ncnn"):
+            _same(parts.run((_x(seed=2),), backend), [model(_x(seed=2))], atol=1e-4)
+    assert wb.compare_parts(model, parts, (x,)).ok
+
+
+def test_a_part_kept_in_torch_by_our_naming_says_so(ws, monkeypatch):
+    # were a boundary name ever refused again, the part would stay in torch for a reason
+    # that is the workbench's: never silently
+    from workbench.stages import partition_parts
+
+    monkeypatch.setattr(partition_parts, "valid_boundary_name", lambda name: True)
+    with pytest.warns(UserWarning, match="refused the boundary name"):
+        parts = wb.partition(_seq(), (_x(),), at=["1"], workspace=ws, backends="onnxruntime")
+    why = parts.parts[0].in_torch["onnxruntime"]
+    assert "the exporter refused the boundary name(s) 1 that the workbench gave part0" in why
+    assert "the workbench's naming, not for your model" in why and "Invalid name" in why
+
+
+class Trained(nn.Module):
+    """A BatchNorm and a Dropout: what train mode changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.drop, self.c2 = nn.Dropout(0.5), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        mid = wb.mark(torch.relu(self.bn(self.c1(x))), "mid")
+        return self.c2(self.drop(mid))
+
+
+def _state(model):
+    return {"modes": [m.training for m in model.modules()],
+            "grad": [p.requires_grad for p in model.parameters()],
+            "hooks": [(dict(m._forward_hooks), dict(m._forward_pre_hooks))
+                      for m in model.modules()],
+            "tensors": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def _assert_state(model, before):
+    after = _state(model)
+    assert after["modes"] == before["modes"] and after["grad"] == before["grad"]
+    assert after["hooks"] == before["hooks"]
+    assert all(torch.equal(after["tensors"][k], v) for k, v in before["tensors"].items())
+
+
+def test_the_model_is_left_as_it_was_on_success_and_on_failure(ws):
+    torch.manual_seed(0)
+    model = Trained().train()  # training, with one submodule in eval mode
+    model.c2.eval()
+    model.c1.bias.requires_grad_(False)
+    calls = []
+    handle = model.c2.register_forward_hook(lambda *a: calls.append(1))
+    model.bn.register_forward_pre_hook(lambda *a: None)
+    before, x = _state(model), _x()
+    parts = wb.partition(model, (x,), at=["mid"], workspace=ws, backends="onnxruntime")
+    _assert_state(model, before)
+    # the parts ran the model in eval mode (no batch statistics, no dropout) and still do,
+    # whatever mode the model is in
+    assert all(set(p.artifacts) == {"onnxruntime"} for p in parts.parts)
+    ref = copy.deepcopy(model).eval()(x)
+    _same(parts.run((x,), "onnxruntime"), [ref], atol=1e-4)
+    _same(parts.run((x,), "torch"), [ref], atol=1e-5)
+    assert wb.compare_parts(model, parts, (x,)).ok
+    _assert_state(model, before)
+    # a failure before the spans are built, and one after
+    with pytest.raises(wb.InputError, match="no wb.mark"):
+        wb.partition(model, (x,), at=["mdi"], workspace=ws)
+    _assert_state(model, before)
+    skip = _model(Skip).train()
+    skip_before = _state(skip)
+    with pytest.raises(wb.InputError, match="do not cover a path"):
+        wb.partition(skip, (x,), at=["a"], workspace=ws)
+    _assert_state(skip, skip_before)
+    handle.remove()  # the user's handle still removes the user's hook
+    assert not model.c2._forward_hooks

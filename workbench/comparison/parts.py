@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..inputs import as_tensor_tuple, run_torch
+from ..stages.partition_spans import evaluating
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL, check_tolerance, max_errors, within
 
 
@@ -102,7 +103,11 @@ def compare_parts(model: Any, partition: Any, inputs: Any, *, atol: float = DEFA
                          "at=[...]); wb.compare_parts(model, parts, (x,))")
     args = as_tensor_tuple(inputs)
     values = partition.boundaries(args)
-    whole = run_torch(model, args, "inputs") if model is not None else values[-1]
+    if model is None:
+        whole = values[-1]
+    else:
+        with evaluating(model):  # run_torch sets eval mode: the user's modes put back after
+            whole = run_torch(model, args, "inputs")
     rep = PartsReport(atol=atol, rtol=rtol)
     for backend in partition.backends:
         chain = partition.run(args, backend)

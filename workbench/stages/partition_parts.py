@@ -2,11 +2,20 @@
 one artifact per backend that took it, and the chain that runs them in order.
 
 A part a backend could not take (the exporter or pnnx refused it, its numbers were off, or
-``keep_in_torch`` asked for it) runs in torch in that backend's chain, and says why.
+``keep_in_torch`` asked for it) runs in torch in that backend's chain, and says why. A
+boundary tensor whose cut name no backend takes as it is (``nn.Sequential``'s ``"1"``) has
+another name in the artifacts, and ``Part.names`` maps it back: TorchScript's exporter
+refuses a value named by digits only ("Invalid name: '1'"), ONNX names are identifiers by
+the standard, an ncnn blob name is a whitespace-free word of the ``.param`` text. So a
+boundary tensor keeps its name in the artifacts only when it is an identifier (letters,
+digits, ``_`` and ``.``, not starting with a digit, at most ``MAX_LEN`` characters) that no
+other boundary of the model takes (the model's own input and output names included); any
+other is written ``cut_<name>`` (other characters as ``_``, a number added while taken).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,15 +24,54 @@ from ..artifact.record import Artifact
 from ..errors import InputError
 
 ARTIFACT_BACKENDS = ("onnxruntime", "ncnn")
+MAX_LEN = 120
+PREFIX = "cut_"
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+
+
+def valid_boundary_name(name: str) -> bool:
+    """True when ``name`` is taken as it is by TorchScript's and the dynamo exporter, ONNX
+    and ncnn: an identifier (``.`` allowed) of at most MAX_LEN characters."""
+    return len(name) <= MAX_LEN and _IDENTIFIER.fullmatch(name) is not None
+
+
+def boundary_names(tensors: list[str], reserved: list[str]) -> dict[str, str]:
+    """{tensor name at a cut: the name the parts' artifacts give it} for ``tensors`` (every
+    cut's tensors, in order); ``reserved`` are the model's own input and output names, which
+    no boundary may take. Valid, unclaimed names map to themselves."""
+    taken = set(reserved)
+    out: dict[str, str] = {}
+    for name in tensors:
+        if valid_boundary_name(name) and name not in taken:
+            out[name] = name
+            taken.add(name)
+    for name in tensors:
+        if name in out:
+            continue
+        base = PREFIX + re.sub(r"[^A-Za-z0-9_.]", "_", name)[:MAX_LEN - len(PREFIX) - 4]
+        new, k = base, 1
+        while new in taken:
+            k += 1
+            new = f"{base}_{k}"
+        out[name] = new
+        taken.add(new)
+    return out
+
+
+def shown(name: str, given: dict[str, str]) -> str:
+    """A boundary name as a summary shows it: ``cut_1 (cut '1')`` when it was renamed."""
+    return f"{name} (cut {given[name]!r})" if name in given else name
 
 
 @dataclass
 class Part:
     """One part: ``inputs``/``outputs`` name its boundary tensors (the ONNX input and output
-    names of its artifacts, in order); ``torch`` is its span as an ``nn.Module`` (None for
-    a part cut from an ONNX model); ``artifacts`` {backend: Artifact} holds what each
-    backend took, ``in_torch`` {backend: reason} what it did not; ``example`` its inputs on
-    the example and ``reference`` its outputs there (numpy)."""
+    names of its artifacts, in order); ``names`` {artifact name: the name at the cut} for
+    those written otherwise than the cut names them (``cut_1`` for a cut at ``"1"``);
+    ``torch`` is its span as an ``nn.Module`` (None for a part cut from an ONNX model);
+    ``artifacts`` {backend: Artifact} holds what each backend took, ``in_torch`` {backend:
+    reason} what it did not; ``example`` its inputs on the example and ``reference`` its
+    outputs there (numpy)."""
 
     index: int
     inputs: list[str]
@@ -33,6 +81,7 @@ class Part:
     in_torch: dict[str, str] = field(default_factory=dict)
     example: tuple = field(default=(), repr=False)
     reference: list = field(default_factory=list, repr=False)
+    names: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -80,14 +129,17 @@ class Part:
     def line(self) -> str:
         ran = ", ".join(f"{b}: {a.id}" for b, a in self.artifacts.items())
         kept = ", ".join(f"{b}: torch ({why})" for b, why in self.in_torch.items())
-        return (f"{self.name}: {', '.join(self.inputs)} -> {', '.join(self.outputs)}"
+        ins = ", ".join(shown(n, self.names) for n in self.inputs)
+        outs = ", ".join(shown(n, self.names) for n in self.outputs)
+        return (f"{self.name}: {ins} -> {outs}"
                 f"  [{'; '.join(x for x in (ran, kept) if x)}]")
 
 
 @dataclass
 class Partition:
-    """The parts of one model, in order; ``cuts`` are the boundary tensor names between
-    them. ``boundaries(inputs)`` gives the reference values at every cut for model inputs
+    """The parts of one model, in order; ``cuts`` are the boundary tensors between them as
+    the cuts name them (a part's ``names`` maps the names its artifacts give those a
+    backend would not take as they are). ``boundaries(inputs)`` gives the reference values at every cut for model inputs
     (the torch model's, or the whole ONNX model's for a partition of an ONNX model)."""
 
     parts: list[Part]

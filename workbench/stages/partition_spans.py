@@ -5,9 +5,17 @@ output, through a forward hook). ``probe`` runs the model once and records what 
 carried, in the order forward reached them. ``make_span`` makes one part an ``nn.Module``: it
 runs the model's forward, feeding the part's inputs in at the cut where it starts and
 returning the values at the cut where it ends (an exception stops forward() there), so a
-part traces, exports and converts like any module. Before the start the model runs on the
-example inputs; ``outside_dependence`` checks that nothing the part returns depends on
+part traces, exports and converts like any module. A span runs the model in eval mode and
+puts each submodule's mode back after; its own ``train()``/``eval()`` does not reach into the
+model (an exporter's or runner's ``.eval()`` leaves the user's modes as they were). Before
+the start the model runs on the example inputs; ``outside_dependence`` checks that nothing the part returns depends on
 them (a tensor that crosses the cut without being named in it).
+
+The user's model is left as it was: ``left_as_found(model)`` notes every submodule's
+train/eval mode, every parameter's and buffer's ``requires_grad`` and every hook table, and
+puts them back when the block ends, on success and on error alike (the tables are the
+module's own dicts, refilled in place, so the handles the user holds still remove their
+hooks); ``evaluating(model)`` runs a block in eval mode and puts each mode back after.
 """
 
 from __future__ import annotations
@@ -20,6 +28,52 @@ from typing import Any
 from ..errors import InputError
 from ..inputs import flatten_outputs
 from .marks import marking
+
+
+def _hook_tables(module: Any) -> list[tuple[str, dict]]:
+    """(attribute, dict) of each hook table of ``module`` (forward, pre-forward, backward,
+    state-dict hooks and their flags), as torch keeps them in the instance's ``__dict__``."""
+    return [(k, v) for k, v in vars(module).items() if "hooks" in k and isinstance(v, dict)]
+
+
+@contextlib.contextmanager
+def left_as_found(model: Any) -> Iterator[None]:
+    """Put back every submodule's mode, every tensor's requires_grad and every hook table of
+    ``model`` when the block ends, however it ends."""
+    modes = [(m, m.training) for m in model.modules()]
+    tensors = [t for m in model.modules()
+               for t in (*m._parameters.values(), *m._buffers.values()) if t is not None]
+    grads = [(t, t.requires_grad) for t in tensors]
+    hooks = [(table, dict(table)) for m in model.modules() for _, table in _hook_tables(m)]
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+        for tensor, flag in grads:
+            if tensor.requires_grad != flag and tensor.is_leaf:
+                tensor.requires_grad_(flag)
+        for table, saved in hooks:
+            if table != saved:
+                table.clear()
+                table.update(saved)
+
+
+@contextlib.contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """Every submodule of ``model`` in eval mode during the block, each mode put back after
+    (nothing is touched when all are in eval mode already, as while a partition traces)."""
+    modes = [(m, m.training) for m in model.modules()]
+    if not any(training for _, training in modes):
+        yield
+        return
+    for module, _ in modes:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 class _Stop(Exception):  # noqa: N818 - control flow, not an error
@@ -95,6 +149,10 @@ def make_span(model: Any, example: tuple, start: list[str] | None,
             self.example = example
             self.start, self.stop = start, stop
 
+        def train(self, mode: bool = True) -> Any:
+            self.training = mode  # not the model's modes: forward() runs it in eval mode
+            return self
+
         def forward(self, *inputs: Any) -> Any:
             feed = dict(zip([t for n in self.start for t in counts[n]], inputs,
                             strict=True)) if self.start else {}
@@ -119,9 +177,10 @@ def make_span(model: Any, example: tuple, start: list[str] | None,
 
             args = inputs if self.start is None else self.example
             try:
-                with hooked(self.model, [m for m in modules
-                                         if m in (self.start or ()) or m in (self.stop or ())],
-                            handler):
+                with evaluating(self.model), hooked(
+                        self.model, [m for m in modules
+                                     if m in (self.start or ()) or m in (self.stop or ())],
+                        handler):
                     out = self.model(*args)
             except _Stop:
                 return tuple(t for n in self.stop for t in flatten_outputs(got[n]))
