@@ -35,7 +35,7 @@ from ..runtime.ncnn_model import unloadable_layers
 from ..tolerances import check_tolerance, for_precision
 from .ncnn_check import check_numbers
 from .ncnn_gelu import fix_gelu_form
-from .ncnn_hints import rnn_hidden_state
+from .ncnn_hints import unloadable_hint
 from .ncnn_pooling import global_pools
 from .pnnx_command import moduleop_names, pnnx_command, shape_arg, unmatched_moduleops
 from .pnnx_customops import ncnn_finish, pnnx_prepare
@@ -196,7 +196,7 @@ def _require_loadable(tmp: Path, pnnx_art: Artifact, log: str) -> None:
         raise ConversionError(
             f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
             f"graph is kept as {pnnx_art.id}" + _tail(log),
-            rnn_hidden_state(tmp / PNNX_FILES[0]) or _hint_for(log, bad))
+            unloadable_hint(tmp / PNNX_FILES[0], bad, pnnx_art) or _hint_for(log, bad))
 
 
 def _check_outputs(tmp: Path, src: PnnxSource, ref_out: list | None,

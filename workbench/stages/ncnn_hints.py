@@ -7,6 +7,12 @@ pattern is there; '' otherwise, so the next hint (or the generic one) is given:
   the output sequence (``rnn_hidden_state``);
 - a BinaryOp pow over negative bases (``negative_pows``, runtime/ncnn_pow.py);
 - outputs of another size or rank (``shape_hint``).
+
+And the hint of the conversion's refusal when the ncnn param holds layers ncnn cannot load
+(``unloadable_hint``): a ``torch.tile`` layer (what pnnx keeps of ``torch.tile``,
+``Tensor.tile`` and the ONNX ``Tile`` that ``Tensor.repeat`` exports to) points at the shipped
+rewriters that remove it, and says how to apply them on the route the model came by (checked
+with pnnx 20261020: each route below converts once they apply).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from ..runtime.ncnn_pow import negative_pows as found_in
 from ..runtime.ncnn_pow import note
 from ..runtime.ncnn_runner import NcnnRunner
 
+_TILE = "torch.tile"
+_TILE_REWRITERS = ("workbench.tile", "workbench.tensor_tile", "workbench.repeat")
 _RNNS = {"nn.LSTM": "LSTM", "nn.GRU": "GRU", "nn.RNN": "RNN"}
 
 
@@ -122,3 +130,49 @@ def shape_hint(reference: list, got: list) -> str:
                 "that size as a constant, or slice with explicit bounds, and convert again")
     return ("a batch or layout axis was handled differently (another rank); see the "
             "_ncnn.py pnnx wrote for how each output is read")
+
+
+def unloadable_hint(pnnx_param: Path, bad: list[tuple[str, str]], pnnx_art: Any) -> str:
+    """The hint for layers ncnn cannot load, by cause: an RNN's hidden state
+    (``rnn_hidden_state``), a ``torch.tile`` (``tile_hint``); '' when neither is the cause."""
+    return rnn_hidden_state(pnnx_param) or tile_hint(bad, pnnx_art)
+
+
+def tile_hint(bad: list[tuple[str, str]], pnnx_art: Any) -> str:
+    """How to apply the shipped rewriters that write ``torch.tile`` with ops ncnn has, on the
+    route ``pnnx_art`` came by: a module traced by ``to_ncnn`` (``rewrite=True`` applies
+    them), an ONNX export for another backend (export for ncnn), an export for ncnn that
+    applied none (``rewrite=False`` or unregistered), or an ONNX file the workbench did not
+    export. '' when no ``torch.tile`` layer is among ``bad``."""
+    if not any(kind == _TILE for kind, _ in bad):
+        return ""
+    from .rewriters import registered
+
+    if {r.name for a in pnnx_art.lineage() for r in a.rewrites} & set(_TILE_REWRITERS):
+        return ""  # they applied: this Tile comes from something else
+    gone = [n for n in _TILE_REWRITERS if n not in {r.name for r in registered()}]
+    enable = "".join(f"wb.enable_rewriter({n!r}); " for n in gone)
+    export = next((a for a in pnnx_art.lineage() if a.stage == "export"), None)
+    if pnnx_art.params.get("source") == "torchscript":
+        how = (f"they apply while to_ncnn traces the module: {enable}wb.to_ncnn(model, inputs)"
+               " (rewrite=True, the default)")
+    elif export is None:
+        how = ("this ONNX model was not exported here, so nothing can rewrite it: from the "
+               f"torch model, {enable}wb.to_ncnn(model, inputs), or "
+               "wb.to_ncnn(wb.export(model, inputs, backend='ncnn'))")
+    elif export.params.get("backend") != "ncnn":
+        how = (f"{export.id} was exported for {export.params.get('backend')!r}, and they "
+               f"apply only when exporting for ncnn: {enable}onx = wb.export(model, inputs, "
+               "backend='ncnn'); wb.to_ncnn(onx) (or wb.to_ncnn(model, inputs))")
+    else:
+        how = (f"{export.id} was exported for ncnn but none of them fired (rewrite=False, or "
+               f"unregistered): {enable}wb.export(model, inputs, backend='ncnn') "
+               "(rewrite=True, the default), then wb.to_ncnn")
+    others = sorted({kind for kind, _ in bad if kind != _TILE})
+    return ("ncnn has no torch.tile layer (pnnx keeps torch.tile, Tensor.tile and the ONNX "
+            "Tile that Tensor.repeat exports to as torch.tile); the shipped rewriters "
+            "workbench.tile / workbench.tensor_tile (torch.tile, Tensor.tile) and "
+            "workbench.repeat (Tensor.repeat) write it as unsqueeze + expand + flatten, which "
+            f"ncnn runs: {how}"
+            + (f". The other layer(s) ({', '.join(others)}): rewrite them with supported ops "
+               "or register a custom ncnn layer (wb.custom_op)" if others else ""))
