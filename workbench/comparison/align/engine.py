@@ -27,6 +27,7 @@ from . import (
     one_owner,
     order,
     permuted_layout,
+    recurrent_outputs,
     regrouped_elements,
     shared_states,
     step_inside_module,
@@ -45,6 +46,7 @@ from .walk import Walk
 RULES: tuple[AlignRule, ...] = (
     fused_output.RULE,
     model_output.RULE,
+    recurrent_outputs.RULE,
     step_inside_module.RULE,
     one_call_layer.RULE,
     named_module.RULE,
