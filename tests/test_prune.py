@@ -99,6 +99,21 @@ def test_structured_shrinks_parameters_onnx_and_ncnn_bin_by_about_the_amount(pru
                                      m.side.out_channels, m.b1.c1.out_channels))
 
 
+def test_latency_is_timed_by_cpu_time_in_turns_after_each_model_settles(pruned):
+    # how, not how fast (the ratio of two identical models is bench/prune_figures.py's
+    # check): one thread -> the calling thread's CPU time, the order rotating, every model
+    # run TURN times a turn, its fastest run the figure; the wall clock kept beside it
+    from workbench.stages.prune_measure import TURN
+
+    rep = pruned["l1-unstructured"].report
+    t = rep.timing
+    assert (t.clock, t.rounds, t.turn) == ("cpu", 3, TURN) and t.runs == 3 * 4 * TURN
+    assert len(t.warmup_runs) == 4 and min(t.warmup_runs) >= 3  # warmup=1, settled on 3
+    assert set(t.spread) == set(t.wall_ms) == {"ort_ms", "ncnn_ms"}
+    assert 0 <= t.preempted <= t.runs
+    assert "the calling thread's CPU time per run" in rep.text()
+
+
 def test_round_to_none_prunes_the_exact_amount():
     model, x = tiny()
     for amount in (0.3, 0.5):

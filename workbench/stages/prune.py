@@ -57,15 +57,17 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
         ignored_layers: layers to leave whole, as modules of ``model`` or their names.
         round_to: structured: keep every pruned width a multiple of this. The default 8
             keeps the packed kernels (ONNX Runtime's NCHWc, ncnn's elempack 4/8): pruned
-            50% at exact widths, the zoo's MobileNetV2 ran 1.6-1.8x *slower* on ONNX
-            Runtime and 1.05-1.2x on ncnn (bench/prune_figures.py).
-            Widths move in steps then, so the amount is met as closely as they allow
-            (``report.weights_pruned``); None prunes to the exact ratio.
+            50% at exact widths, the zoo's MobileNetV2 ran 2.8x *slower* on ONNX
+            Runtime and 1.3x on ncnn (bench/prune_figures.py). Widths move in steps
+            then, the amount met as closely as they allow (``report.weights_pruned``);
+            None prunes to the exact ratio.
         backends: which of "onnxruntime" and "ncnn" to export, weigh and time; () measures
             torch only (parameters, MACs, output change) and writes nothing.
         workspace: where the four models are written (default: ``./workbench-runs/default``).
-        threads: intra-op threads of both backends, the same for both models.
-        repeat, warmup: timed and untimed alternating rounds; latency is the median.
+        threads: intra-op threads of both backends; with 1 a run's latency is its CPU
+            time on the calling thread, with more its wall time (``report.timing``).
+        repeat, warmup: timed alternating rounds (latency: the fastest run); the fewest
+            untimed runs of each model first, more until its time settles.
         export_options: keyword arguments for ``wb.export`` of both models (exporter, opset).
         progress: a tqdm.auto bar over the steps (True), a callback given each ``Step``, or
             nothing (False).
@@ -103,15 +105,21 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
             measured = measure_backends(
                 base, pruned, inputs, backends, ws, threads=threads, repeat=repeat,
                 warmup=warmup, export_options=export_options or {}, step=_stepper(steps))
-            for key, fig in measured.figures.items():
-                setattr(report, key, fig)
-            report.artifacts, report.errors = measured.artifacts, measured.errors
+            _fill(report, measured)
             steps.advance()
     report.round_to = round_to if method == "l1-structured" else None
     report.threads, report.repeat = threads, repeat if backends else 0
     report.load, report.seconds = (load0, os.getloadavg()[0]), time.perf_counter() - t0
     pruned.train(model.training)
     return PruneResult(pruned, report)
+
+
+def _fill(report: PruneReport, measured: Any) -> None:
+    """The backend figures, artifacts, errors and timing into ``report``."""
+    for key, fig in measured.figures.items():
+        setattr(report, key, fig)
+    report.artifacts, report.errors = measured.artifacts, measured.errors
+    report.timing = measured.timing
 
 
 def _stepper(steps: Steps) -> Callable[[str], None]:

@@ -1,7 +1,33 @@
 """The unpruned and the pruned model as a backend gets them: each exported to ONNX
 (``wb.export``) and converted to ncnn (``wb.to_ncnn`` of that ONNX), their files weighed, and
-both run alternately in this process (each round runs every model once, the order rotating,
-so load that comes and goes hits all alike); a latency is the median of the rounds.
+both timed alternately in this process (each round runs every model, the order rotating, so
+load that comes and goes hits all alike).
+
+How, and why (measured on this project's 2-core KVM machine, shared with other work):
+
+- With one thread (the default) a run is timed by its CPU time on the calling thread, where
+  both backends run a one-thread model. A wall clock there is not the model's time: a run
+  the scheduler preempts takes whole slices of another process more (2.2 ms runs took 6.2,
+  10.3 or 14.3 ms while their CPU time stayed 2.2), and whether the median of 15 lands on
+  preempted runs is a coin toss: two identical models came out 0.2x to 4.4x apart, and up
+  to 2.8x apart in 18 trials at a load of 7-8.5. With more threads the work is on
+  other threads too, so the wall clock is used; the report's spread and load tell how far
+  to trust it.
+- In each round a model runs TURN=4 times in a row: its first runs come after the other
+  models evicted its caches (a zoo ResNet's ncnn net took 0.74, 0.51, 0.46, 0.43 ms of CPU
+  in a row after the other three ran; its ORT session 0.17 ms warm, 0.45-0.58 ms right
+  after them).
+- The latency is the fastest run (timeit's rule): interference (a preemption, a neighbour
+  on the shared core, caches and memory, the host) only adds time, and it came and went in
+  stretches of rounds here, so a median still moved with it. Identical models at the
+  defaults (15 rounds), 18 trials each of three models, two backends: within 5% of each
+  other at a load of 2-3, within 4% with a busy neighbour more; one wall-clock run a turn,
+  its median over the rounds (the way it was timed before), was up to 17% and 144% (2.4x)
+  off there. bench/prune_figures.py prints the check (``--timing-only``).
+- Before the rounds each model runs untimed until its time settles: at least ``warmup``
+  runs, then until its last three agree within 10% (a fresh session's or net's first runs
+  fault in its buffers: ~2000 page faults in the first here, ~300 in ncnn's second). The
+  garbage collector is off meanwhile, as in timeit.
 
 The export and the conversion each check their output against torch (in the crash-isolating
 worker), so a model that crashes its backend is stopped there, before anything runs here.
@@ -9,6 +35,7 @@ worker), so a model that crashes its backend is stopped there, before anything r
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,9 +47,14 @@ from ..artifact.workspace import Workspace
 from ..errors import WorkbenchError
 from .export import export
 from .ncnn import to_ncnn
-from .prune_report import BeforeAfter
+from .prune_report import BeforeAfter, Timing
 
 BACKENDS = ("onnxruntime", "ncnn")
+WALL, CPU = 0, 1  # indices into a run's (wall, cpu) seconds
+SETTLE_RUNS, SETTLE_TOLERANCE, SETTLE_MAX = 3, 0.10, 20
+TURN = 4  # runs of a model in a row in each round; its best counts
+# a run preempted: its wall time past its CPU time by this much (0.1 ms, or 20%)
+PREEMPTED_S, PREEMPTED_FRACTION = 1e-4, 0.2
 
 
 @dataclass
@@ -30,6 +62,7 @@ class Measured:
     """The backend figures of one unpruned/pruned pair, by PruneReport field name."""
 
     figures: dict[str, BeforeAfter] = field(default_factory=dict)
+    timing: Timing | None = None
     artifacts: dict[str, Artifact] = field(default_factory=dict)
     errors: dict[str, WorkbenchError] = field(default_factory=dict)
 
@@ -67,7 +100,9 @@ def measure_backends(base: Any, pruned: Any, inputs: tuple, backends: Sequence[s
         except WorkbenchError as err:
             out.errors["ncnn"] = err
     step("timing")
-    out.figures.update(_latencies(out.artifacts, backends, inputs, threads, repeat, warmup))
+    latencies, out.timing = _latencies(out.artifacts, backends, inputs, threads, repeat,
+                                       warmup)
+    out.figures.update(latencies)
     return out
 
 
@@ -82,9 +117,51 @@ def _bytes(artifact: Artifact, suffix: str) -> int:
 
 
 def _latencies(artifacts: dict[str, Artifact], backends: Sequence[str], inputs: tuple,
-               threads: int, repeat: int, warmup: int) -> dict[str, BeforeAfter]:
-    """Median milliseconds of each backend's unpruned and pruned model, timed alternately
-    in this process (``isolated=False``: the worker's transfer would blur a small model)."""
+               threads: int, repeat: int, warmup: int
+               ) -> tuple[dict[str, BeforeAfter], Timing | None]:
+    """Milliseconds of each backend's unpruned and pruned model (its fastest run), timed
+    alternately in this process (``isolated=False``: the
+    worker's transfer would blur a small model), each warmed until its time settled first;
+    and how they were timed."""
+    runners = _runners(artifacts, backends, threads)
+    if not runners:
+        return {}, None
+    clock = CPU if threads == 1 else WALL
+    feed = tuple(t.detach().cpu().numpy() for t in inputs)
+    turns: dict[tuple[str, str], list[list[tuple[float, float]]]] = {k: [] for k in runners}
+    keys = list(runners)
+    collecting = gc.isenabled()
+    gc.disable()  # as timeit does: a collection inside a run is not the model's time
+    try:
+        warm = tuple(_settle(r, feed, warmup, clock) for r in runners.values())
+        for r in range(repeat):
+            shift = r % len(keys)
+            for key in keys[shift:] + keys[:shift]:
+                turns[key].append([_timed(runners[key], feed) for _ in range(TURN)])
+    finally:
+        if collecting:
+            gc.enable()
+    out, spread, wall = {}, {}, {}
+    for name in ("ort_ms", "ncnn_ms"):
+        pair = [turns.get((name, tag)) for tag in ("", " pruned")]
+        if None in pair:
+            continue
+        best = [[min(run[clock] for run in turn) for turn in p] for p in pair]
+        out[name] = BeforeAfter(*(min(b) * 1e3 for b in best))
+        spread[name] = BeforeAfter(*(_relative_iqr(b) for b in best))
+        # a wall clock, one run a turn: how the latency was timed before
+        wall[name] = BeforeAfter(*(statistics.median(t[0][WALL] for t in p) * 1e3
+                                   for p in pair))
+    timed = [run for p in turns.values() for turn in p for run in turn]
+    preempted = sum(w - c > max(PREEMPTED_S, PREEMPTED_FRACTION * c) for w, c in timed) \
+        if clock == CPU else None
+    return out, Timing(("wall", "cpu")[clock], repeat, TURN, warm, spread, wall, preempted,
+                       len(timed))
+
+
+def _runners(artifacts: dict[str, Artifact], backends: Sequence[str], threads: int
+             ) -> dict[tuple[str, str], Any]:
+    """{(figure, tag): runner} of the models to time, in this process."""
     from ..runtime import NcnnRunner, OrtRunner
 
     runners: dict[tuple[str, str], Any] = {}
@@ -95,20 +172,34 @@ def _latencies(artifacts: dict[str, Artifact], backends: Sequence[str], inputs: 
         if "ncnn" in backends and f"ncnn{tag}" in artifacts:
             runners[("ncnn_ms", tag)] = NcnnRunner(artifacts[f"ncnn{tag}"], isolated=False,
                                                    num_threads=threads)
-    feed = tuple(t.detach().cpu().numpy() for t in inputs)
-    times: dict[tuple[str, str], list[float]] = {k: [] for k in runners}
-    keys = list(runners)
-    for r in range(warmup + repeat):
-        shift = r % len(keys) if keys else 0
-        for key in keys[shift:] + keys[:shift]:
-            t0 = time.perf_counter()
-            runners[key].run(feed, capture="outputs")
-            if r >= warmup:
-                times[key].append(time.perf_counter() - t0)
-    out = {}
-    for field_name in ("ort_ms", "ncnn_ms"):
-        if (field_name, "") in times and (field_name, " pruned") in times:
-            out[field_name] = BeforeAfter(
-                statistics.median(times[(field_name, "")]) * 1e3,
-                statistics.median(times[(field_name, " pruned")]) * 1e3)
-    return out
+    return runners
+
+
+def _timed(runner: Any, feed: tuple) -> tuple[float, float]:
+    """(wall seconds, the calling thread's CPU seconds) of one run."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    runner.run(feed, capture="outputs")
+    return time.perf_counter() - w0, time.thread_time() - c0
+
+
+def _settle(runner: Any, feed: tuple, warmup: int, clock: int) -> int:
+    """Run ``runner`` untimed at least ``warmup`` times, then until its last SETTLE_RUNS
+    times agree within SETTLE_TOLERANCE (a fresh session's or net's first runs allocate and
+    fault in its buffers), at most SETTLE_MAX more; the runs made."""
+    times: list[float] = []
+    while len(times) < warmup + SETTLE_MAX:
+        times.append(_timed(runner, feed)[clock])
+        last = times[-SETTLE_RUNS:]
+        if len(times) >= max(warmup, SETTLE_RUNS) and \
+                max(last) <= (1 + SETTLE_TOLERANCE) * min(last):
+            break
+    return len(times)
+
+
+def _relative_iqr(values: list[float]) -> float:
+    """The interquartile range over the median (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    mid = statistics.median(values)
+    return (q3 - q1) / mid if mid else 0.0

@@ -26,6 +26,47 @@ class BeforeAfter:
         return self.after / self.before if self.before else None
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How the latencies were measured (stages/prune_measure.py says why). ``clock``: "cpu"
+    with one thread (each run's CPU time on the calling thread, where both backends run a
+    one-thread model: its cost without the time other processes had the core) or "wall"
+    with more. ``rounds`` alternating rounds, each running every model ``turn`` times in
+    a row, after ``warmup_runs`` untimed runs of each model (at least ``warmup``, more until
+    its last three times agreed within 10%). A latency is the fastest timed run
+    (interference only adds time; a turn's first runs refill the caches the other models
+    evicted). ``spread`` {figure: BeforeAfter of the interquartile range / median of each
+    turn's best run}; ``wall_ms`` {figure: BeforeAfter of the median wall time
+    of each turn's first run, as a wall clock timed it before}; ``preempted`` of the
+    ``runs`` runs took longer on the wall than on the CPU (another process had the core;
+    None with the wall clock)."""
+
+    clock: str
+    rounds: int
+    turn: int
+    warmup_runs: tuple[int, ...]
+    spread: dict[str, BeforeAfter]
+    wall_ms: dict[str, BeforeAfter]
+    preempted: int | None
+    runs: int
+
+    def line(self, threads: int, load: tuple[float, float]) -> str:
+        """One line: what was timed, how, its spread and the load."""
+        what = ("the calling thread's CPU time per run (other processes' time on the core "
+                "left out)" if self.clock == "cpu" else "wall time per run")
+        spread = ", ".join(f"{k.split('_')[0]} ±{max(v.before, v.after) / 2:.0%}"
+                           for k, v in self.spread.items())
+        warm = f"{min(self.warmup_runs)}-{max(self.warmup_runs)}" if self.warmup_runs else "0"
+        out = (f"latency: {what}, the fastest of {self.rounds} alternating rounds of "
+               f"{self.turn} runs in a row, after {warm} warm-up runs per model (until its "
+               f"time settled); spread (IQR/2 of the rounds' best) {spread}; {threads} "
+               f"thread(s), load {load[0]:.1f} -> {load[1]:.1f}")
+        if self.preempted:
+            out += (f"; {self.preempted} of {self.runs} timed runs were preempted by other "
+                    "processes (their wall time is not the model's)")
+        return out
+
+
 @dataclass
 class PruneReport:
     """The pruned model against the unpruned one, measured the same way.
@@ -36,8 +77,9 @@ class PruneReport:
     ``params`` and ``macs`` count the torch module (torch-pruning's
     ``count_ops_and_params``); ``onnx_nodes`` / ``onnx_bytes`` are the exported ONNX files
     (``wb.export``), ``ncnn_bin_bytes`` the ncnn weights (``wb.to_ncnn``); ``ort_ms`` /
-    ``ncnn_ms`` median latencies in milliseconds, unpruned and pruned run alternately in
-    this process on the example inputs with ``threads`` threads. A backend figure is None
+    ``ncnn_ms`` latencies in milliseconds, unpruned and pruned run alternately in this
+    process on the example inputs with ``threads`` threads (``timing`` says how: with one
+    thread, from each run's CPU time on the calling thread). A backend figure is None
     when that backend was not asked for or failed (``errors`` says why). ``snr_db`` and
     ``max_abs`` compare the pruned torch model's outputs with the unpruned one's (worst
     output).
@@ -65,6 +107,7 @@ class PruneReport:
     repeat: int = 0
     load: tuple[float, float] = (0.0, 0.0)  # 1-minute load average at start and end
     seconds: float = 0.0
+    timing: Timing | None = None  # how ort_ms / ncnn_ms were measured
 
     @property
     def structured(self) -> bool:
@@ -146,9 +189,8 @@ class PruneReport:
                   for r in rows]
         lines.append(f"output vs unpruned: SNR {self.snr_db:.1f} dB, max abs "
                      f"{self.max_abs:.3g}")
-        if self.ort_ms or self.ncnn_ms:
-            lines.append(f"latency: medians of {self.repeat} alternating runs, {self.threads} "
-                         f"thread(s), load {self.load[0]:.1f} -> {self.load[1]:.1f}")
+        if self.timing is not None and (self.ort_ms or self.ncnn_ms):
+            lines.append(self.timing.line(self.threads, self.load))
         return "\n".join(lines + [f"note: {n}" for n in self.notes()])
 
     def __repr__(self) -> str:
