@@ -10,7 +10,7 @@ exports the unpruned and the pruned model (``wb.export``, TorchScript, opset 17)
 both to ncnn (``wb.to_ncnn`` of that ONNX, fp32) in a temporary workspace, and times the
 four models round-robin in this process (``--threads`` threads for both backends, the order
 rotating each round so load hits all alike; each latency as ``wb.prune`` measures it over
-``--runs`` rounds: with one thread, the fastest run's CPU time).
+``--runs`` rounds: with one thread, from the runs' CPU time, round by round).
 
 First, the timing check (``section_identical``): each model, and notebook 10's small CNN
 (``small_cnn``, ~2 ms a run), against its own copy (``wb.prune``

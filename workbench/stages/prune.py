@@ -66,8 +66,8 @@ def prune(model: Any, amount: float, method: str = "l1-structured", *,
         workspace: where the four models are written (default: ``./workbench-runs/default``).
         threads: intra-op threads of both backends; with 1 a run's latency is its CPU
             time on the calling thread, with more its wall time (``report.timing``).
-        repeat, warmup: timed alternating rounds (latency: the fastest run); the fewest
-            untimed runs of each model first, more until its time settles.
+        repeat, warmup: timed alternating rounds (``report.timing`` says how they make a
+            latency); the fewest untimed runs of each model first, more until it settles.
         export_options: keyword arguments for ``wb.export`` of both models (exporter, opset).
         progress: a tqdm.auto bar over the steps (True), a callback given each ``Step``, or
             nothing (False).

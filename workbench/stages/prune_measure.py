@@ -13,17 +13,21 @@ How, and why (measured on this project's 2-core KVM machine, shared with other w
   to 2.8x apart in 18 trials at a load of 7-8.5. With more threads the work is on
   other threads too, so the wall clock is used; the report's spread and load tell how far
   to trust it.
-- In each round a model runs TURN=4 times in a row: its first runs come after the other
-  models evicted its caches (a zoo ResNet's ncnn net took 0.74, 0.51, 0.46, 0.43 ms of CPU
-  in a row after the other three ran; its ORT session 0.17 ms warm, 0.45-0.58 ms right
-  after them).
-- The latency is the fastest run (timeit's rule): interference (a preemption, a neighbour
-  on the shared core, caches and memory, the host) only adds time, and it came and went in
-  stretches of rounds here, so a median still moved with it. Identical models at the
-  defaults (15 rounds), 18 trials each of three models, two backends: within 5% of each
-  other at a load of 2-3, within 4% with a busy neighbour more; one wall-clock run a turn,
-  its median over the rounds (the way it was timed before), was up to 17% and 144% (2.4x)
-  off there. bench/prune_figures.py prints the check (``--timing-only``).
+- In each round a model runs TURN=4 times in a row and its fastest run counts: its first
+  runs come after the other models evicted its caches (a zoo ResNet's ncnn net took 0.74,
+  0.51, 0.46, 0.43 ms of CPU in a row after the other three ran; its ORT session 0.17 ms
+  warm, 0.45-0.58 ms right after them), and interference (a preemption, a neighbour on the
+  shared core, caches and memory, the host) only adds time.
+- Interference also comes and goes in stretches of rounds, so the two models are compared
+  round by round: the pruned model's latency is the unpruned one's (the median over the
+  rounds) times the median of the rounds' ratios (the pruned model's fastest run over the
+  unpruned one's in the same round, moments apart). Identical models at the defaults (15
+  rounds), 54 trials of three models, two backends, at loads from 1 to 3 with and without
+  a busy neighbour: within 7.6% of each other, where one wall-clock run a turn, its median
+  over the rounds (the way it was timed before), was up to 23% and 144% (2.4x) off, and
+  the fastest run of each model up to 13% (two instances of one model differ by up to 7%
+  warm, once 31%: where their buffers landed in the caches). bench/prune_figures.py prints
+  the check (``--timing-only``).
 - Before the rounds each model runs untimed until its time settles: at least ``warmup``
   runs, then until its last three agree within 10% (a fresh session's or net's first runs
   fault in its buffers: ~2000 page faults in the first here, ~300 in ncnn's second). The
@@ -119,8 +123,9 @@ def _bytes(artifact: Artifact, suffix: str) -> int:
 def _latencies(artifacts: dict[str, Artifact], backends: Sequence[str], inputs: tuple,
                threads: int, repeat: int, warmup: int
                ) -> tuple[dict[str, BeforeAfter], Timing | None]:
-    """Milliseconds of each backend's unpruned and pruned model (its fastest run), timed
-    alternately in this process (``isolated=False``: the
+    """Milliseconds of each backend's unpruned model (the median over the rounds of its
+    fastest run in each) and pruned model (that times the median of the rounds' paired
+    ratios), timed alternately in this process (``isolated=False``: the
     worker's transfer would blur a small model), each warmed until its time settled first;
     and how they were timed."""
     runners = _runners(artifacts, backends, threads)
@@ -147,7 +152,9 @@ def _latencies(artifacts: dict[str, Artifact], backends: Sequence[str], inputs: 
         if None in pair:
             continue
         best = [[min(run[clock] for run in turn) for turn in p] for p in pair]
-        out[name] = BeforeAfter(*(min(b) * 1e3 for b in best))
+        before = statistics.median(best[0])
+        paired = statistics.median(b / a for a, b in zip(*best, strict=True))
+        out[name] = BeforeAfter(before * 1e3, before * paired * 1e3)
         spread[name] = BeforeAfter(*(_relative_iqr(b) for b in best))
         # a wall clock, one run a turn: how the latency was timed before
         wall[name] = BeforeAfter(*(statistics.median(t[0][WALL] for t in p) * 1e3

@@ -33,10 +33,12 @@ class Timing:
     one-thread model: its cost without the time other processes had the core) or "wall"
     with more. ``rounds`` alternating rounds, each running every model ``turn`` times in
     a row, after ``warmup_runs`` untimed runs of each model (at least ``warmup``, more until
-    its last three times agreed within 10%). A latency is the fastest timed run
-    (interference only adds time; a turn's first runs refill the caches the other models
-    evicted). ``spread`` {figure: BeforeAfter of the interquartile range / median of each
-    turn's best run}; ``wall_ms`` {figure: BeforeAfter of the median wall time
+    its last three times agreed within 10%). Each turn's fastest run counts (its first runs
+    refill the caches the other models evicted; interference only adds time): the
+    unpruned latency is their median over the rounds, the pruned one that times the median
+    of the rounds' ratios (pruned over unpruned, in the same round). ``spread`` {figure:
+    BeforeAfter of the interquartile range / median of each turn's fastest run};
+    ``wall_ms`` {figure: BeforeAfter of the median wall time
     of each turn's first run, as a wall clock timed it before}; ``preempted`` of the
     ``runs`` runs took longer on the wall than on the CPU (another process had the core;
     None with the wall clock)."""
@@ -57,10 +59,10 @@ class Timing:
         spread = ", ".join(f"{k.split('_')[0]} ±{max(v.before, v.after) / 2:.0%}"
                            for k, v in self.spread.items())
         warm = f"{min(self.warmup_runs)}-{max(self.warmup_runs)}" if self.warmup_runs else "0"
-        out = (f"latency: {what}, the fastest of {self.rounds} alternating rounds of "
-               f"{self.turn} runs in a row, after {warm} warm-up runs per model (until its "
-               f"time settled); spread (IQR/2 of the rounds' best) {spread}; {threads} "
-               f"thread(s), load {load[0]:.1f} -> {load[1]:.1f}")
+        out = (f"latency: {what}, the fastest of {self.turn} runs in a row, {self.rounds} "
+               f"alternating rounds, pruned / unpruned the median of the rounds' ratios, "
+               f"after {warm} warm-up runs per model (until its time settled); spread "
+               f"(IQR/2) {spread}; {threads} thread(s), load {load[0]:.1f} -> {load[1]:.1f}")
         if self.preempted:
             out += (f"; {self.preempted} of {self.runs} timed runs were preempted by other "
                     "processes (their wall time is not the model's)")
