@@ -20,14 +20,13 @@ reporting and the worker's native stdout/stderr in a log file.)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from typing import Any
 
 from .. import errors
 from ..errors import BackendCrashed, BackendTimeout, RemoteError, WorkbenchError
-from .transfer import _shm_dir
+from .worker_dir import OwnedDir, sweep_dead
 
 __all__ = ["Worker", "Place", "NATIVE", "worker", "existing"]
 
@@ -69,7 +68,11 @@ class Worker:
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[Any, str, int]] = {}  # id -> (future, backend, gen)
         self.generation = 0
-        self.dir = Path(tempfile.mkdtemp(prefix="wb-worker-", dir=_shm_dir()))
+        # the folder runs travel through, this process's for its lifetime (worker_dir.py);
+        # first, the folders of workbench processes that died without removing theirs
+        sweep_dead()
+        self._owned = OwnedDir()
+        self.dir: Path = self._owned.path
         self.log = self.dir / "worker.log"
         # twins of runners garbage-collected here, dropped in the worker at the next call
         # (not from the finalizer itself: it may run while a call holds the lock)
@@ -108,8 +111,7 @@ class Worker:
     def ensure_dir(self) -> None:
         """The folder runs travel through, made again if something removed it (a tmp
         cleaner, another job wiping /dev/shm): mappings already made live on regardless."""
-        if not self.dir.is_dir():
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._owned.ensure()
 
     def call(self, msg: dict[str, Any], backend: str,
              timeout: float | None = None) -> dict[str, Any]:
@@ -260,11 +262,24 @@ class Worker:
             "the next run starts a fresh worker. A large model may need longer: pass "
             "timeout= (seconds) to the runner or to wb.compare, or set runner.timeout")
 
+    CLOSE_SECONDS = 5.0  # a worker that ignores SIGTERM this long is killed
+
     def close(self) -> None:
-        if self.alive:
-            self._proc.terminate()
-            self._proc.wait(timeout=5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        """Stop the process (SIGTERM, then SIGKILL after CLOSE_SECONDS) and remove the
+        folder, whatever happens on the way: at interpreter exit (atexit) the reader thread
+        may clear ``_proc`` meanwhile, and a stuck worker ignores SIGTERM."""
+        try:
+            proc = self._proc  # once: the reader thread sets it to None when it dies
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=self.CLOSE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=self.CLOSE_SECONDS)
+        finally:
+            self._owned.remove()
 
 
 @dataclass(frozen=True)
