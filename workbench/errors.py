@@ -153,3 +153,35 @@ class OrtRunError(RunError):
 class QuantizationError(WorkbenchError):
     """ONNX Runtime's quantizer failed, or its output is not quantized as reported (it
     quantized nothing, or a node asked to stay float came out quantized)."""
+
+
+class ResourceError(WorkbenchError):
+    """This machine lacks the memory or the disk space a piece of work needs; the message
+    names the files or folder, the bytes needed and the bytes there (see capacity.py)."""
+
+    def __init__(self, message: str, hint: str = "", *, need: int | None = None,
+                 available: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.need = need
+        self.available = available
+
+
+class NotEnoughMemory(ResourceError):
+    """A model's files say that loading it (a session, a comparison) needs more memory than
+    this process may take; raised before anything is loaded. ``files``: the model's files."""
+
+    def __init__(self, message: str, hint: str = "", *, need: int | None = None,
+                 available: int | None = None, files: list[str] | None = None) -> None:
+        super().__init__(message, hint, need=need, available=available)
+        self.files = list(files or [])
+
+
+class NotEnoughDisk(ResourceError, OSError):
+    """A folder has not the space for what is (or would be) written there (ENOSPC, a quota,
+    ulimit -f); nothing half written is kept. ``folder``, ``need`` and ``free`` in bytes."""
+
+    def __init__(self, message: str, hint: str = "", *, folder: str = "",
+                 need: int | None = None, free: int | None = None) -> None:
+        super().__init__(message, hint, need=need, available=free)
+        self.folder = folder
+        self.free = free

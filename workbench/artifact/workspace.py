@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..capacity import disk_errors
 from ..diagnostics import Diagnostic
 from ..errors import InputError, ModelFileError, WorkspaceError
 from ..fileio import atomic_write_text, sha256_file
@@ -154,9 +155,13 @@ class Workspace:
 
     # -- writing ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def staging(self) -> Iterator[Path]:
-        """A fresh folder inside the workspace for a stage to write into before ``commit``."""
-        with staging_folder(self.path) as d:
+    def staging(self, what: str = "the new artifact's files") -> Iterator[Path]:
+        """A fresh folder inside the workspace for a stage to write into before ``commit``;
+        removed unless committed. A disk that fills meanwhile (ENOSPC, a quota, ulimit -f)
+        raises NotEnoughDisk naming the workspace, ``what`` and the bytes written when it
+        stopped; nothing of the folder is kept."""
+        with disk_errors(self.path, what), staging_folder(self.path) as d, \
+                disk_errors(self.path, what, written_in=d, removed=True):
             yield d
 
     def commit(self, staging: Path, *, stage: str, format: str, main: str,
