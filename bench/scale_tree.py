@@ -1,0 +1,175 @@
+"""The memory of a process tree (a process and all its descendants), sampled from /proc.
+
+``bench/scale.py`` measures each job in a fresh child; the workbench's work spreads over that
+child, its worker process (workbench/runtime/worker.py) and pnnx, so one process's peak says
+too little. What is counted, and why not PSS:
+
+- each process's ``RssAnon + RssFile`` from ``/proc/PID/status``, summed over the tree, plus
+  the largest ``RssShmem`` of any one process in it (not their sum). The tree's shared
+  memory is the worker's transfer files in /dev/shm, which the main process and the worker
+  both map: summing RSS would count those pages twice, PSS would split them. PSS
+  (``/proc/PID/smaps_rollup``) walks every page table under the target's mmap lock: 61 ms
+  for one 2.3 GB process measured here, so a 10 GB tree sampled every 25 ms would cost a
+  core of this 2-core machine and stall the measured process. ``status`` costs 0.02 ms.
+  Shared library pages mapped by both the child and the worker stay counted twice (tens of
+  MB; they are in the bare runs too, once); /dev/shm files nobody maps are not counted.
+- ``rss_sum_kb``: the plain sum of RSS (double counting the shared pages), printed beside;
+- ``hwm_kb``: the sum over the tree of each process's own ``VmHWM`` (the last value read
+  while armed), an upper bound: the processes peak at different moments. The job child
+  resets its own with ``/proc/self/clear_refs`` when its stage starts.
+
+The descendants are found from each process's parent pid (``/proc/PID/stat``; this kernel
+has no ``/proc/PID/task/TID/children``), read once per new pid.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+_FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
+
+
+def status(pid: int) -> dict[str, int]:
+    """The memory fields of ``/proc/PID/status`` in kB (empty when the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in _FIELDS:
+            out[key] = int(rest.split()[0])
+    return out
+
+
+class _Parents:
+    """pid -> parent pid of every process, each pid's stat read once while it lives."""
+
+    def __init__(self) -> None:
+        self._ppid: dict[int, int] = {}
+
+    def descendants(self, root: int) -> list[int]:
+        live = {int(d) for d in os.listdir("/proc") if d.isdigit()}
+        for pid in list(self._ppid):
+            if pid not in live:
+                del self._ppid[pid]
+        for pid in live - self._ppid.keys():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            self._ppid[pid] = int(stat[stat.rfind(b")") + 2:].split()[1])
+        kids: dict[int, list[int]] = {}
+        for pid, ppid in self._ppid.items():
+            kids.setdefault(ppid, []).append(pid)
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += kids.get(pid, [])
+        return out
+
+
+@dataclass
+class TreeReading:
+    """One reading of a tree: the counted memory (kB), the plain RSS sum, the processes."""
+
+    kb: int
+    rss_sum_kb: int
+    pids: list[int]
+    hwm: dict[int, int]  # pid -> its VmHWM (kB)
+
+
+def read_tree(root: int, parents: _Parents | None = None) -> TreeReading:
+    """The memory of ``root`` and its descendants now (see the module docstring)."""
+    pids = (parents or _Parents()).descendants(root)
+    kb = rss = shm = 0
+    hwm = {}
+    for pid in pids:
+        s = status(pid)
+        if not s:
+            continue
+        kb += s.get("RssAnon", 0) + s.get("RssFile", 0)
+        shm = max(shm, s.get("RssShmem", 0))
+        rss += s.get("VmRSS", 0)
+        hwm[pid] = s.get("VmHWM", 0)
+    return TreeReading(kb + shm, rss, pids, hwm)
+
+
+@dataclass
+class TreeSampler:
+    """Samples ``root``'s tree every ``interval`` seconds in a thread; while armed, keeps
+    the peaks. ``arm()`` when the measured work starts, ``disarm()`` when it ends."""
+
+    root: int
+    interval: float = 0.025
+    armed: bool = False
+    start_kb: int = 0  # the tree at arm()
+    peak_kb: int = 0
+    peak_rss_sum_kb: int = 0
+    last_kb: int = 0
+    samples: int = 0
+    procs: int = 0  # the most processes seen at once while armed
+    hwm: dict[int, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start(self) -> TreeSampler:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="tree-sampler")
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        parents = _Parents()
+        while not self._stop.is_set():
+            self._take(read_tree(self.root, parents))
+            self._stop.wait(self.interval)
+
+    def _take(self, r: TreeReading) -> None:
+        with self._lock:
+            self.last_kb = r.kb
+            if not self.armed:
+                return
+            self.samples += 1
+            self.peak_kb = max(self.peak_kb, r.kb)
+            self.peak_rss_sum_kb = max(self.peak_rss_sum_kb, r.rss_sum_kb)
+            self.procs = max(self.procs, len(r.hwm))
+            self.hwm.update(r.hwm)
+
+    def arm(self) -> None:
+        """Start keeping peaks (one reading taken now)."""
+        r = read_tree(self.root)
+        with self._lock:
+            self.armed = True
+            self.start_kb = r.kb
+        self._take(r)
+
+    def disarm(self) -> None:
+        """Stop keeping peaks (one last reading first)."""
+        self._take(read_tree(self.root))
+        with self._lock:
+            self.armed = False
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def hwm_kb(self) -> int:
+        """The sum of each process's own peak (VmHWM) seen while armed."""
+        return sum(self.hwm.values())
+
+
+def wait_armed_sample(sampler: TreeSampler, timeout: float = 1.0) -> None:
+    """Block until the sampler has taken a reading since it was armed (tests)."""
+    end = time.monotonic() + timeout
+    while sampler.samples < 2 and time.monotonic() < end:
+        time.sleep(sampler.interval / 2)
