@@ -5,6 +5,7 @@ a fresh process, so a native crash costs this cell only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -33,9 +34,11 @@ STAGES = ("model", "export", "simplify", "raise", "ncnn", "ort-int8", "ncnn-int8
 INT8_STAGES = ("ort-int8", "ncnn-int8")
 CALIBRATION_SAMPLES = 4  # the example inputs and 3 seeded samples like them
 # A stage's status: ran and its checks passed; ran but a check failed (numbers off, checker);
-# raised; not run because an earlier stage failed; not chosen in this cell's matrix.
-STATUSES = ("ok", "mismatch", "failed", "crashed", "skipped", "off")
-BAD = ("mismatch", "failed", "crashed")
+# raised; its process died; its process tree passed the memory limit and was stopped
+# (sweeps/memory.py); not run because an earlier stage failed; not chosen in this cell's matrix.
+STATUSES = ("ok", "mismatch", "failed", "crashed", "out-of-memory", "skipped", "off")
+BAD = ("mismatch", "failed", "crashed", "out-of-memory")
+RUNNING = ".stage"  # in a cell's folder: the stage running now (which one ran out of memory)
 
 
 @dataclass
@@ -114,6 +117,28 @@ class CellResult:
         return cls(cell_id, [StageResult("model", "crashed", "BackendCrashed", msg, hint,
                                          seconds=seconds)], seconds=seconds)
 
+    @classmethod
+    def out_of_memory(cls, cell_id: str, stage: str, used: int, limit: int, source: str,
+                      seconds: float = 0.0, restarted: bool = False) -> CellResult:
+        """The result of a cell stopped for memory: one ``out-of-memory`` row on the stage
+        that was running (``stage``), with the bytes seen, the limit and where it comes
+        from. ``restarted``: the Dask nanny restarted the worker (the cell was not
+        watched down to its own process tree, or the worker itself grew)."""
+        gib = 2**30
+        who = ("the Dask worker running it passed its memory limit and its nanny restarted "
+               "it" if restarted else "its processes (the cell, its native worker, pnnx) "
+               "passed the memory limit and were stopped")
+        msg = (f"out of memory in stage {stage!r}: {who}: {used / gib:.3g} GiB used, "
+               f"limit {limit / gib:.3g} GiB ({source})")
+        hint = ("give the cell more memory (a larger memory_limit for the Dask workers, "
+                "fewer threads per worker so fewer cells share it, or sweep(memory_limit=) "
+                "locally), or a smaller model or input; the other cells ran on")
+        if restarted:
+            hint += ("; without shared= a cell's folder comes back through the worker's "
+                     "memory: pass shared= (a folder every worker can write) for big models")
+        return cls(cell_id, [StageResult(stage, "out-of-memory", "NotEnoughMemory", msg, hint,
+                                         seconds=seconds)], seconds=seconds)
+
 
 def run_cell(cell: Cell, folder: Path) -> CellResult:
     """Run every stage of ``cell`` with its artifacts in ``folder`` (a Workspace)."""
@@ -149,6 +174,8 @@ class _CellRun:
     def stage(self, stage: str, fn: Any) -> Any:
         """``fn()`` as ``stage``: its row (ok, or why it failed), timed."""
         t = time.perf_counter()
+        with contextlib.suppress(OSError):  # which stage runs, if the cell is stopped in it
+            (self.folder / RUNNING).write_text(stage)
         try:
             value = fn()
         except Exception as e:  # every stage's failure is this cell's record, never fatal
@@ -424,6 +451,7 @@ def main(argv: list[str]) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     result = run_cell(cell, folder)
     atomic_write_text(Path(spec["result"]), result.to_json())
+    (folder / RUNNING).unlink(missing_ok=True)
     return 0
 
 

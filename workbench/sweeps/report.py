@@ -23,7 +23,7 @@ from .db import CellRecord, SweepDB
 from .diff import SweepDiff, diff, tools_of
 
 COLORS = {"ok": "#2e7d32", "mismatch": "#ef6c00", "failed": "#c62828", "crashed": "#6a1b9a",
-          "skipped": "#9e9e9e", "off": "#e0e0e0", "pending": "#ffffff"}
+          "out-of-memory": "#ad1457", "skipped": "#9e9e9e", "off": "#e0e0e0", "pending": "#ffffff"}
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}

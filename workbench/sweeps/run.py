@@ -31,7 +31,8 @@ from typing import Any
 from ..errors import InputError
 from ..runtime.arm_env import arm_env
 from ..zoo import ZOO
-from .cell import CellResult
+from . import memory
+from .cell import RUNNING, CellResult
 from .db import CellRecord, SweepDB, writer_lock
 from .factory import name_of, spec_of
 from .matrix import Cell, Matrix
@@ -102,7 +103,7 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
           workspace: Any = None, client: Any = None, scheduler: str | None = None,
           shared: str | os.PathLike[str] | None = None, workers: int | None = None,
           retry_failed: bool = False, progress: bool = True, connect_timeout: float = 5.0,
-          cell_timeout: float = CELL_TIMEOUT,
+          cell_timeout: float = CELL_TIMEOUT, memory_limit: int | str | None = None,
           on_cell: Callable[[CellResult], None] | None = None) -> SweepResult:
     """Run every model through every stage under every combination of ``matrix``.
 
@@ -131,6 +132,10 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
         retry_failed: run the failed cells again (finished ones are never rerun).
         connect_timeout: seconds to wait for ``scheduler`` to answer.
         cell_timeout: seconds one cell may take before it is stopped and reported.
+        memory_limit: bytes (or '4GB') one cell's processes may hold together (the cell,
+            its native worker, pnnx); past it the cell is stopped and reported
+            ``out-of-memory``. On a Dask cluster each worker's own ``memory_limit`` applies
+            too (its cells and itself together), whichever is lower.
         on_cell: called with each CellResult as it is stored.
 
     Returns:
@@ -146,6 +151,12 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
         arm_env()  # the cells would run here: a missing piece is one hinted error, now
     cells = mat.cells(specs, names)
     folder = _folder(workspace)
+    try:
+        limit = memory.given_limit(memory_limit)
+    except ValueError:
+        raise InputError(f"memory_limit={memory_limit!r}: expected bytes or a size such as "
+                         "'4GB'", "memory_limit='8GB' stops a cell whose processes pass "
+                         "8 GB; None sets no limit of the sweep's own") from None
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
                                 or workers < 1):
         raise InputError(f"workers={workers!r}: expected a positive int",
@@ -175,11 +186,11 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
         try:
             if todo and client is not None:
                 where = f"dask {client.scheduler.address}"
-                _run_dask(client, todo, folder, shared, cell_timeout, store)
+                _run_dask(client, todo, folder, shared, cell_timeout, store, limit)
             elif todo:
                 n = workers or os.cpu_count() or 1
                 where = f"local, {n} at a time"
-                _run_local(todo, folder, n, cell_timeout, store)
+                _run_local(todo, folder, n, cell_timeout, store, limit)
         except KeyboardInterrupt:
             interrupted = True
             raise
@@ -221,7 +232,8 @@ def cell_threads_env(slots: int) -> dict[str, str]:
 
 
 def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
-               store: Callable[[CellResult, str], None]) -> None:
+               store: Callable[[CellResult, str], None],
+               limit: memory.MemoryLimit | None = None) -> None:
     stop = threading.Event()
     env = cell_threads_env(n)
     procs: set[subprocess.Popen[bytes]] = set()
@@ -235,7 +247,7 @@ def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
                     cell = queue.pop(0)
                     cell_dir = folder / "cells" / cell.id
                     pending[pool.submit(run_fresh, cell, cell_dir, timeout, stop, procs,
-                                        lock, env)] = cell
+                                        lock, env, limit)] = cell
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     cell = pending.pop(fut)
@@ -256,10 +268,13 @@ def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
               stop: threading.Event | None = None,
               procs: set[subprocess.Popen[bytes]] | None = None,
               lock: threading.Lock | None = None,
-              extra_env: dict[str, str] | None = None) -> CellResult | None:
+              extra_env: dict[str, str] | None = None,
+              limit: memory.MemoryLimit | None = None) -> CellResult | None:
     """Run ``cell`` in a fresh Python process with its artifacts in ``cell_dir``; its result,
-    or a crashed result when the process died; None when ``stop`` was set meanwhile.
-    ``extra_env`` is added to this process's environment (the pool's thread limits)."""
+    or a crashed result when the process died, or an out-of-memory one when its process tree
+    passed ``limit`` (with this process's own use when in a Dask worker); None when ``stop``
+    was set meanwhile. ``extra_env`` is added to this process's environment (the pool's
+    thread limits)."""
     if cell_dir.exists():  # a cell run again (retry): its earlier files go
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True)
@@ -282,14 +297,24 @@ def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
         if procs is not None and lock is not None:
             with lock:
                 procs.add(proc)
+        in_worker = memory.dask_worker_limit()
+        limit = memory.tightest(limit, in_worker)
+        watch = memory.TreeWatch(proc.pid, limit, count_self=in_worker is not None) \
+            if limit is not None else None
         try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            return CellResult.crashed(cell.id, f"the cell took over {timeout:g} s and was "
-                                      "stopped", "raise cell_timeout (--cell-timeout) for big "
-                                      "models, or look at cell.log for where it hung",
-                                      seconds=timeout)
+            how = memory.wait(proc, timeout, watch)
+            if how == "timeout":
+                _kill(proc)
+                return CellResult.crashed(cell.id, f"the cell took over {timeout:g} s and was "
+                                          "stopped", "raise cell_timeout (--cell-timeout) for "
+                                          "big models, or look at cell.log for where it hung",
+                                          seconds=timeout)
+            if how == "memory":
+                _kill(proc, signal.SIGKILL)  # at once: its memory grows while it waits
+                stage = _running_stage(cell_dir)
+                return CellResult.out_of_memory(cell.id, stage, watch.used, limit.bytes,
+                                                limit.source, round(time.perf_counter() - t0, 3))
+            rc = proc.returncode
         finally:
             if procs is not None and lock is not None:
                 with lock:
@@ -306,10 +331,18 @@ def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
                               "stored a result", CRASH_HINT, seconds, "\n".join(tail))
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """Stop a cell's process group: SIGTERM, then SIGKILL after 3 s."""
+def _running_stage(cell_dir: Path) -> str:
+    """The stage a stopped cell was in (the cell writes it as each starts)."""
+    try:
+        return (cell_dir / RUNNING).read_text().strip() or "model"
+    except OSError:
+        return "model"
+
+
+def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop a cell's process group: ``sig`` (SIGTERM), then SIGKILL after 3 s."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
         proc.wait(timeout=3)
     except subprocess.TimeoutExpired:
@@ -319,9 +352,11 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 # -- Dask --------------------------------------------------------------------------------------
-def remote_cell(cell: Cell, shared: str | None, timeout: float) -> tuple[str, bytes | None, str]:
-    """A Dask task: the cell in a fresh process on the worker. Returns the result as JSON,
-    the cell's folder as a tar (None when it was written to ``shared``) and the worker."""
+def remote_cell(cell: Cell, shared: str | None, timeout: float,
+                limit: memory.MemoryLimit | None = None) -> tuple[str, bytes | None, str]:
+    """A Dask task: the cell in a fresh process on the worker (its tree held to the worker's
+    memory limit and ``limit``). Returns the result as JSON, the cell's folder as a tar (None
+    when it was written to ``shared``) and the worker."""
     worker = ""
     with contextlib.suppress(ImportError, ValueError):
         from distributed import get_worker
@@ -329,13 +364,13 @@ def remote_cell(cell: Cell, shared: str | None, timeout: float) -> tuple[str, by
         worker = get_worker().address
     if shared is not None:
         cell_dir = Path(shared) / "cells" / cell.id
-        result = run_fresh(cell, cell_dir, timeout)
+        result = run_fresh(cell, cell_dir, timeout, limit=limit)
         assert result is not None
         result.worker = worker
         return result.to_json(), None, worker
     with tempfile.TemporaryDirectory(prefix="wb-cell-") as tmp:
         cell_dir = Path(tmp) / cell.id
-        result = run_fresh(cell, cell_dir, timeout)
+        result = run_fresh(cell, cell_dir, timeout, limit=limit)
         assert result is not None
         result.worker = worker
         buf = io.BytesIO()
@@ -347,7 +382,8 @@ def remote_cell(cell: Cell, shared: str | None, timeout: float) -> tuple[str, by
 
 
 def _run_dask(client: Any, todo: list[Cell], folder: Path, shared: Any, timeout: float,
-              store: Callable[[CellResult, str], None]) -> None:
+              store: Callable[[CellResult, str], None],
+              limit: memory.MemoryLimit | None = None) -> None:
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
 
@@ -357,7 +393,7 @@ def _run_dask(client: Any, todo: list[Cell], folder: Path, shared: Any, timeout:
 
     def submit(cell: Cell) -> Any:
         attempts[cell.id] = attempts.get(cell.id, 0) + 1
-        fut = client.submit(remote_cell, cell, shared_s, timeout, pure=False,
+        fut = client.submit(remote_cell, cell, shared_s, timeout, limit, pure=False,
                             key=f"wb-cell-{cell.id}-{attempts[cell.id]}-{os.getpid()}")
         cells[fut.key] = cell
         return fut
@@ -370,13 +406,23 @@ def _run_dask(client: Any, todo: list[Cell], folder: Path, shared: Any, timeout:
             try:
                 text, tar, _ = fut.result()
             except KilledWorker as e:  # the worker died mid-cell: once more, then reported
+                # (once more also when its nanny restarted it for memory: the cells queued
+                # on that worker die with it, and only a second death is the cell's own)
                 if attempts[cell.id] < 2:
                     queue.add(submit(cell))
                     continue
-                result = CellResult.crashed(cell.id, f"the Dask worker running the cell was "
-                                            f"lost twice ({e})", "a worker died mid-cell "
-                                            "(out of memory? killed?): look at the worker's "
-                                            "log; --retry-failed runs the cell again")
+                oom = memory.restarted_for_memory(client, e.last_worker.address)
+                if oom is not None:
+                    result = CellResult.out_of_memory(
+                        cell.id, "model", int(oom.get("rss") or 0),
+                        int(getattr(e.last_worker, "memory_limit", 0) or 0),
+                        f"the Dask worker {e.last_worker.address}'s memory_limit",
+                        restarted=True)
+                else:
+                    result = CellResult.crashed(
+                        cell.id, f"the Dask worker running the cell was lost twice ({e})",
+                        "a worker died mid-cell (out of memory? killed?): look at the "
+                        "worker's log; --retry-failed runs the cell again")
                 result.attempts = attempts[cell.id]
                 store(result, "")
                 continue

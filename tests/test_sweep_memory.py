@@ -1,0 +1,93 @@
+"""A cell past the memory limit is reported out of memory, not a dead cluster or a hang: its
+whole process tree (not only the Dask worker's own process, which is all the nanny sees) is
+held to the worker's memory_limit; a worker the nanny restarts for memory anyway is said the
+same way. On a real LocalCluster: 1 worker process, 1 thread, memory_limit 1.2 GB."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+import workbench as wb
+from workbench.errors import InputError
+from workbench.sweeps import memory
+
+NETS = textwrap.dedent("""
+    import os, sys, time
+
+    def tiny():
+        import torch
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU())
+        return net.eval(), (torch.rand(1, 3, 8, 8),)
+
+    def hog():  # takes memory 64 MB at a time, up to 4 GB, in the cell's own process
+        import numpy as np
+        held = []
+        for _ in range(64):
+            held.append(np.ones(64 * 2**20, np.uint8))
+            time.sleep(0.01)
+        return tiny()
+
+    def big_folder():  # a cell whose folder (2 GB) comes back through the worker's memory
+        folder = os.path.dirname(os.path.abspath(sys.argv[1]))
+        with open(os.path.join(folder, "weights.bin"), "wb") as f:
+            f.truncate(2 * 2**30)
+        raise RuntimeError("made a big folder")
+""")
+LEAN = {"simplify": ["none"], "raise": [False], "ncnn": ["none"]}
+
+
+@pytest.fixture(scope="module")
+def client():
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         memory_limit="1.2GB", dashboard_address=None) as cluster, \
+            Client(cluster) as c:
+        yield c
+
+
+def test_a_cell_past_the_workers_memory_limit_is_out_of_memory_and_the_rest_run(
+        tmp_path, client):
+    nets = tmp_path / "nets.py"
+    nets.write_text(NETS)
+    t0 = time.perf_counter()
+    res = wb.sweep([f"{nets}:hog", f"{nets}:tiny"], LEAN, workspace=tmp_path / "ws",
+                   client=client, progress=False)
+    assert time.perf_counter() - t0 < 90
+    by = {c.name: c for c in res.cells}
+    hog = by["hog"]
+    assert hog.status == "out-of-memory" and hog.attempts == 1  # stopped, not a lost worker
+    row = next(s for s in hog.stages if s.status == "out-of-memory")
+    assert row.stage == "model" and row.error_class == "NotEnoughMemory"
+    assert "memory_limit" in row.error and "GiB used" in row.error and "memory_limit" in row.hint
+    assert by["tiny"].status == "ok"
+    # the worker was never restarted: the same one ran both cells, and it is alive
+    assert hog.worker == by["tiny"].worker in client.scheduler_info()["workers"]
+    assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
+
+
+def test_a_worker_its_nanny_restarts_for_memory_is_said_as_out_of_memory(tmp_path, client):
+    nets = tmp_path / "nets.py"
+    nets.write_text(NETS)
+    res = wb.sweep([f"{nets}:big_folder"], LEAN, workspace=tmp_path / "ws", client=client,
+                   progress=False)
+    cell = res.cells[0]
+    assert cell.status == "out-of-memory" and cell.attempts == 2
+    row = cell.stages[0]
+    assert "nanny restarted it" in row.error and "shared=" in row.hint
+    client.wait_for_workers(1, timeout=60)  # the nanny brought it back
+    assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
+
+
+def test_a_local_sweep_takes_a_memory_limit_and_refuses_a_bad_one(tmp_path):
+    assert memory.given_limit("500MB").bytes == 500_000_000
+    with pytest.raises(InputError) as e:
+        wb.sweep(["workbench.zoo:resnet"], {}, workspace=tmp_path / "ws",
+                 memory_limit="lots", progress=False)
+    assert "memory_limit='lots'" in e.value.message and "'8GB'" in e.value.hint
