@@ -89,27 +89,46 @@ def _random(rng: np.random.Generator, dtype: str, shape: list[int]) -> np.ndarra
     return rng.standard_normal(size=shape).astype(dtype)
 
 
+def outputs_on(runner: Any, feeds: list[dict[str, np.ndarray]]) -> list[Any]:
+    """``runner``'s outputs (a list of arrays) on each feed, or the exception it raised."""
+    results: list[Any] = []
+    for feed in feeds:
+        try:
+            results.append(list(runner.run(feed).values()))
+        except Exception as e:  # noqa: BLE001 - judged per feed by compare_outputs
+            results.append(e)
+    return results
+
+
 def check_against(before: Any, after: Any, feeds: list[dict[str, np.ndarray]], what: str,
                   atol: float, rtol: float) -> tuple[dict[str, Any], list[Diagnostic]]:
-    """Run two OrtRunners on the same feeds; max errors and diagnostics for ``what`` changed."""
+    """Run two OrtRunners on the same feeds; max errors and diagnostics for ``what`` changed.
+
+    ``before`` may be its outputs already (``outputs_on``): a caller that drops the runner
+    in between holds one model's session at a time, not two (a 1.3 GB model is ~2 GB in
+    ONNX Runtime)."""
+    ref = before if isinstance(before, list) else outputs_on(before, feeds)
+    return compare_outputs(ref, outputs_on(after, feeds), feeds, what, atol, rtol)
+
+
+def compare_outputs(before: list[Any], after: list[Any], feeds: list[dict[str, np.ndarray]],
+                    what: str, atol: float, rtol: float
+                    ) -> tuple[dict[str, Any], list[Diagnostic]]:
+    """The verdict of check_against from both models' outputs_on the same feeds."""
     worst: dict[str, Any] = {"max_abs": 0.0, "max_rel": 0.0, "feeds": 0}
     diags: list[Diagnostic] = []
-    for i, feed in enumerate(feeds):
-        try:
-            ref = list(before.run(feed).values())
-        except Exception as e:
+    for i, (feed, ref, got) in enumerate(zip(feeds, before, after, strict=True)):
+        if isinstance(ref, Exception):
             if i == 0:
                 diags.append(Diagnostic("warning", "numeric-check-skipped",
                                         f"the input model does not run in ONNX Runtime "
-                                        f"({_last_line(e)}), so {what} was not checked"))
+                                        f"({_last_line(ref)}), so {what} was not checked"))
                 return {"max_abs": None, "max_rel": None, "feeds": 0}, diags
             continue  # a random size the model itself does not take
-        try:
-            got = list(after.run(feed).values())
-        except Exception as e:
+        if isinstance(got, Exception):
             diags.append(Diagnostic("error", "numeric-check-failed",
                                     f"{what}: the new model fails on inputs the old one runs "
-                                    f"({_describe(feed)}): {_last_line(e)}",
+                                    f"({_describe(feed)}): {_last_line(got)}",
                                     "the transformation broke the graph; use another backend"))
             return {"max_abs": None, "max_rel": None, "feeds": i}, diags
         errs = max_errors(ref, got)
@@ -129,16 +148,20 @@ def check_against(before: Any, after: Any, feeds: list[dict[str, np.ndarray]], w
 
 
 def error_vs_torch(artifact_path: Any, ref: tuple[dict[str, np.ndarray], list[np.ndarray]] | None,
-                   runner: Any = None) -> float | None:
-    """Max abs error of an ONNX model against torch's stored outputs on the example inputs."""
+                   runner: Any = None, outputs: Any = None) -> float | None:
+    """Max abs error of an ONNX model against torch's stored outputs on the example inputs
+    (``outputs``: the model's own on them, when a check already ran it)."""
     if ref is None:
         return None
-
-    runner = runner or OrtRunner(artifact_path)
-    try:
-        got = list(runner.run(ref[0]).values())
-    except Exception:
+    if outputs is None:
+        runner = runner or OrtRunner(artifact_path)
+        try:
+            outputs = list(runner.run(ref[0]).values())
+        except Exception:
+            return None
+    if isinstance(outputs, Exception):
         return None
+    got = outputs
     errs = max_errors(ref[1], got)
     return None if errs["shape_mismatch"] else errs["max_abs"]
 

@@ -6,14 +6,16 @@ inferred or executed; initializer sizes come from dims, not from the bytes.
 
 from __future__ import annotations
 
+import copy
 import json
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .onnx_io import detect_format, load_onnx
+from .onnx_io import detect_format, file_key, load_onnx, remember
+from .onnx_weights import tensor_bytes
 from .params import PNNX_IO_OPS, NcnnParam, PnnxParam, parse_ncnn_param, parse_pnnx_param
 
 Dim = int | str | None  # a fixed size, a symbolic name, or unknown
@@ -115,10 +117,29 @@ def summarize(source: Any) -> GraphSummary:
             return summarize_ncnn(path)
         if fmt == "pnnx":
             return summarize_pnnx(path)
-        return summarize_onnx(load_onnx(path, external_data=False))
+        key = file_key(path) if path.is_file() else None
+        if key is not None and key in _SUMMARIES:
+            return copy.deepcopy(_SUMMARIES[key])
+        summary = summarize_onnx(load_onnx(path, external_data=False))
+        if key is not None:
+            remember(_SUMMARIES, key, copy.deepcopy(summary))
+        return summary
     raise InputError(f"cannot summarize a {type(source).__name__}",
                      "pass an Artifact, a path to a .onnx, .ncnn.param or .pnnx.param file, "
                      "or an onnx.ModelProto")
+
+
+# GraphSummary of the ONNX files summarized (or written, remember_summary) by file_key: a
+# stage, its checks and its runners ask for the same model's summary several times
+_SUMMARIES: OrderedDict[tuple, GraphSummary] = OrderedDict()
+
+
+def remember_summary(path: str | Path, model: Any) -> GraphSummary:
+    """The GraphSummary of ``model`` (a ModelProto just written to ``path``), kept so that
+    ``summarize(path)`` does not parse the file again."""
+    summary = summarize_onnx(model)
+    remember(_SUMMARIES, file_key(path), copy.deepcopy(summary))
+    return summary
 
 
 def _dtype_name(elem_type: int) -> str:
@@ -142,21 +163,6 @@ def _tensor_info(vi) -> TensorInfo:
     return TensorInfo(vi.name, shape, _dtype_name(tt.elem_type))
 
 
-def _tensor_bytes(t) -> int:
-    import onnx
-
-    n = 1
-    for d in t.dims:
-        n *= d
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, ValueError, TypeError):
-        itemsize = 1
-    if t.data_type in (onnx.TensorProto.STRING,):
-        return sum(len(s) for s in t.string_data)
-    return n * itemsize
-
-
 def summarize_onnx(model) -> GraphSummary:
     g = model.graph
     hist = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
@@ -171,7 +177,7 @@ def summarize_onnx(model) -> GraphSummary:
         opsets={o.domain: o.version for o in model.opset_import},
         ir_version=model.ir_version,
         initializer_count=len(g.initializer),
-        initializer_bytes=sum(_tensor_bytes(t) for t in g.initializer),
+        initializer_bytes=sum(tensor_bytes(t) for t in g.initializer),
         functions=[f"{f.domain}::{f.name}" for f in model.functions],
         producer=f"{model.producer_name} {model.producer_version}".strip(),
     )

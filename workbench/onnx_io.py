@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .diagnostics import Diagnostic
 from .errors import ModelFileError
@@ -37,9 +38,9 @@ def check_model_file(path: str | Path) -> str:
                              "pass the .onnx file inside it")
     fmt = detect_format(path)
     if fmt == "onnx":
-        load_onnx(path, external_data=False)
+        if file_key(path) not in _READABLE:  # parsed before, unchanged since: not again
+            load_onnx(path, external_data=False)
     else:
-
         (parse_ncnn_param if fmt == "ncnn" else parse_pnnx_param)(path)
     return fmt
 
@@ -65,9 +66,38 @@ def load_onnx(path: str | Path, external_data: bool = True) -> onnx.ModelProto:
     if not model.HasField("graph") or not model.opset_import:
         raise _not_onnx(path, head, size, "parsed, but it has no graph or no opset_import")
     check_readable(model, path)
+    remember(_READABLE, file_key(path), True)
     if external_data:
         load_external_data(model, path)
     return model
+
+
+# files load_onnx read without error, by file_key: a 1.3 GB model is parsed once per process
+# to be checked, not once per runner, summary and check that opens it
+_READABLE: OrderedDict[tuple, Any] = OrderedDict()
+_REMEMBERED = 32
+
+
+def file_key(path: str | Path) -> tuple:
+    """What identifies a file's content without reading it: its inode, size and times (an
+    atomic rewrite is a new inode; any write changes the ctime, which nothing can set). Not
+    its name: a stage's staging folder is renamed into the workspace with the file unchanged."""
+    st = Path(path).stat()
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def mark_readable(path: str | Path) -> None:
+    """``path`` was just written from a model load_onnx read: check_model_file need not
+    parse it again."""
+    remember(_READABLE, file_key(path), True)
+
+
+def remember(cache: OrderedDict, key: tuple, value: Any) -> None:
+    """Put ``key`` in a bounded cache of file_key results (the oldest goes)."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _REMEMBERED:
+        cache.popitem(last=False)
 
 
 def load_external_data(model: onnx.ModelProto, path: Path) -> None:
@@ -133,19 +163,32 @@ def check_readable(model: onnx.ModelProto, path: str | Path) -> None:
 
 def _not_text(msg: object) -> tuple[str, bytes] | None:
     """The first string field of ``msg`` (recursively) that is not UTF-8: (its path, as
-    ``.graph.node[2].op_type``, and its bytes). Number and bytes fields are not read."""
-    for fd, value in msg.ListFields():  # type: ignore[attr-defined]
-        if fd.type not in (fd.TYPE_STRING, fd.TYPE_MESSAGE):
+    ``.graph.node[2].op_type``, and its bytes). Number and bytes fields are not read: an
+    initializer's raw_data (hundreds of MB) is never copied out (ListFields would)."""
+    for name, repeated, is_string in _text_fields(msg.DESCRIPTOR):  # type: ignore[attr-defined]
+        if repeated:
+            items = getattr(msg, name)
+        elif is_string or msg.HasField(name):  # type: ignore[attr-defined]
+            items = (getattr(msg, name),)
+        else:
             continue
-        for i, item in enumerate(value if fd.is_repeated else (value,)):
-            if fd.type == fd.TYPE_STRING:
+        for i, item in enumerate(items):
+            if is_string:
                 found = ("", item) if isinstance(item, bytes) else None
             else:
                 found = _not_text(item)
             if found is not None:
-                at = f".{fd.name}" + (f"[{i}]" if fd.is_repeated else "")
+                at = f".{name}" + (f"[{i}]" if repeated else "")
                 return at + found[0], found[1]
     return None
+
+
+@functools.cache
+def _text_fields(descriptor: object) -> tuple[tuple[str, bool, bool], ...]:
+    """(name, repeated, is a string) of each string or message field of a message type."""
+    return tuple((fd.name, fd.is_repeated, fd.type == fd.TYPE_STRING)
+                 for fd in descriptor.fields  # type: ignore[attr-defined]
+                 if fd.type in (fd.TYPE_STRING, fd.TYPE_MESSAGE))
 
 
 def _type_problem(t: object) -> str:
@@ -329,8 +372,11 @@ def check_shapes(model: onnx.ModelProto, path: str | Path | None = None) -> None
         if any(d < 0 for d in init.dims):
             raise ModelFileError(f"{name}: initializer {init.name!r} has dims {list(init.dims)}"
                                  ": a size is >= 0", hint)
-    try:
-        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    from .onnx_weights import structure_only
+
+    try:  # on the structure: inference reads dims and types, not the weights' bytes
+        onnx.shape_inference.infer_shapes(structure_only(model), check_type=True,
+                                          strict_mode=True)
     except onnx.shape_inference.InferenceError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         found = [ln for ln in lines if any(c in ln for c in _SHAPE_CONTRADICTIONS)]
@@ -338,5 +384,5 @@ def check_shapes(model: onnx.ModelProto, path: str | Path | None = None) -> None
             what = found[0].replace("[ShapeInferenceError] Inference error(s): ", "")
             raise ModelFileError(f"{name}: its shapes contradict each other: {what[:400]}",
                                  hint) from None
-    except Exception:  # noqa: BLE001 - not checkable here (a model over 2 GB): the runtime
+    except Exception:  # noqa: BLE001 - an op onnx has no schema for: left to the runtime
         return

@@ -21,9 +21,10 @@ from ..customops.registry import EXPORTERS, check_opset
 from ..diagnostics import Diagnostic
 from ..errors import InputError
 from ..fileio import atomic_write_bytes
-from ..graph import summarize_onnx
+from ..graph import remember_summary, summarize_onnx
 from ..inputs import as_tensor_tuple, copies, run_torch
-from ..onnx_io import ensure_ort_readable, external_data_files
+from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_readable
+from ..onnx_weights import checker_problem, save_with_external_data
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .export_args import check_arity, io_names, normalize_dynamic_axes
 from .export_checks import numeric_checks
@@ -288,52 +289,46 @@ def _dynamic_shapes(axes: dict[str, dict[int, str]], input_names: list[str],
 def _finish_onnx(path: Path, exporter: str, opset: int, modules: set, threshold: int,
                  diags: list[Diagnostic]) -> bool:
     """What the exporter wrote, set right and checked: a dynamo export converted below opset
-    18 repaired, TorchScript's bool CumSum cast, the moduleop functions checked, large
-    weights moved to external data (True when they were), the IR version lowered for
-    onnxruntime, onnx.checker run."""
+    18 repaired, TorchScript's bool CumSum cast, the moduleop functions checked, the IR
+    version lowered for onnxruntime, large weights moved to external data (True when they
+    were), onnx.checker run. The model is parsed once (its external data never loaded) and
+    written at most once; the checks read its structure, not its weights."""
     if exporter == "dynamo" and opset < 18:
         _repair_down_converted(path, opset, diags)
+    if exporter != "torchscript":  # grouping module calls rewrites the file: before it is read
+        diags += moduleop_diagnostics(path, modules, exporter)
+    model = load_onnx(path, external_data=False)
+    changed = exporter == "torchscript" and cast_bool_cumsum(model, diags)
     if exporter == "torchscript":
-        cast_bool_cumsum(path, diags)
-    diags += moduleop_diagnostics(path, modules, exporter)
-    external = _finalize_external_data(path, threshold, diags)
-    _check_onnx(path, diags)
+        diags += moduleop_diagnostics(path, modules, exporter, model)
+    lowered = lower_ir_version(model)
+    if lowered is not None:
+        diags.append(lowered)
+    external = _write_finished(model, path, threshold, changed or lowered is not None, diags)
+    mark_readable(path)  # what was written was read and checked here: the runners and the
+    remember_summary(path, model)  # summaries that open it next need not parse it again
+    problem = checker_problem(model)
+    if problem is not None:
+        diags.append(Diagnostic("error", "onnx-checker",
+                                f"onnx.checker rejects the model: {problem}",
+                                "the exporter wrote an invalid graph; try the other exporter "
+                                "or another opset"))
     return external
 
 
-def _finalize_external_data(path: Path, threshold: int, diags: list[Diagnostic]) -> bool:
-    """Move initializers to one ``model.onnx.data`` file when they pass ``threshold`` bytes."""
-    import onnx
-
-
-    existing = external_data_files(path)
-    model = onnx.load(str(path), load_external_data=False)
+def _write_finished(model: Any, path: Path, threshold: int, changed: bool,
+                    diags: list[Diagnostic]) -> bool:
+    """``model`` written to ``path`` when it changed, or with its initializers in one
+    ``model.onnx.data`` file when they pass ``threshold`` bytes or the exporter wrote external
+    data (torch writes one file per tensor past 2 GB). True when the weights are external."""
     size = summarize_onnx(model).initializer_bytes
-    if size <= threshold and not existing:
+    if size <= threshold and not external_locations(model, path):
+        if changed:  # no temp file, no fsync: the staging folder is the unit of atomicity
+            path.write_bytes(model.SerializeToString())
         return False
-    model = onnx.load(str(path))  # with its external data, to write it again as one file
-    for rel in existing:
-        (path.parent / rel).unlink()
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=f"{path.name}.data", size_threshold=1024)
+    save_with_external_data(model, path, path.parent)
     diags.append(Diagnostic("info", "external-data",
                             f"initializers ({size} bytes) are stored in {path.name}.data "
                             f"beside {path.name} (threshold {threshold} bytes)",
                             "keep the two files together when you move the model"))
     return True
-
-
-def _check_onnx(path: Path, diags: list[Diagnostic]) -> None:
-    import onnx
-
-
-    lowered = ensure_ort_readable(path)
-    if lowered is not None:
-        diags.append(lowered)
-    try:
-        onnx.checker.check_model(str(path))
-    except onnx.checker.ValidationError as e:
-        diags.append(Diagnostic("error", "onnx-checker",
-                                f"onnx.checker rejects the model: {str(e).splitlines()[0]}",
-                                "the exporter wrote an invalid graph; try the other exporter "
-                                "or another opset"))

@@ -93,11 +93,13 @@ def hooks_restored(model: Any, classes: set[type]) -> Iterator[None]:
             m.__dict__.pop("_onnx_attrs", None)
 
 
-def moduleop_diagnostics(path: Any, classes: set[type],
-                         exporter: str = "torchscript") -> list[Diagnostic]:
+def moduleop_diagnostics(path: Any, classes: set[type], exporter: str = "torchscript",
+                         model: Any = None) -> list[Diagnostic]:
     """Route 2 for the dynamo exporter (group each module call into a function, from the
     scopes it records), then a warning for each class the exported model holds no function
-    call of (a module whose forward() the trace never entered, or that was folded away)."""
+    call of (a module whose forward() the trace never entered, or that was folded away).
+    ``model``: the ModelProto at ``path`` when the caller holds it (TorchScript: nothing is
+    grouped, so it is read, not loaded again)."""
     if not classes:
         return []
     import onnx
@@ -105,7 +107,9 @@ def moduleop_diagnostics(path: Any, classes: set[type],
     diags: list[Diagnostic] = []
     if exporter != "torchscript":
         diags += group_module_calls(path, classes)
-    model = onnx.load(str(path), load_external_data=False)
+        model = None  # the file changed
+    if model is None:
+        model = onnx.load(str(path), load_external_data=False)
     called = {n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")}
     for c in sorted(classes, key=lambda c: c.__qualname__):
         if c.__name__ not in called:

@@ -17,15 +17,26 @@ from typing import Any
 from .._capture import capture
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
-from ..checks import check_against, error_vs_torch, random_feeds, reference_data
+from ..checks import compare_outputs, error_vs_torch, outputs_on, random_feeds, reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError, SimplifyError
-from ..graph import GraphSummary, summarize
-from ..onnx_io import check_model_file, check_shapes, ensure_ort_readable, load_onnx
+from ..graph import GraphSummary, remember_summary, summarize, summarize_onnx
+from ..onnx_io import (
+    check_model_file,
+    check_shapes,
+    external_locations,
+    load_onnx,
+    lower_ir_version,
+    mark_readable,
+)
+from ..onnx_weights import checker_problem, save_with_external_data
 from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
 MAIN = "model.onnx"
+# initializer bytes past which the output keeps its weights in external data: under
+# protobuf's 2 GB limit with room for the graph
+LARGE = 1_800_000_000
 
 
 def _onnxslim(model):
@@ -80,18 +91,15 @@ def as_onnx_artifact(source: Any, workspace: Workspace | str | None, stage: str)
         source.check_files()  # changed on disk since written: ModelFileError
         return source
     if isinstance(source, (str, Path)):
-        import onnx
 
         if check_model_file(source) != "onnx":
             raise InputError(f"{stage} takes an ONNX model; {str(source)!r} is not .onnx",
                              "pass a .onnx file or the artifact wb.export returned")
         model = load_onnx(source, external_data=False)  # not ONNX, truncated: ModelFileError
-        try:
-            onnx.checker.check_model(str(source))
-        except onnx.checker.ValidationError as e:
+        problem = checker_problem(model)
+        if problem is not None:
             raise InputError(
-                f"{stage} refuses {str(source)!r}: onnx.checker rejects it: "
-                f"{str(e).strip().splitlines()[0][:300]}",
+                f"{stage} refuses {str(source)!r}: onnx.checker rejects it: {problem[:300]}",
                 "the file is not a valid ONNX model; fix it (or export it again), then "
                 f"run {stage}") from None
         check_shapes(model, source)  # shapes that contradict each other: ModelFileError
@@ -138,20 +146,28 @@ def simplify(
     before = parent.graph
     diags: list[Diagnostic] = []
     result = _run_backend(name, fn, model, parent, diags)
+    del model  # the input's copy: onnxslim and onnxsim return a new model
 
     with ws.staging() as d:
         path = d / MAIN
         _save_checked(result, path, name, diags)
+        del result  # written: the numeric check reads the file
         ref = reference_data(parent)
         example = dict(ref[0]) if ref else None
         feeds = random_feeds(parent.graph, example, seed)
         if user_feed is not None:
             feeds.insert(0, user_feed)
+        # one model in ONNX Runtime at a time: the parent's runs, its session dropped, then
+        # the simplified model's (both at once held two copies of the weights)
+        parent_outputs = outputs_on(OrtRunner(parent.path), feeds)
         after_runner = OrtRunner(path)
-        vs_parent, more = check_against(OrtRunner(parent.path), after_runner, feeds,
-                                        f"simplify ({name})", atol, rtol)
+        after_outputs = outputs_on(after_runner, feeds)
+        vs_parent, more = compare_outputs(parent_outputs, after_outputs, feeds,
+                                          f"simplify ({name})", atol, rtol)
         diags.extend(more)
-        metrics = _metrics(path, ref, after_runner, vs_parent, before)
+        at = next((i for i, f in enumerate(feeds) if f is example), None)
+        on_example = after_outputs[at] if at is not None else None
+        metrics = _metrics(path, ref, after_runner, on_example, vs_parent, before)
         return ws.commit(d, stage="simplify", format="onnx", main=MAIN, parent=parent,
                          params={"backend": name, "atol": atol, "rtol": rtol, "seed": seed},
                          seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
@@ -191,44 +207,37 @@ def _run_backend(name: str, fn: Callable[[Any], Any], model: Any, parent: Artifa
 
 
 def _save_checked(result: Any, path: Path, name: str, diags: list[Diagnostic]) -> None:
-    """``result`` saved at ``path`` (weights beside it past protobuf's limit), its IR version
-    lowered for onnxruntime when needed, and onnx.checker's verdict."""
-    import onnx
-
-    large = not _fits(result) or result.ByteSize() > 1_800_000_000
-    onnx.save_model(result, str(path), save_as_external_data=large,
-                    all_tensors_to_one_file=True, location=f"{MAIN}.data")
-    lowered = ensure_ort_readable(path)
+    """``result`` saved at ``path`` once (weights in ``model.onnx.data`` beside it past
+    LARGE bytes), its IR version lowered for onnxruntime first when needed, and onnx.checker's
+    verdict on its structure (the weights' bytes are not serialized again to check them)."""
+    lowered = lower_ir_version(result)
     if lowered:
         diags.append(lowered)
-    try:
-        onnx.checker.check_model(str(path))
-    except onnx.checker.ValidationError as e:
+    if summarize_onnx(result).initializer_bytes > LARGE or external_locations(result, path):
+        save_with_external_data(result, path, path.parent)
+    else:  # no temp file, no fsync: the staging folder is the unit of atomicity
+        path.write_bytes(result.SerializeToString())
+    mark_readable(path)  # written from a model in memory: not parsed again to be read
+    remember_summary(path, result)
+    problem = checker_problem(result)
+    if problem is not None:
         diags.append(Diagnostic("error", "onnx-checker",
-                                f"onnx.checker rejects the output of {name}: "
-                                f"{_first_line(e)}", "use another backend"))
+                                f"onnx.checker rejects the output of {name}: {problem}",
+                                "use another backend"))
 
 
-def _metrics(path: Path, ref: Any, after_runner: Any, vs_parent: dict[str, Any],
-             before: GraphSummary) -> dict[str, Any]:
+def _metrics(path: Path, ref: Any, after_runner: Any, on_example: Any,
+             vs_parent: dict[str, Any], before: GraphSummary) -> dict[str, Any]:
     """The simplified model's error against torch and its parent, node counts and op
     histograms before and after."""
     after = summarize(path)
     return {
-        "max_abs": error_vs_torch(path, ref, after_runner),
+        "max_abs": error_vs_torch(path, ref, after_runner, on_example),
         "max_abs_vs_parent": vs_parent["max_abs"], "max_rel_vs_parent": vs_parent["max_rel"],
         "feeds_checked": vs_parent["feeds"],
         "nodes_before": before.node_count, "nodes_after": after.node_count,
         "ops_before": before.op_histogram, "ops_after": after.op_histogram,
     }
-
-
-def _fits(model) -> bool:
-    try:
-        model.ByteSize()
-        return True
-    except Exception:  # protobuf refuses to size messages over 2 GB
-        return False
 
 
 def _user_feed(inputs: Any, parent: Artifact) -> dict[str, Any]:

@@ -11,31 +11,30 @@ shipped rewriter ``workbench.diff``: stages/rewriters_builtin.py.)
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..diagnostics import Diagnostic
-from ..fileio import atomic_write_bytes
+from ..onnx_weights import structure_only
 
-
-def cast_bool_cumsum(path: Path, diags: list[Diagnostic]) -> None:
-    """Puts a Cast to int64 before each CumSum of the model at ``path`` that reads a bool
-    tensor (torch's ``bool_tensor.cumsum()`` is int64; the exporter writes a CumSum of
-    bools, which no ONNX runtime loads). Rewrites the file only when it has one; external
-    data stays where it is."""
-    import mmap
-
+if TYPE_CHECKING:
     import onnx
 
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data.find(b"CumSum") < 0:  # no such node: the model is not parsed again
-            return
-    model = onnx.load(str(path), load_external_data=False)
+
+def cast_bool_cumsum(model: onnx.ModelProto, diags: list[Diagnostic]) -> bool:
+    """Puts a Cast to int64 before each CumSum of ``model`` (in place) that reads a bool
+    tensor (torch's ``bool_tensor.cumsum()`` is int64; the exporter writes a CumSum of
+    bools, which no ONNX runtime loads). True when it changed the model.
+
+    The types come from shape inference on the model's structure (its weights' bytes are
+    not read), and only when it has a CumSum at all."""
+    import onnx
+
     if not any(n.op_type == "CumSum" for n in model.graph.node):
-        return
+        return False
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(structure_only(model))
     except Exception:  # noqa: BLE001 - the checks that follow report the model as it is
-        return
+        return False
     types = {v.name: v.type.tensor_type.elem_type for v in (
         *inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
     types.update({t.name: t.data_type for t in model.graph.initializer})
@@ -54,13 +53,13 @@ def cast_bool_cumsum(path: Path, diags: list[Diagnostic]) -> None:
             fixed.append(node.name or node.output[0])
         nodes.append(node)
     if not fixed:
-        return
+        return False
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    atomic_write_bytes(path, model.SerializeToString())
     diags.append(Diagnostic(
         "info", "bool-cumsum-cast",
         f"the TorchScript exporter wrote a CumSum of bools ({', '.join(fixed)}), which ONNX "
         "does not allow; a Cast to int64 was put before it, as torch sums bools",
         "nothing to do: this is torch's exporter, not your model (transformers' decoder "
         "masks do it)"))
+    return True
