@@ -103,7 +103,9 @@ def _compare(reference: Any, candidates: Any, inputs: Any, *, progress: Progress
     with Schedule() as schedule:
         run = _Comparison(plan, schedule, bar, Aligner(reference, plan.modules),
                           Findings(plan.candidates))
-        for args in plan.input_sets:
+        for i, args in enumerate(plan.input_sets):
+            if len(plan.input_sets) > 1:  # the progress says which set it is on
+                run.where = f"input set {i + 1}/{len(plan.input_sets)} · "
             _compare_set(run, args)
     scores = _task_scores(plan, run.found, bar)
     bar.close()
@@ -120,6 +122,10 @@ class _Comparison:
     bar: Steps
     aligner: Aligner
     found: Findings
+    where: str = ""  # which input set, in the progress (when there are several)
+
+    def phase(self, text: str) -> None:
+        self.bar.phase(self.where + text)
 
 
 def _compare_set(run: _Comparison, args: tuple) -> None:
@@ -131,15 +137,16 @@ def _compare_set(run: _Comparison, args: tuple) -> None:
     check_inputs(cands, args)
     own_args = [copies(args) for _ in cands]
     with run.schedule.captures(cands, own_args, plan.mode) as captures:
-        bar.phase("torch: capturing every tensor")
+        run.phase("torch: capturing every tensor")
         reference = capture_reference(run.schedule, plan.runner, args, plan.modules,
                                       index=run.aligner.pending(cands))
+        run.phase(f"torch: {len(reference.values)} tensors captured")
         bar.advance()
         this_set = InputSetCapture(args, cands, reference, captures, own_args)
         ready: dict[int, Captured | RunFailed] = {}  # aligned ahead, while one measured
         for k, cand in enumerate(cands):
             if k not in ready:
-                bar.phase(f"{cand.name}: capturing")
+                run.phase(f"{_which(cand, k, cands)}: capturing every tensor")
             got = ready.pop(k) if k in ready else this_set.candidate(k, run.aligner)
             if isinstance(got, RunFailed):
                 run.found.fail(cand.name, got.why)
@@ -161,17 +168,38 @@ def _compare_candidate(run: _Comparison, cand: Candidate, got: Captured,
     if cand.name not in found.noted:
         found.noted.add(cand.name)
         found.note(cand.name, *_notes(run.plan, cand, this_set.args, got))
-    run.bar.phase(f"{cand.name}: measuring {len(got.alignment.pairs)} aligned tensors of "
-                  f"{len(got.tensors)}")
+    cands = run.plan.candidates
+    which = _which(cand, cands.index(cand), cands)
+    head = (f"{which}: {len(got.values or ())} tensors captured; measuring "
+            f"{len(got.alignment.pairs)} aligned tensors of {len(got.tensors)}")
+    run.phase(head)
     ref_values = this_set.reference.values
     runs = candidate_runs(cand, got, ref_values, run.plan.mode)
     found.runs(cand.name, runs)
     while runs.runs:  # each run's values let go once measured
         one = runs.runs.pop(0)
-        found.measured(cand.name, measure_run(run.schedule, cand, one, got, ref_values,
-                                              run.plan.tolerances, side))
+        mode = f" ({one.mode})" if run.plan.mode == "both" else ""
+        found.measured(cand.name, measure_run(
+            run.schedule, cand, one, got, ref_values, run.plan.tolerances, side,
+            on_done=_counter(run, f"{head}{mode}", len(got.alignment.pairs))))
         side = one = None
         run.bar.advance()
+
+
+def _which(cand: Candidate, k: int, cands: list[Candidate]) -> str:
+    """The candidate's name, and which of how many it is when there are several."""
+    return f"{cand.name} ({k + 1}/{len(cands)})" if len(cands) > 1 else cand.name
+
+
+def _counter(run: _Comparison, head: str, total: int) -> Callable[[int], None]:
+    """A phase per twentieth of the pairs measured: '<head>: n measured'."""
+    step, said = max(1, total // 20), [-1]
+
+    def on_done(n: int) -> None:
+        if n != said[0] and (n % step == 0 or n == total):
+            said[0] = n
+            run.phase(f"{head}: {n} measured")
+    return on_done
 
 
 def _notes(plan: Plan, cand: Candidate, args: tuple, got: Captured) -> list[str | None]:

@@ -62,18 +62,64 @@ class OpFloor:
     bound: float = 0.0
 
 
+# elements of a weight converted to float64 at a time: a 151,936 x 896 embedding read whole
+# would take 1.1 GB per copy (three of them: the float64 array, its |w|, its square)
+CHUNK = 1 << 22
+
+
+def row_sums(w: Any, rows: int, term: Any) -> Any:
+    """sum(term(w)) over each of ``rows`` output rows, in float64, a slice of rows at a
+    time (each row summed whole, as numpy sums it: the figures do not depend on the
+    slicing)."""
+    import numpy as np
+
+    w = np.asarray(w)
+    if not rows or not w.size:
+        return term(np.asarray(w, dtype=np.float64)).reshape(rows, -1).sum(axis=1)
+    w = w.reshape(rows, -1)
+    step = max(1, CHUNK // w.shape[1])
+    return np.concatenate([term(w[i:i + step].astype(np.float64)).sum(axis=1)
+                           for i in range(0, rows, step)])
+
+
 def abs_rows(w: Any, rows: int) -> Any:
     """Sum of |w| over each of ``rows`` output rows (float64)."""
     import numpy as np
 
-    return np.abs(np.asarray(w, dtype=np.float64)).reshape(rows, -1).sum(axis=1)
+    return row_sums(w, rows, np.abs)
 
 
 def norm_rows(w: Any, rows: int) -> Any:
     """The L2 norm of each of ``rows`` output rows (float64)."""
     import numpy as np
 
-    return np.sqrt(np.square(np.asarray(w, dtype=np.float64)).reshape(rows, -1).sum(axis=1))
+    return np.sqrt(row_sums(w, rows, np.square))
+
+
+def column_sums(w: Any) -> tuple[Any, Any]:
+    """(sum of |w|, sum of w**2) over axis -2 of ``w``, in float64, a slice of its last
+    axis at a time in the layout ``w`` has (numpy sums each column as it would the whole
+    array's: slices of at least two columns keep the reduction's order)."""
+    import numpy as np
+
+    w = np.asarray(w)
+    n = w.shape[-1]
+    step = max(2, CHUNK // max(1, w.size // max(n, 1)))
+    if n < 2 * step:
+        step = n
+    bounds = list(range(0, n, step))
+    if len(bounds) > 1 and n - bounds[-1] < 2:
+        bounds.pop()  # the last slice takes the remainder: never a single column
+    ends = bounds[1:] + [n]
+    absum, sqsum = [], []
+    for a, b in zip(bounds, ends, strict=True):
+        part = w[..., a:b].astype(np.float64)
+        absum.append(np.abs(part).sum(axis=-2))
+        sqsum.append(np.square(part).sum(axis=-2))
+    if not bounds:
+        part = w.astype(np.float64)
+        return np.abs(part).sum(axis=-2), np.square(part).sum(axis=-2)
+    return np.concatenate(absum, axis=-1), np.concatenate(sqsum, axis=-1)
 
 
 def extent(kernel: Any, dilation: Any) -> tuple[int, ...]:
@@ -93,9 +139,15 @@ def max_abs(a: Any) -> float:
     """max |a| over its finite values (0 for none)."""
     import numpy as np
 
-    a = np.asarray(a, dtype=np.float64)
-    a = a[np.isfinite(a)] if a.size else a
-    return float(np.abs(a).max()) if a.size else 0.0
+    flat = np.asarray(a).reshape(-1)
+    top = None
+    for i in range(0, flat.size, CHUNK):  # a slice at a time: no float64 copy of it whole
+        part = flat[i:i + CHUNK].astype(np.float64)
+        part = part[np.isfinite(part)]
+        if part.size:
+            m = float(np.abs(part).max())
+            top = m if top is None else max(top, m)
+    return 0.0 if top is None else top
 
 
 def recurrent(acts: tuple[str, ...], w_x: Any, w_h: Any, bias: Any, op: str) -> OpFloor:

@@ -26,9 +26,11 @@ from .floor_kinds import (
     WEIGHTED,
     OpFloor,
     abs_bias,
+    column_sums,
     extent,
     max_abs,
     recurrent,
+    row_sums,
 )
 from .floor_slopes import LIPSCHITZ, NCNN_ACT, absolute, steepest
 
@@ -89,14 +91,13 @@ def _fp32_blobs(layout: Any, bin_path: Path) -> dict[str, dict[str, Any]]:
     import numpy as np
 
     out: dict[str, dict[str, Any]] = {}
-    with open(bin_path, "rb") as f:
-        for blob in layout.blobs:
-            if blob.storage != "float32":
-                continue
-            f.seek(blob.offset)
-            data = np.fromfile(f, "<f4", blob.count)
-            if data.size == blob.count:
-                out.setdefault(blob.layer, {})[blob.role] = data
+    size = bin_path.stat().st_size
+    for blob in layout.blobs:  # mapped, not read: the weights' pages are read as summed
+        if blob.storage != "float32" or blob.offset + 4 * blob.count > size:
+            continue
+        out.setdefault(blob.layer, {})[blob.role] = np.memmap(
+            bin_path, "<f4", mode="r", offset=blob.offset, shape=(blob.count,)) \
+            if blob.count else np.zeros(0, "<f4")
     return out
 
 
@@ -173,10 +174,12 @@ def _ncnn_gemm(ly: Any, acts: tuple[str, ...], w: dict[str, Any]) -> OpFloor | N
     n_out, k = int(_p(ly, 8)), int(_p(ly, 9))
     if not n_out or not k or w["B"].size != n_out * k:
         return None
-    b = w["B"].astype(np.float64).reshape((n_out, k) if int(_p(ly, 3)) else (k, n_out))
-    axis = 1 if int(_p(ly, 3)) else 0
-    rows = abs(_p(ly, 0, 1.0)) * np.abs(b).sum(axis=axis)
-    rows2 = abs(_p(ly, 0, 1.0)) * np.sqrt(np.square(b).sum(axis=axis))
+    if int(_p(ly, 3)):  # summed in slices (floor_kinds): no float64 copy of B whole
+        absum, sqsum = row_sums(w["B"], n_out, np.abs), row_sums(w["B"], n_out, np.square)
+    else:
+        absum, sqsum = column_sums(w["B"].reshape(k, n_out))
+    rows = abs(_p(ly, 0, 1.0)) * absum
+    rows2 = abs(_p(ly, 0, 1.0)) * np.sqrt(sqsum)
     c = w.get("C")
     bias = None if c is None else np.full(n_out, abs(_p(ly, 1, 1.0)) * max_abs(c))
     return OpFloor(WEIGHTED, acts[:1], k + (c is not None), rows, bias, op="Gemm", rows2=rows2,

@@ -34,6 +34,7 @@ from .floor_kinds import (
     OpFloor,
     abs_bias,
     abs_rows,
+    column_sums,
     extent,
     max_abs,
     norm_rows,
@@ -58,18 +59,26 @@ FUSED = {"FusedConv": "Conv", "FusedGemm": "Gemm"}
 
 # -- ONNX ---------------------------------------------------------------------------------------
 
-def onnx_floors(model: Any) -> dict[str, OpFloor]:
-    """{output value: OpFloor} for every node output of an ONNX model."""
+def onnx_floors(model: Any, path: Path | None = None) -> dict[str, OpFloor]:
+    """{output value: OpFloor} for every node output of an ONNX model. Its initializers
+    held in files (external data, or the .onnx itself: onnx_wire.structure) are read from
+    ``path``'s folder as arrays mapping the files, no copy; without ``path`` they are not
+    known (their ops fall back)."""
     from onnx import numpy_helper
+
+    from ..runtime.onnx_wire import initializer
 
     inits = {t.name: t for t in model.graph.initializer}
     cache: dict[str, Any] = {}
 
     def const(name: str) -> Any:  # an initializer (or a Constant's value) as numpy, or None
-        if name not in cache:
-            t = inits.get(name)
-            cache[name] = None if t is None or (t.data_location == 1 and not t.raw_data) \
-                else numpy_helper.to_array(t)
+        if name in cache:
+            return cache[name]
+        t = inits.get(name)
+        if t is not None and t.data_location == 1:  # mapped anew each time, not kept: the
+            # pages a rule reads are let go with it (a decoder's weights are gigabytes)
+            return None if path is None else initializer(path, t)
+        cache[name] = None if t is None else numpy_helper.to_array(t)
         return cache[name]
 
     out: dict[str, OpFloor] = {}
@@ -124,12 +133,13 @@ def _onnx_rule(node: Any, const: Any) -> OpFloor | None:
                        rows2=rows2, cin=int(cin), groups=g, window=window)
     if op in ("Gemm", "MatMul") and len(ins) > 1 and const(ins[1]) is not None \
             and const(ins[0]) is None:
-        w = const(ins[1]).astype(np.float64)
+        w = const(ins[1])
         if op == "Gemm" and _attr(node, "transB", 0):
             w = np.swapaxes(w, -1, -2)
         scale = abs(float(_attr(node, "alpha", 1.0))) if op == "Gemm" else 1.0
-        rows = scale * np.abs(w).sum(axis=-2).reshape(-1)
-        rows2 = scale * np.sqrt(np.square(w).sum(axis=-2)).reshape(-1)
+        absum, sqsum = column_sums(w)  # in slices: no float64 copy of a large weight
+        rows = scale * absum.reshape(-1)
+        rows2 = scale * np.sqrt(sqsum).reshape(-1)
         b = const(ins[2]) if op == "Gemm" and len(ins) > 2 and ins[2] else None
         bias = None if b is None else abs(float(_attr(node, "beta", 1.0))) * abs_bias(b)
         by_rows = not (op == "Gemm" and _attr(node, "transA", 0))
@@ -180,7 +190,9 @@ def _onnx_elementwise(node: Any, op: str, acts: tuple[str, ...],
     """Elementwise, pooling and reduction ops; None for the rest (a fallback)."""
     import numpy as np
 
-    big = max((max_abs(c) for c in consts), default=0.0)
+    def big() -> float:  # the largest constant an Add or a Mul applies (read only for them)
+        return max((max_abs(c) for c in consts), default=0.0)
+
     # (a linear or cubic Resize falls back: its weights come from coordinates each backend
     # computes in fp32 its own way, off by ~u times the image's width, not from terms)
     if op in ONNX_EXACT or (op == "Resize" and _attr(node, "mode", b"nearest") == b"nearest"):
@@ -190,9 +202,9 @@ def _onnx_elementwise(node: Any, op: str, acts: tuple[str, ...],
         return OpFloor(EXACT, acts, lipschitz=max(1.0, abs(float(_attr(node, "alpha", 0.01)))),
                        op=op)
     if op in ("Add", "Sub", "Sum"):
-        return OpFloor(SUM, acts, len(acts) + len(consts), const=big, op=op)
+        return OpFloor(SUM, acts, len(acts) + len(consts), const=big(), op=op)
     if op == "Mul":
-        return OpFloor(PRODUCT, acts, const=big if consts else 1.0, op=op)
+        return OpFloor(PRODUCT, acts, const=big() if consts else 1.0, op=op)
     if op in ("AveragePool", "GlobalAveragePool", "ReduceMean"):
         k = _attr(node, "kernel_shape")
         return OpFloor(MEAN, acts[:1], int(np.prod(k)) if k else 0, op=op)
@@ -222,17 +234,17 @@ _CACHE: OrderedDict[tuple, dict[str, OpFloor]] = OrderedDict()
 
 def op_floors(kind: str, path: Path) -> dict[str, OpFloor]:
     """{candidate tensor: OpFloor} of an "onnx" or "ncnn" candidate's file, kept while the
-    file is unchanged. An ONNX model whose weights live in external files is read without
-    them: its weighted ops fall back (their terms unknown)."""
+    file is unchanged. An ONNX model's weights are read where they lie (in the .onnx or its
+    external data), mapped, never parsed into a copy (onnx_wire.py)."""
     path = Path(path)
     files = [path] + ([path.with_suffix(".bin")] if kind == "ncnn" else [])
     key = (kind, str(path.resolve()), *((f.stat().st_mtime_ns, f.stat().st_size)
                                         for f in files if f.is_file()))
     if key not in _CACHE:
         if kind == "onnx":
-            from ..onnx_io import load_onnx
+            from ..runtime.onnx_wire import structure
 
-            _CACHE[key] = onnx_floors(load_onnx(path, external_data=False))
+            _CACHE[key] = onnx_floors(structure(path), path)
         else:
             _CACHE[key] = ncnn_floors(path)
         while len(_CACHE) > 4:

@@ -145,17 +145,20 @@ class _Job:
 
 def measure_run(schedule: Schedule, cand: Candidate, run: Run, captured: Captured,
                 ref_values: dict[str, Any], tolerances: Tolerances,
-                side: Callable[[], Any] | None = None) -> RunRecords:
+                side: Callable[[], Any] | None = None,
+                on_done: Callable[[int], None] | None = None) -> RunRecords:
     """The records of one candidate's run (its aligned tensors present in ``run.values``),
     and {tensor: why} for the pairs that could not be measured. ``side`` runs meanwhile (see
     Schedule.measure). An fp32 candidate's records are then decided by its noise floor times
     FACTOR (``noise_floor.judged``); a tolerance the caller gave, and any low precision's
-    (``captured.floors`` None), keep atol + rtol * |ref| per element."""
+    (``captured.floors`` None), keep atol + rtol * |ref| per element. ``on_done`` is told
+    how many pairs are measured, now and then (the progress)."""
     pair = _Pair(captured, ref_values, run.values)
     order = {t.name: t for t in captured.tensors}
     jobs = [_Job(order[c], r, tolerances(order[c]))
             for c, r in captured.alignment.pairs.items() if c in run.values]
-    measured = list(zip(jobs, schedule.measure(pair.measure, jobs, side), strict=True))
+    measured = list(zip(jobs, schedule.measure(pair.measure, jobs, side, on_done),
+                        strict=True))
     floors = captured.floors
     floor_of = {} if floors is None else noise_floors(floors, run.mode, {
         job.tensor.name: m for job, m in measured if not isinstance(m, str)})

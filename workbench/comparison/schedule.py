@@ -73,15 +73,19 @@ class Schedule:
         return runner.run(args, capture="all")
 
     def measure(self, fn: Callable[[J], R], jobs: list[J],
-                side: Callable[[], Any] | None = None) -> list[R]:
+                side: Callable[[], Any] | None = None,
+                on_done: Callable[[int], None] | None = None) -> list[R]:
         """fn(job) for every job, in order, shared by the calling thread and the measuring
         thread as each is free (every thread here is single-threaded work, so a third one
         would only time-slice). ``side`` (Python work: aligning the next candidate) runs
         first in the calling thread while the measuring thread starts on the jobs; the
-        metrics kernel releases the GIL, so the two overlap."""
+        metrics kernel releases the GIL, so the two overlap. ``on_done(n)``, called in the
+        calling thread as it finishes a job, says how many jobs are done (the progress)."""
         out: list[Any] = [None] * len(jobs)
         lock = threading.Lock()
         todo = list(range(len(jobs)))[::-1]  # popped from the end: jobs in order
+        done = [0]
+        caller = threading.get_ident()
 
         def drain() -> None:
             while True:
@@ -90,6 +94,11 @@ class Schedule:
                         return
                     i = todo.pop()
                 out[i] = fn(jobs[i])
+                with lock:
+                    done[0] += 1
+                    n = done[0]
+                if on_done is not None and threading.get_ident() == caller:
+                    on_done(n)
 
         helper = self.pool.submit(drain)
         try:
@@ -102,6 +111,8 @@ class Schedule:
             raise
         finally:
             helper.result()  # the measuring thread's exception, if any, is raised here
+        if on_done is not None and jobs:
+            on_done(len(jobs))  # all of them (the last may have been the other thread's)
         return out
 
 

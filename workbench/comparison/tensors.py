@@ -82,9 +82,9 @@ def _onnx_tensors(cand: Candidate, modules: set[str]) -> list[CandidateTensor]:
     """Every node output of an ONNX candidate, with the module its node is hinted to
     (``_onnx_hints``), whether it is a step inside that module (read only there, or by its
     own call), and whether it is a constant (computed from weights alone)."""
-    from ..onnx_io import load_onnx
+    from ..runtime.onnx_wire import structure
 
-    model = load_onnx(cand.path, external_data=False)
+    model = structure(cand.path)  # the graph without the weights' bytes
     hints, inferred, weighted = _onnx_hints(model, modules)
     scopes = [_scope(n) for n in model.graph.node]  # the call, not only the module
     readers: dict[str, set] = {}

@@ -132,10 +132,13 @@ def _ncnn_loader(bin_path: Path, blob: Any) -> Any:
     def load() -> Any:
         import numpy as np
 
-        # int8 weights as they are: a row's cosine does not see its scale
-        data = np.fromfile(bin_path, DTYPES[blob.storage], blob.count,
-                           offset=blob.offset).astype(np.float32)
-        return data if data.size == blob.count else None
+        # int8 weights as they are: a row's cosine does not see its scale. fp32 ones map
+        # the file (no copy of a 545 MB embedding; its pages read as they are compared)
+        dtype = np.dtype(DTYPES[blob.storage])
+        if blob.offset + blob.count * dtype.itemsize > bin_path.stat().st_size:
+            return None
+        data = np.memmap(bin_path, dtype, mode="r", offset=blob.offset, shape=(blob.count,))
+        return data.astype(np.float32, copy=False)
     return load
 
 
@@ -192,9 +195,9 @@ def onnx_weight_modules(path: str | Path, model: Any, named: dict[int, str | Non
 
 def _link_onnx(path: Path, named: dict[int, str | None], params: list[Param]
                ) -> dict[int, tuple[str, ...]]:
-    from ..onnx_io import load_onnx
+    from ..runtime.onnx_wire import structure
 
-    graph = load_onnx(path, external_data=False).graph
+    graph = structure(path).graph  # the weights read where they lie, when asked for
     inits = {t.name: t for t in graph.initializer if len(t.dims) >= 2}
     stored = []
     for k, node in enumerate(graph.node):
@@ -207,7 +210,7 @@ def _link_onnx(path: Path, named: dict[int, str | None], params: list[Param]
                 count = 1
                 for d in shape:
                     count *= d
-                stored.append(Stored(k, str(k), node.op_type, count, _onnx_loader(t),
+                stored.append(Stored(k, str(k), node.op_type, count, _onnx_loader(path, t),
                                      shape=shape, name=named.get(k)))
                 break
     ties = identify(stored, params)
@@ -216,14 +219,16 @@ def _link_onnx(path: Path, named: dict[int, str | None], params: list[Param]
             if int(k) in whole}
 
 
-def _onnx_loader(tensor: Any) -> Any:
+def _onnx_loader(path: Path, tensor: Any) -> Any:
     @functools.cache
     def load() -> Any:
         import numpy as np
-        from onnx import numpy_helper
+
+        from ..runtime.onnx_wire import initializer
 
         try:
-            return numpy_helper.to_array(tensor).astype(np.float32).ravel()
-        except (ValueError, TypeError, OSError):  # data kept outside the file
+            values = initializer(path, tensor)
+        except (ValueError, TypeError, OSError):  # not readable as an array
             return None
+        return None if values is None else values.astype(np.float32).ravel()
     return load

@@ -9,10 +9,12 @@ from typing import Any
 from .. import customops as cops
 from ..errors import InputError, WorkbenchError
 from ..graph import summarize
-from ..onnx_io import check_model_file, load_onnx
+from ..onnx_io import check_model_file, check_readable, detect_format
 from .base import ModelIO, Runner, TensorSpec, split_inputs, to_numpy
 from .heap import keep_freed_memory
 from .memory import allocation_failure, check_fits, too_large
+from .onnx_wire import structure
+from .ort_all import all_outputs_session
 from .ort_session import explain_ort_run_error, session
 from .recorded import check_recorded
 from .remote import RemoteHandle
@@ -49,7 +51,7 @@ class OrtRunner(Runner):
         """
 
         self.path = Path(getattr(source, "path", source))
-        check_model_file(self.path)  # a clear error here, not a native one in the worker
+        _check_file(self.path)  # a clear error here, not a native one in the worker
 
         check_recorded(source, self.path)  # as its stage wrote it: an Artifact, or a path in one
         self.isolated = isolated
@@ -92,7 +94,10 @@ class OrtRunner(Runner):
         # from the graph, not a session: a session made only to describe the model would
         # cost as much as the one that runs it (and capture="all" builds its own)
 
-        g = summarize(self.path)
+        try:  # the graph without its weights' bytes (onnx_wire): no parse of gigabytes
+            g = summarize(structure(self.path))
+        except (ValueError, OSError):
+            g = summarize(self.path)  # says what is wrong with the file
         return ModelIO(inputs=tuple(
             TensorSpec(t.name, t.dtype, None if t.shape is None else
                        tuple(d if isinstance(d, int) else None for d in t.shape))
@@ -182,16 +187,31 @@ class OrtRunner(Runner):
         return out
 
     def _session_all(self):
-        """A second session whose outputs are every intermediate value (one pass)."""
+        """A second session whose outputs are every intermediate value (one pass), its
+        weights read by ONNX Runtime from their files (ort_all.py)."""
         if self._all_session is None:
-            from onnx import helper
-
-            model = load_onnx(self.path)
-            known = {o.name for o in model.graph.output}
-            for node in model.graph.node:
-                for out in node.output:
-                    if out and out not in known:
-                        model.graph.output.append(helper.make_empty_tensor_value_info(out))
-                        known.add(out)
-            self._all_session = session(model, self.libraries, **self._options())
+            self._all_session = all_outputs_session(self.path, self.libraries,
+                                                    **self._options())
         return self._all_session
+
+
+def _check_file(path: Path) -> None:
+    """ModelFileError unless ``path`` is an ONNX model a runner can load: checked on its
+    graph without the weights' bytes (onnx_wire.structure), and by a full parse only where
+    that finds something wrong (it names what). The worker's twin of a runner skips it:
+    the runner checked the file in this process."""
+    from . import worker_main
+
+    if worker_main.SERVING:
+        return
+    if detect_format(path) != "onnx":
+        check_model_file(path)
+        return
+    try:
+        model = structure(path)
+    except (ValueError, OSError):
+        check_model_file(path)  # raises, naming what is wrong
+        return
+    if not model.HasField("graph") or not model.opset_import:
+        check_model_file(path)
+    check_readable(model, path)

@@ -24,10 +24,13 @@ if TYPE_CHECKING:
     import onnx
 
 
-def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **options: Any):
+def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), *,
+            parsed: onnx.ModelProto | None = None, **options: Any):
     """An onnxruntime CPU InferenceSession: quiet, IR version lowered in memory if needed,
     custom-op ``libraries`` registered (onnxruntime-extensions' automatically when the model
-    uses its domain). An op with no implementation raises MissingOpError naming it."""
+    uses its domain). An op with no implementation raises MissingOpError naming it.
+    ``parsed``: the model at the path, already parsed and checked by the caller (a model the
+    workbench wrote, ort_all.py), so that it is not read again."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -42,7 +45,8 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), **
     for k, v in options.items():
         setattr(so, k, v)
     path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
-    model = load_onnx(path, external_data=False) if path is not None else path_or_model
+    model = path_or_model if path is None else parsed if parsed is not None else load_onnx(
+        path, external_data=False)
     if path is not None:  # onnxruntime reads the external data itself: check where first
         external_locations(model, path)
     check_shapes(model, path)  # onnxruntime runs a model whose shapes contradict it silently
