@@ -172,7 +172,9 @@ def wire_graph(path: str | Path) -> WireGraph:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             refs: dict[str, WeightRef] = {}
             try:
-                model = _rewrite(memoryview(buf), 0, size, 0, path.name, refs)
+                # the mmap itself, sliced into bytes field by field: a memoryview's
+                # slices would keep it from closing when an error unwinds
+                model = _rewrite(buf, 0, size, 0, path.name, refs)
             except IndexError:
                 raise ValueError(f"{path} is cut short: not a whole protobuf message") from None
     return WireGraph(model, refs, path.name)

@@ -1,0 +1,183 @@
+"""wb.compare at decoder scale (issue 34): the graph read without its weights' bytes
+(runtime/onnx_wire.py), the capture="all" session that reads the weights where they lie
+(runtime/ort_all.py), the floors' weights summed in slices from mapped files, and the
+progress naming the set, the candidate and the counts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def _model(path: Path, external: bool = False) -> Path:
+    """y = Gemm(Relu(Conv(x) + c) reshaped, W1^T) then MatMul(., W2): weights past
+    onnx_wire.INLINE_BYTES, a transposed Gemm, a small constant, an Identity of a weight."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    conv_w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    w1 = (rng.standard_normal((40, 8 * 6 * 6)) * 0.1).astype(np.float32)  # (N, K): transB
+    w2 = (rng.standard_normal((40, 30)) * 0.2).astype(np.float32)
+    inits = [numpy_helper.from_array(conv_w, "conv.weight"),
+             numpy_helper.from_array(np.full((1, 8, 1, 1), 0.25, np.float32), "c"),
+             numpy_helper.from_array(w1, "fc1.weight"),
+             numpy_helper.from_array(w2, "fc2.weight"),
+             numpy_helper.from_array(np.array([1, -1], np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["conv"], pads=[0, 0, 0, 0]),
+             helper.make_node("Add", ["conv", "c"], ["add"]),
+             helper.make_node("Relu", ["add"], ["relu"]),
+             helper.make_node("Reshape", ["relu", "shape"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "fc1.weight"], ["fc1"], transB=1),
+             helper.make_node("Identity", ["fc2.weight"], ["fc2.tied"]),
+             helper.make_node("MatMul", ["fc1", "fc2.tied"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 30])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save_model(model, str(path), save_as_external_data=external,
+                    location=f"{path.name}.data", size_threshold=1024)
+    return path
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((1, 3, 8, 8)).astype(np.float32)
+
+
+def test_the_graph_is_read_without_the_weights_bytes_and_each_weight_maps_its_file(
+        tmp_path: Path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    from workbench.runtime.onnx_wire import INLINE_BYTES, initializer, structure, wire_graph
+
+    path = _model(tmp_path / "m.onnx")
+    full = onnx.load(str(path))
+    wire = wire_graph(path)
+    big = {t.name for t in full.graph.initializer if t.raw_data and len(t.raw_data) >
+           INLINE_BYTES}
+    assert set(wire.weights) == big == {"fc1.weight", "fc2.weight"}  # the conv's 864 bytes
+    # stay in the graph
+    assert len(wire.model) < path.stat().st_size / 4
+    model = structure(path)
+    assert [n.op_type for n in model.graph.node] == [n.op_type for n in full.graph.node]
+    for t in model.graph.initializer:
+        want = numpy_helper.to_array(next(i for i in full.graph.initializer
+                                          if i.name == t.name))
+        got = initializer(path, t)
+        assert got.dtype == want.dtype and np.array_equal(got, want), t.name
+        assert isinstance(got, np.memmap) == (t.name in big)  # mapped, not copied
+    # the .onnx cut short inside a weight: refused by the walker, and the runner says so
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size - 100])
+    with pytest.raises(ValueError, match="cut short"):
+        wire_graph(cut)
+    from workbench.errors import ModelFileError
+    from workbench.runtime import OrtRunner
+
+    with pytest.raises(ModelFileError, match="cut.onnx"):
+        OrtRunner(cut, isolated=False)
+
+
+def _old_route(path: Path) -> dict[str, np.ndarray]:
+    """capture="all" as it was: the model parsed whole, every output added, serialized."""
+    from workbench.onnx_io import load_onnx
+    from workbench.runtime.ort_all import with_all_outputs
+    from workbench.runtime.ort_session import session
+
+    sess = session(with_all_outputs(load_onnx(path)))
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, {"x": _x()}), strict=True))
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_the_all_outputs_session_reads_weights_where_they_lie_and_leaves_nothing_behind(
+        tmp_path: Path, external: bool) -> None:
+    from workbench.runtime import OrtRunner
+
+    path = _model(tmp_path / "m.onnx", external)
+    before = sorted(os.listdir(tmp_path))
+    temp_before = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("wb-capture-")}
+    got = OrtRunner(path, isolated=False).run((_x(),), capture="all")
+    want = _old_route(path)
+    assert list(got) == list(want)  # every node output, the graph's own first
+    for name, value in want.items():
+        assert np.array_equal(got[name], value), name
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written beside the model
+    assert {p for p in os.listdir(tempfile.gettempdir())
+            if p.startswith("wb-capture-")} == temp_before  # its staging folder removed
+
+
+def test_a_model_on_another_file_system_is_staged_beside_itself(tmp_path: Path) -> None:
+    """/dev/shm (tmpfs) cannot hard-link into the temporary folder's file system: the small
+    model is written beside the model, and removed once the session is made."""
+    from workbench.runtime import OrtRunner
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(
+            tempfile.gettempdir()).st_dev:
+        pytest.skip("needs /dev/shm on another file system than the temporary folder")
+    folder = Path(tempfile.mkdtemp(prefix="wb-test-scale-", dir="/dev/shm"))
+    try:
+        path = _model(folder / "m.onnx")
+        got = OrtRunner(path, isolated=False).run((_x(),), capture="all")
+        assert np.array_equal(got["fc2.tied"], _old_route(path)["fc2.tied"])
+        assert sorted(os.listdir(folder)) == ["m.onnx"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_floors_read_from_mapped_weights_equal_the_floors_of_the_parsed_model(
+        tmp_path: Path) -> None:
+    import dataclasses
+
+    from workbench.comparison import floor_kinds
+    from workbench.comparison.floor_ops import onnx_floors
+    from workbench.onnx_io import load_onnx
+    from workbench.runtime.onnx_wire import structure
+
+    path = _model(tmp_path / "m.onnx")
+    want = onnx_floors(load_onnx(path))
+    chunk = floor_kinds.CHUNK
+    try:
+        floor_kinds.CHUNK = 7  # many slices, a remainder of one: the same sums
+        got = onnx_floors(structure(path), path)
+    finally:
+        floor_kinds.CHUNK = chunk
+    assert got.keys() == want.keys()
+    for name in want:
+        a, b = dataclasses.asdict(got[name]), dataclasses.asdict(want[name])
+        for k in b:
+            assert np.array_equal(np.asarray(a[k]), np.asarray(b[k])), (name, k)
+    assert got["fc1"].kind == floor_kinds.WEIGHTED and got["add"].const == 0.25
+
+
+def test_compare_progress_names_the_set_the_candidate_and_the_counts(tmp_path: Path) -> None:
+    import workbench as wb
+    from workbench.progress import Step
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from scale_models import decoder
+
+    model, x = decoder(1, tokens=8, small=True)
+    onx = wb.export(model, x, workspace=tmp_path)
+    seen: list[Step] = []
+    rep = wb.compare(model, [onx, onx.path], [x, x], progress=seen.append)
+    phases = [s.phase for s in seen]
+    name = rep.candidates[0].name
+    pairs = len(rep.alignments[name].pairs)
+    assert phases[0] == "input set 1/2 · torch: capturing every tensor"
+    assert any(p.startswith("input set 2/2 · torch: ") and p.endswith(" tensors captured")
+               for p in phases)
+    assert any(p.startswith(f"input set 1/2 · {name} (1/2): ") and
+               f"measuring {pairs} aligned tensors of " in p and
+               p.endswith(f": {pairs} measured") for p in phases), phases
+    # the second candidate, captured and aligned while the first is measured
+    assert any("(2/2): " in p and p.endswith(" measured") for p in phases)
+    assert seen[-1].done == seen[-1].total == 2 * 3
