@@ -169,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     jobs: list[Job] = []
     try:
-        print(f"{engine_state()}; cores {os.cpu_count()}; load average "
+        import workbench
+
+        print(f"{engine_state()}; imported from {Path(workbench.__file__).parent}; "
+              f"cores {os.cpu_count()}; load average "
               f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; workdir {workdir}", flush=True)
         for name, n in models:
             try:

@@ -65,10 +65,10 @@ def _wb(spec: dict[str, Any], model: Any, x: tuple) -> Any:
         return lambda: _art(wb.export(model, x, workspace=ws))
     if stage == "simplify":
         src = _source(inp["onnx"], ws)
-        return lambda: _art(wb.simplify(src))
+        return lambda: _art(wb.simplify(src, workspace=ws))
     if stage == "to_ncnn":
         src = _source(inp["onnx"], ws)
-        return lambda: _art(wb.to_ncnn(src))
+        return lambda: _art(wb.to_ncnn(src, workspace=ws))
     if stage == "compare":
         cands = [_source(c, ws) for c in inp["candidates"]]
 

@@ -72,7 +72,7 @@ def report(jobs: list[Job], repeat: int) -> dict[str, Any]:
     met = [f for f in figures if f["met"]]
     missed = [f["figure"] for f in figures if f["met"] is False]
     missing = [f for f in figures if f["value"] is None]
-    failed = [f"{j.label} ({j.error[:80]})" for j in jobs if not j.ok]
+    failed = [j.label for j in jobs if not j.ok]
     print(f"summary: {len(met)}/{len(met) + len(missed)} figures within target"
           + (f"; NOT met: {', '.join(missed)}" if missed else "")
           + (f"; {len(missing)} not measured" if missing else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -141,6 +142,9 @@ def _fill(job: Job, state: dict[str, Any], s: TreeSampler, rc: int | None, log: 
         job.ok, job.seconds, job.result = True, done["seconds"], done["result"] or {}
         return
     if not job.error:
-        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-6:]
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        # the exception's own line (the last "SomeError: ..."), else the log's last line
+        why = next((ln for ln in reversed(lines) if re.match(r"[\w.]+(Error|Exception)\b", ln)),
+                   lines[-1] if lines else "")
         job.error = (f"the child exited {rc}" + (" before its start marker" if not start else "")
-                     + (": " + " | ".join(tail) if tail else ""))
+                     + (f": {why[:400]}" if why else "") + f" (log: {log})")
