@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from .candidates import RUN_FAILURES, Candidate, as_candidate, input_sets
+from .candidates import RUN_FAILURES, Candidate, as_candidate, check_files_ahead, input_sets
 from .measure import Tolerances
 from .task import check_task, evaluation_set
 
@@ -80,6 +80,7 @@ def _candidates(candidates: Any, mode: str, timeout: float | None) -> list[Candi
         candidates = [candidates]
     if not candidates:
         raise InputError("no candidates to compare", "wb.compare(model, [onnx_artifact], (x,))")
+    check_files_ahead(list(candidates))  # their files hashed at once, not one by one
     cands = [as_candidate(c, i) for i, c in enumerate(candidates)]
     seen: dict[str, int] = {}
     for c in cands:  # two candidates never share a name: records are keyed by it
