@@ -181,3 +181,46 @@ def test_compare_progress_names_the_set_the_candidate_and_the_counts(tmp_path: P
     # the second candidate, captured and aligned while the first is measured
     assert any("(2/2): " in p and p.endswith(" measured") for p in phases)
     assert seen[-1].done == seen[-1].total == 2 * 3
+
+
+def test_a_candidates_captured_values_are_let_go_once_it_is_measured(tmp_path: Path) -> None:
+    """At most the reference's capture and the candidate being measured (with the next one,
+    captured ahead) are alive: while the second candidate is measured, no array of the
+    first one's capture is (its file in the worker's folder is in use by none), and after
+    compare returns none of either is."""
+    import workbench as wb
+    from workbench.progress import Step
+    from workbench.runtime import OrtRunner
+
+    path = _model(tmp_path / "m.onnx")
+    runners = [OrtRunner(path), OrtRunner(path)]  # two twins, each with its own files
+    x = (_x(),)
+    alive_while_second: list[bool] = []
+
+    def seen(step: Step) -> None:
+        if "(2/2): " in step.phase and "measured" in step.phase:
+            alive_while_second.append(any(f.in_use() for f in runners[0]._remote._arenas.files))
+
+    import torch
+
+    class Net(torch.nn.Module):  # the same model in torch, as the reference
+        def __init__(self) -> None:
+            super().__init__()
+            import onnx
+            from onnx import numpy_helper
+
+            init = {t.name: numpy_helper.to_array(t)
+                    for t in onnx.load(str(path)).graph.initializer}
+            self.conv = torch.nn.Conv2d(3, 8, 3, bias=False)
+            self.conv.weight.data = torch.from_numpy(init["conv.weight"].copy())
+            self.w1 = torch.from_numpy(init["fc1.weight"].copy())
+            self.w2 = torch.from_numpy(init["fc2.weight"].copy())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.conv(x) + 0.25).reshape(1, -1)
+            return (h @ self.w1.T) @ self.w2
+
+    rep = wb.compare(Net().eval(), runners, (torch.from_numpy(x[0]),), progress=seen)
+    assert rep.candidates and not rep.failed, rep.summary()
+    assert alive_while_second and not any(alive_while_second)
+    assert not any(f.in_use() for r in runners for f in r._remote._arenas.files)
