@@ -114,3 +114,18 @@ def test_an_artifact_counts_its_model_files(ws, tmp_path):
     files = dict(model_files(art))
     assert set(map(os.path.basename, files)) == {"mm.onnx", "mm.onnx.data"}
     assert files[str(art.dir / "mm.onnx.data")] == 256 * 256 * 4
+
+
+def test_a_modules_bytes_count_shared_weights_once():
+    import torch
+
+    from workbench.capacity import module_bytes
+
+    emb = torch.nn.Embedding(1000, 64)
+    head = torch.nn.Linear(64, 1000, bias=False)
+    head.weight = emb.weight  # tied, as decoders' embeddings and heads are
+    net = torch.nn.Sequential(emb, torch.nn.BatchNorm1d(64), head)
+    # the tied weight once; BatchNorm: weight, bias and 2 float buffers of 64, one int64
+    assert module_bytes(net) == 1000 * 64 * 4 + 4 * 64 * 4 + 8
+    with pytest.raises(NotEnoughMemory):
+        check_fits(module_bytes(net), "exporting Sequential", stage="export", available=2**20)

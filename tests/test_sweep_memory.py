@@ -62,11 +62,12 @@ def test_a_cell_past_the_workers_memory_limit_is_out_of_memory_and_the_rest_run(
     assert time.perf_counter() - t0 < 90
     by = {c.name: c for c in res.cells}
     hog = by["hog"]
-    assert hog.status == "out-of-memory" and hog.attempts == 1  # stopped, not a lost worker
+    assert hog.status == "out-of-memory", res.table()
+    assert hog.attempts == 1  # stopped, not a lost worker
     row = next(s for s in hog.stages if s.status == "out-of-memory")
     assert row.stage == "model" and row.error_class == "NotEnoughMemory"
     assert "memory_limit" in row.error and "GiB used" in row.error and "memory_limit" in row.hint
-    assert by["tiny"].status == "ok"
+    assert by["tiny"].status == "ok", res.table()
     # the worker was never restarted: the same one ran both cells, and it is alive
     assert hog.worker == by["tiny"].worker in client.scheduler_info()["workers"]
     assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3

@@ -32,17 +32,19 @@ ENV = "WB_MEMORY_CHECK"  # "0", "off", "no" or "false": the memory check is skip
 # (an ONNX of 4 MatMuls, 400 MB of fp32 weights, peak RSS over the baseline after import):
 #   onnx.load_model 2.04x (weights inside the .onnx), 1.29x (external data);
 #   an ONNX Runtime session made and run once 1.27x, either way.
-# From issue 34's figures (a Qwen2-shaped decoder, 4 layers, 0.78 GB fp32): bare
-# torch.onnx.export 5.2 GB peak (6.7x), wb.export 7.7 GB (9.9x).
+# "export" and "to_ncnn" start from a torch module already in memory (``module_bytes``):
+# their factor is what comes on top of it. From issue 34's figures (a Qwen2-shaped decoder,
+# 4 layers, 0.78 GB fp32, in a process of ~1.1 GB with torch and the model loaded): bare
+# torch.onnx.export peaked at 5.2 GB (+4.1 GB, 5.3x), wb.export at 7.7 GB (+6.6 GB, 8.5x).
 # Estimates, not measured alone: ncnn (weights read into Mats once, 1x, plus the reading),
-# simplify (the model loaded, folded, checked by ORT), to_ncnn (pnnx holds the TorchScript
-# model and its own graph) and compare (the torch model and each candidate's runner at once,
-# for the files of all of them; captured tensors come on top and grow with the inputs).
+# simplify (the model loaded, folded, checked by ORT), to_ncnn (the trace, then pnnx holds
+# the TorchScript model and its own graph) and compare (each candidate's runner beside the
+# torch model: pass the candidates' files; captured tensors come on top, with the inputs).
 FACTORS: dict[str, float] = {
     "onnx-load": 2.0,
     "ort-session": 1.5,
     "ncnn-net": 1.5,
-    "export": 7.0,
+    "export": 6.0,
     "simplify": 3.0,
     "to_ncnn": 4.0,
     "compare": 2.0,
@@ -179,6 +181,15 @@ def model_files(model: Any) -> list[tuple[str, int]]:
         return sorted(out, key=lambda f: -f[1])
     raise TypeError(f"model sizes: expected bytes, a path or an artifact, got "
                     f"{type(model).__name__}")
+
+
+def module_bytes(module: Any) -> int:
+    """The bytes of a torch module's parameters and buffers (each tensor once, however many
+    modules share it): what it holds in memory, for ``check_fits``."""
+    seen: dict[int, int] = {}
+    for t in [*module.parameters(), *module.buffers()]:
+        seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 def _path_files(path: Path) -> list[tuple[str, int]]:
@@ -345,4 +356,4 @@ def _list(files: tuple[tuple[str, int], ...], most: int = 3) -> str:
 
 
 __all__ = ["FACTORS", "Available", "Fit", "available_memory", "check_fits", "check_space",
-           "disk_errors", "disk_full", "free_space", "model_files", "show"]
+           "disk_errors", "disk_full", "free_space", "model_files", "module_bytes", "show"]

@@ -5,21 +5,14 @@ A cell is a child process of its own (``python -m workbench.sweeps.cell``) start
 ``subprocess``, not a ``ProcessPoolExecutor`` worker: a native crash in one pool worker
 breaks the whole pool and every cell in flight with it, and Dask's worker processes are
 daemonic, where ``multiprocessing`` may not start children. A thread per slot waits on its
-child, locally and inside a Dask task alike.
+child, locally and inside a Dask task alike (``fresh.py``; the Dask side in ``dask_cells.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -32,22 +25,15 @@ from ..errors import InputError
 from ..runtime.arm_env import arm_env
 from ..zoo import ZOO
 from . import memory
-from .cell import RUNNING, CellResult
+from .cell import CellResult
+from .dask_cells import connect, remote_cell, run_dask
 from .db import CellRecord, SweepDB, writer_lock
 from .factory import name_of, spec_of
+from .fresh import CELL_TIMEOUT, cell_threads_env, kill_cell, run_fresh
 from .matrix import Cell, Matrix
 
 DEFAULT_WORKSPACE = Path("workbench-runs") / "sweep"
-CELL_TIMEOUT = 1800.0
-# What a Dask nanny sets in its workers (distributed.nanny.pre-spawn-environ), the local pool
-# sets in its cells: cores / slots threads each, so cells side by side do not oversubscribe the
-# cores (torch and pnnx's libtorch size their thread pools by it). A user's own value stays.
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-CRASH_HINT = ("the cell's process died (a native crash in torch, onnxruntime, pnnx or ncnn): "
-              "its output is in the cell's cell.log; run that model's stages one by one in a "
-              "notebook (the runners isolate native code) to find the stage")
-
-
+DEFAULT_WORKSPACE = Path("workbench-runs") / "sweep"
 @dataclass
 class SweepResult:
     """Every cell of the sweep as stored, and what this run did."""
@@ -186,7 +172,7 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
         try:
             if todo and client is not None:
                 where = f"dask {client.scheduler.address}"
-                _run_dask(client, todo, folder, shared, cell_timeout, store, limit)
+                run_dask(client, todo, folder, shared, cell_timeout, store, limit)
             elif todo:
                 n = workers or os.cpu_count() or 1
                 where = f"local, {n} at a time"
@@ -206,31 +192,7 @@ def sweep(models: Any = None, matrix: Matrix | dict[str, Any] | None = None, *,
                            seconds=time.perf_counter() - t0, where=where)
 
 
-def connect(address: str, timeout: float = 5.0) -> Any:
-    """A ``distributed.Client`` on ``address``, or a hinted InputError within ``timeout``."""
-    from distributed import Client
-
-    if not isinstance(address, str) or "://" not in address and ":" not in address:
-        raise InputError(f"scheduler {address!r}: expected an address like tcp://host:8786",
-                         "start one with `dask scheduler` and pass the address it prints")
-    try:
-        return Client(address, timeout=timeout)
-    except (OSError, TimeoutError) as e:
-        raise InputError(f"scheduler {address!r} did not answer within {timeout:g} s "
-                         f"({type(e).__name__}: {_first_line(str(e))})",
-                         "check the address and that `dask scheduler` runs there (and the "
-                         "port is open); omit --scheduler to run on this machine") from e
-
-
 # -- local -------------------------------------------------------------------------------------
-def cell_threads_env(slots: int) -> dict[str, str]:
-    """The thread variables for a cell sharing this machine with ``slots - 1`` others."""
-    if slots <= 1:
-        return {}
-    threads = str(max(1, (os.cpu_count() or 1) // slots))
-    return {v: threads for v in THREAD_VARS if v not in os.environ}
-
-
 def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
                store: Callable[[CellResult, str], None],
                limit: memory.MemoryLimit | None = None) -> None:
@@ -258,201 +220,10 @@ def _run_local(todo: list[Cell], folder: Path, n: int, timeout: float,
             stop.set()
             with lock:
                 for p in procs:
-                    _kill(p)
+                    kill_cell(p)
             for fut in pending:
                 fut.cancel()
             raise
-
-
-def run_fresh(cell: Cell, cell_dir: Path, timeout: float = CELL_TIMEOUT,
-              stop: threading.Event | None = None,
-              procs: set[subprocess.Popen[bytes]] | None = None,
-              lock: threading.Lock | None = None,
-              extra_env: dict[str, str] | None = None,
-              limit: memory.MemoryLimit | None = None) -> CellResult | None:
-    """Run ``cell`` in a fresh Python process with its artifacts in ``cell_dir``; its result,
-    or a crashed result when the process died, or an out-of-memory one when its process tree
-    passed ``limit`` (with this process's own use when in a Dask worker); None when ``stop``
-    was set meanwhile. ``extra_env`` is added to this process's environment (the pool's
-    thread limits)."""
-    if cell_dir.exists():  # a cell run again (retry): its earlier files go
-        shutil.rmtree(cell_dir)
-    cell_dir.mkdir(parents=True)
-    spec = cell_dir / "cell.json"
-    result_path = cell_dir / "result.json"
-    spec.write_text(json.dumps({"model": cell.model, "name": cell.name,
-                                "choices": [list(c) for c in cell.choices],
-                                "folder": str(cell_dir), "result": str(result_path),
-                                "parent": os.getpid()}))
-    env = dict(os.environ) | (extra_env or {})
-    # the parent's import path: a factory importable here is importable in the child
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    t0 = time.perf_counter()
-    with open(cell_dir / "cell.log", "wb") as log:
-        # a session of its own: Ctrl-C in the terminal reaches the sweep, which stops the
-        # children itself (and does not store a cell half run)
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.sweeps.cell", str(spec)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        if procs is not None and lock is not None:
-            with lock:
-                procs.add(proc)
-        in_worker = memory.dask_worker_limit()
-        limit = memory.tightest(limit, in_worker)
-        watch = memory.TreeWatch(proc.pid, limit, count_self=in_worker is not None) \
-            if limit is not None else None
-        try:
-            how = memory.wait(proc, timeout, watch)
-            if how == "timeout":
-                _kill(proc)
-                return CellResult.crashed(cell.id, f"the cell took over {timeout:g} s and was "
-                                          "stopped", "raise cell_timeout (--cell-timeout) for "
-                                          "big models, or look at cell.log for where it hung",
-                                          seconds=timeout)
-            if how == "memory":
-                _kill(proc, signal.SIGKILL)  # at once: its memory grows while it waits
-                stage = _running_stage(cell_dir)
-                return CellResult.out_of_memory(cell.id, stage, watch.used, limit.bytes,
-                                                limit.source, round(time.perf_counter() - t0, 3))
-            rc = proc.returncode
-        finally:
-            if procs is not None and lock is not None:
-                with lock:
-                    procs.discard(proc)
-    if stop is not None and stop.is_set():
-        return None
-    seconds = round(time.perf_counter() - t0, 3)
-    if rc == 0 and result_path.is_file():
-        return CellResult.from_json(result_path.read_text())
-    how = (f"signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
-           else f"exit code {rc}")
-    tail = (cell_dir / "cell.log").read_text(errors="replace").splitlines()[-12:]
-    return CellResult.crashed(cell.id, f"the cell's process died ({how}) before it "
-                              "stored a result", CRASH_HINT, seconds, "\n".join(tail))
-
-
-def _running_stage(cell_dir: Path) -> str:
-    """The stage a stopped cell was in (the cell writes it as each starts)."""
-    try:
-        return (cell_dir / RUNNING).read_text().strip() or "model"
-    except OSError:
-        return "model"
-
-
-def _kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    """Stop a cell's process group: ``sig`` (SIGTERM), then SIGKILL after 3 s."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-# -- Dask --------------------------------------------------------------------------------------
-def remote_cell(cell: Cell, shared: str | None, timeout: float,
-                limit: memory.MemoryLimit | None = None) -> tuple[str, bytes | None, str]:
-    """A Dask task: the cell in a fresh process on the worker (its tree held to the worker's
-    memory limit and ``limit``). Returns the result as JSON, the cell's folder as a tar (None
-    when it was written to ``shared``) and the worker."""
-    worker = ""
-    with contextlib.suppress(ImportError, ValueError):
-        from distributed import get_worker
-
-        worker = get_worker().address
-    if shared is not None:
-        cell_dir = Path(shared) / "cells" / cell.id
-        result = run_fresh(cell, cell_dir, timeout, limit=limit)
-        assert result is not None
-        result.worker = worker
-        return result.to_json(), None, worker
-    with tempfile.TemporaryDirectory(prefix="wb-cell-") as tmp:
-        cell_dir = Path(tmp) / cell.id
-        result = run_fresh(cell, cell_dir, timeout, limit=limit)
-        assert result is not None
-        result.worker = worker
-        buf = io.BytesIO()
-        # uncompressed: weights hardly compress (gzip saved ~10% of a zoo cell's 7 MB for
-        # 0.7 s of the worker's CPU per cell)
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(cell_dir, arcname=cell.id)
-        return result.to_json(), buf.getvalue(), worker
-
-
-def _run_dask(client: Any, todo: list[Cell], folder: Path, shared: Any, timeout: float,
-              store: Callable[[CellResult, str], None],
-              limit: memory.MemoryLimit | None = None) -> None:
-    from distributed import as_completed
-    from distributed.scheduler import KilledWorker
-
-    shared_s = str(Path(shared).absolute()) if shared is not None else None
-    cells: dict[str, Cell] = {}
-    attempts: dict[str, int] = {}
-
-    def submit(cell: Cell) -> Any:
-        attempts[cell.id] = attempts.get(cell.id, 0) + 1
-        fut = client.submit(remote_cell, cell, shared_s, timeout, limit, pure=False,
-                            key=f"wb-cell-{cell.id}-{attempts[cell.id]}-{os.getpid()}")
-        cells[fut.key] = cell
-        return fut
-
-    futures = [submit(c) for c in todo]
-    queue = as_completed(futures)
-    try:
-        for fut in queue:
-            cell = cells[fut.key]
-            try:
-                text, tar, _ = fut.result()
-            except KilledWorker as e:  # the worker died mid-cell: once more, then reported
-                # (once more also when its nanny restarted it for memory: the cells queued
-                # on that worker die with it, and only a second death is the cell's own)
-                if attempts[cell.id] < 2:
-                    queue.add(submit(cell))
-                    continue
-                oom = memory.restarted_for_memory(client, e.last_worker.address)
-                if oom is not None:
-                    result = CellResult.out_of_memory(
-                        cell.id, "model", int(oom.get("rss") or 0),
-                        int(getattr(e.last_worker, "memory_limit", 0) or 0),
-                        f"the Dask worker {e.last_worker.address}'s memory_limit",
-                        restarted=True)
-                else:
-                    result = CellResult.crashed(
-                        cell.id, f"the Dask worker running the cell was lost twice ({e})",
-                        "a worker died mid-cell (out of memory? killed?): look at the "
-                        "worker's log; --retry-failed runs the cell again")
-                result.attempts = attempts[cell.id]
-                store(result, "")
-                continue
-            result = CellResult.from_json(text)
-            result.attempts = attempts[cell.id]
-            if tar is not None:
-                target = folder / "cells" / cell.id
-                _unpack(tar, target)
-                store(result, str(target))
-            else:
-                store(result, str(Path(shared_s or "") / "cells" / cell.id))
-    except BaseException:
-        client.cancel(futures)
-        raise
-
-
-def _unpack(tar: bytes, target: Path) -> None:
-    """A cell's folder from the worker into the workspace: unpacked beside, then renamed
-    over the old one (a reader sees the old folder or the new, never half)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent)) \
-        if target.parent.exists() else None
-    if tmp is None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as t:
-        t.extractall(tmp, filter="data")  # no absolute paths, no .., no device files
-    if target.exists():
-        shutil.rmtree(target)
-    (tmp / target.name).rename(target)
-    shutil.rmtree(tmp)
 
 
 # -- inputs ------------------------------------------------------------------------------------
