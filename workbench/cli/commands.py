@@ -65,10 +65,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     for name, axis, dim in args.dynamic or ():
         axes.setdefault(name, {})[axis] = dim
     art = export(model, inputs, workspace=args.out, exporter=args.exporter, opset=args.opset,
-                 dynamic_axes=axes or None, backend=args.backend, rewrite=args.rewrite)
+                 dynamic_axes=axes or None, backend=args.backend, rewrite=args.rewrite,
+                 progress=not args.json)  # a bar through its phases (on stderr)
     arts = [art]
     if args.simplify:
-        arts.append(simplify(art))
+        arts.append(simplify(art, progress=not args.json))
     return _report_artifacts(args, arts)
 
 
@@ -78,7 +79,7 @@ def cmd_raise(args: argparse.Namespace) -> int:
 
     rules = [r for r in args.rules.split(",") if r] if args.rules else None
     art = raise_ops(args.file, rules=rules, target=args.target, opset=args.opset,
-                    workspace=args.out)
+                    workspace=args.out, progress=not args.json)
     if args.json:
         _json({"ok": art.ok, "artifacts": [_artifact(art)],
                "raised": RaiseReport.of(art).to_dict()})
@@ -94,7 +95,8 @@ def cmd_raise(args: argparse.Namespace) -> int:
 def cmd_simplify(args: argparse.Namespace) -> int:
     from ..stages.simplify import simplify
 
-    art = simplify(args.file, backend=args.backend, workspace=args.out)
+    art = simplify(args.file, backend=args.backend, workspace=args.out,
+                   progress=not args.json)
     return _report_artifacts(args, [art])
 
 

@@ -25,6 +25,7 @@ from ..graph import remember_summary, summarize_onnx
 from ..inputs import as_tensor_tuple, copies, run_torch
 from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_readable
 from ..onnx_weights import checker_problem, save_with_external_data
+from ..progress import Progress, Steps
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .export_args import check_arity, io_names, normalize_dynamic_axes
 from .export_checks import numeric_checks
@@ -58,6 +59,7 @@ def export(
     moduleop: Any = (),
     backend: str = "onnxruntime",
     rewrite: bool = True,
+    progress: Progress = False,
 ) -> Artifact:
     """Export ``model`` on example ``inputs`` to ONNX and check the result.
 
@@ -87,6 +89,9 @@ def export(
             ``wb.to_ncnn(artifact)``): the registered rewriters for that backend apply
             during the export (``wb.rewrite``; stages/rewriters.py).
         rewrite: False exports the model as written (no rewriter applies).
+        progress: True shows a bar through the phases (the torch run, the exporter, the
+            checks of the file, onnxruntime against torch); a callable gets each
+            ``workbench.progress.Step`` instead; False shows nothing.
 
     Returns:
         An ``onnx`` Artifact; its ``diagnostics`` hold every trap found (a frozen
@@ -105,6 +110,8 @@ def export(
     modules = resolve_moduleops(model, moduleop, exporter, opset)
     _check_backend(backend)
 
+    steps = Steps(progress, "export", 5)
+    steps.phase("running the model in torch (the reference)")
     with capture() as ref_cap:  # the model's own warnings belong in diagnostics too
         reference = run_torch(model, args, "example inputs")
     plan = choose(RewriteContext("export", backend, exporter, opset), enabled=rewrite)
@@ -116,16 +123,24 @@ def export(
     ws = as_workspace(workspace)
 
     diags: list[Diagnostic] = []
-    with ws.staging() as stage_dir:
+    with steps, ws.staging() as stage_dir:
         path = stage_dir / MAIN
+        steps.advance()
+        steps.phase(f"exporting (torch.onnx.export, {exporter}, opset {opset})")
         with hooks_restored(model, modules), plan.applied():
             _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
                           diags, ref_cap, modules)
+        steps.advance()
+        steps.phase("checking the rewriters against the model as written")
         with capture():  # the rewriters that fired, against the model as written
             verify(plan, model, args, reference, atol=atol, rtol=rtol)
+        steps.advance()
+        steps.phase("checking and writing the ONNX file (onnx.checker)")
         external = _finish_onnx(path, exporter, opset, modules, external_data_threshold, diags)
         save_reference(stage_dir, {n: a.detach().cpu().numpy()
                                    for n, a in zip(input_names, args, strict=True)}, reference)
+        steps.advance()
+        steps.phase("checking numerics with onnxruntime against torch")
         with capture():  # torch re-runs for the checks; its warnings are already recorded
             metrics = numeric_checks(model, args, args2, reference, path, input_names, axes,
                                      atol, rtol, diags)
@@ -137,6 +152,7 @@ def export(
             # where a model came from, when it says (the trained zoo's provenance)
             "model_source": getattr(model, "workbench_source", None), "backend": backend,
         }
+        steps.advance()
         return ws.commit(stage_dir, stage="export", format="onnx", main=MAIN, params=params,
                          seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics,
                          rewrites=plan.records)

@@ -16,7 +16,6 @@ reference (pnnx_source.py), the refusals before pnnx runs (pnnx_preflight.py), i
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from .pnnx_command import moduleop_names, pnnx_command, shape_arg, unmatched_mod
 from .pnnx_customops import ncnn_finish, pnnx_prepare
 from .pnnx_preflight import check_second_shapes, input_names, opset_causes
 from .pnnx_run import PNNX_PASSES, _check_exit, _hint_for, _log_diagnostics, _run_pnnx, _tail
-from .pnnx_source import PnnxSource, resolve_source, write_model_file
+from .pnnx_source import PnnxSource, link_or_copy, resolve_source, write_model_file
 from .rewrite_session import choose, verify
 from .rewriters import RewriteContext
 
@@ -226,6 +225,6 @@ def _commit(ws: Workspace, tmp: Path, names: list[str], **kw: Any) -> Artifact:
                 continue
             if n.endswith(".py"):  # the generated code names the temp folder: drop it
                 (d / n).write_text((tmp / n).read_text().replace(str(tmp) + "/", ""))
-            else:
-                shutil.copy2(tmp / n, d / n)
+            else:  # a link, not a copy of the weights; tmp's files are never written into
+                link_or_copy(tmp / n, d / n)  # after their commit
         return ws.commit(d, **kw)

@@ -5,6 +5,7 @@ layer pnnx writes for it is renamed back to the op after (see workbench.customop
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,11 @@ def pnnx_prepare(onnx_path: Path, inputs: tuple | None = None) -> list[dict[str,
         node.domain, node.op_type = "wb.pnnx", fname
         del node.attribute[:]
     model.opset_import.append(helper.make_opsetid("wb.pnnx", 1))
-    onnx.save(model, str(onnx_path))
+    # a new file in its place, never written into: ``onnx_path`` may be a hard link to the
+    # artifact's own file (pnnx_source.link_or_copy)
+    tmp = onnx_path.with_name(f".{onnx_path.name}.tmp")
+    onnx.save(model, str(tmp))
+    os.replace(tmp, onnx_path)
     return records
 
 

@@ -9,6 +9,7 @@ ONNX Runtime's on the inputs given.
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,12 +82,22 @@ def write_model_file(src: PnnxSource, folder: Path
     parent = src.parent
     assert parent is not None
     model_file = folder / "model.onnx"
-    shutil.copy2(parent.path, model_file)
+    link_or_copy(parent.path, model_file)
     for extra in parent.files:
         if extra.startswith(parent.path.name + ".") and extra.endswith(".data"):
-            shutil.copy2(parent.dir / extra, folder / extra)
+            link_or_copy(parent.dir / extra, folder / extra)
     # the torch outputs stored at export, or ONNX Runtime's on inputs given here
     return model_file, src.stored[1] if src.stored else _ort_outputs(parent, src.args), []
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to ``src`` (no 1.3 GB copy of a decoder's weights: pnnx only
+    reads it, and whatever rewrites it here replaces the file, never writes into it), or a
+    copy where a link cannot be made (another file system)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def trace_module(model: Any, args: tuple, out: Path) -> list[Diagnostic]:

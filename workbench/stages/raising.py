@@ -38,17 +38,19 @@ from typing import Any, NamedTuple
 from .. import rules as registry
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
-from ..checks import check_against, error_vs_torch, random_feeds, reference_data
+from ..checks import compare_outputs, error_vs_torch, outputs_on, random_feeds, reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError, RaiseError
-from ..graph import GraphSummary, summarize
-from ..onnx_io import ensure_ort_readable, load_onnx
+from ..graph import GraphSummary, remember_summary, summarize, summarize_onnx
+from ..onnx_io import load_onnx, lower_ir_version, mark_readable
+from ..onnx_weights import checker_problem, save_with_external_data
+from ..progress import Progress, Steps
 from ..rules import Rule
 from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .raise_report import REPORT, RaiseReport
 from .rewrite import Firing, apply_rules
-from .simplify import as_onnx_artifact
+from .simplify import LARGE, as_onnx_artifact, has_external_data
 
 MAIN = "model.onnx"
 TARGETS = ("standard", "functions")
@@ -62,6 +64,7 @@ class _Attempt(NamedTuple):
     fallbacks: dict[str, int | None]  # rule -> the opset its standard op needs (None: cannot)
     vs_parent: dict[str, Any]  # the numeric check against the parent
     diagnostics: list[Diagnostic]
+    outputs: list[Any]  # the raised model's outputs on each feed (or what it raised)
 
 
 def raise_ops(
@@ -74,6 +77,7 @@ def raise_ops(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     seed: int = 0,
+    progress: Progress = False,
 ) -> Artifact:
     """Raise lowered subgraphs to high-level ops; returns a new ``raise`` Artifact.
 
@@ -85,6 +89,9 @@ def raise_ops(
         opset: upgrade the model's ai.onnx opset first (e.g. 21 for GroupNormalization).
         atol, rtol: the tolerance of the before/after numeric check.
         seed: the seed of the check's random inputs.
+        progress: True shows a bar through the phases (reading, onnxruntime on the input,
+            the rules with their check, writing the report); a callable gets each
+            ``workbench.progress.Step``; False shows nothing.
 
     Returns:
         A ``raise`` Artifact. The report is ``RaiseReport.of(artifact)``; its figures are
@@ -99,6 +106,8 @@ def raise_ops(
     parent = as_onnx_artifact(source, workspace, "raise_ops")
     ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
     diags: list[Diagnostic] = []
+    steps = Steps(progress, "raise", 4)
+    steps.phase(f"reading {parent.path.name}")
     model, opset_before = _model_at(parent, opset, diags)
     opset_now = _default_opset(model)
 
@@ -106,18 +115,29 @@ def raise_ops(
     ref = reference_data(parent)
     example = dict(ref[0]) if ref else None
     feeds = random_feeds(parent.graph, example, seed)
-    parent_runner = OrtRunner(parent.path)
+    # the parent runs once, its session then dropped: every try is checked against these
+    steps.advance()
+    steps.phase(f"running the input model in onnxruntime ({len(feeds)} feeds)")
+    parent_outputs = outputs_on(OrtRunner(parent.path), feeds)
 
-    with ws.staging() as d:
-        trial = _Trial(model, target, opset_now, d / MAIN, parent_runner, feeds, atol, rtol)
+    with steps, ws.staging() as d:
+        steps.advance()
+        steps.phase(f"raising ({len(chosen)} rules), each try checked with onnxruntime")
+        trial = _Trial(model, target, opset_now, d / MAIN, parent_outputs, feeds, atol, rtol,
+                       has_external_data(parent))
         result, disabled = _raise_checked(trial, chosen, diags)
         diags.extend(result.diagnostics)
         diags += _fallback_diagnostics(result.fallbacks, chosen, opset_now)
-        _check_model(trial.path, diags)
-        rel = _relative(result.vs_parent["max_abs"], parent_runner, feeds)
+        steps.advance()
+        steps.phase("checking the raised model (onnx.checker) and writing the report")
+        _check_model(result.model, diags)
+        rel = _relative(result.vs_parent["max_abs"], parent_outputs)
         report = _write_report(trial, result, disabled, rel, before, opset_before)
-        metrics = {"max_abs": error_vs_torch(trial.path, ref), **_report_metrics(
+        at = next((i for i, f in enumerate(feeds) if f is example), None)
+        on_example = result.outputs[at] if at is not None else None
+        metrics = {"max_abs": error_vs_torch(trial.path, ref, outputs=on_example), **_report_metrics(
             report, result.vs_parent["feeds"])}
+        steps.advance()
         params = {"rules": [r.name for r in chosen], "target": target, "opset": opset,
                   "atol": atol, "rtol": rtol, "seed": seed}
         return ws.commit(d, stage="raise", format="onnx", main=MAIN, parent=parent,
@@ -173,25 +193,27 @@ class _Trial:
     target: str
     opset: int | None
     path: Path
-    parent_runner: Any
+    parent_outputs: list[Any]  # outputs_on the feeds
     feeds: list[Any]
     atol: float
     rtol: float
+    external: bool = False  # write the weights as external data (the parent has them so)
 
     def run(self, rule_list: list[Rule]) -> _Attempt:
         raised, firings, fallbacks, errors = apply_rules(self.model, rule_list, self.target,
                                                          self.opset)
-        _save(raised, self.path)
+        lowered = lower_ir_version(raised)
+        _save(raised, self.path, self.external)
         more = [Diagnostic("warning", "rule-crashed", f"rule {name!r}: {why}; its matches "
                            "were left as they were",
                            "fix the rule (or leave it out with rules=[...]); the other "
                            "rules ran") for name, why in errors.items()]
-        lowered = ensure_ort_readable(self.path)
         if lowered:
             more.append(lowered)
-        vs, check_diags = check_against(self.parent_runner, OrtRunner(self.path), self.feeds,
-                                        "raise_ops", self.atol, self.rtol)
-        return _Attempt(raised, firings, fallbacks, vs, more + check_diags)
+        outputs = outputs_on(OrtRunner(self.path), self.feeds)
+        vs, check_diags = compare_outputs(self.parent_outputs, outputs, self.feeds,
+                                          "raise_ops", self.atol, self.rtol)
+        return _Attempt(raised, firings, fallbacks, vs, more + check_diags, outputs)
 
 
 def _raise_checked(trial: _Trial, chosen: list[Rule], diags: list[Diagnostic]
@@ -251,15 +273,11 @@ def _fallback_diagnostics(fallbacks: dict[str, int | None], chosen: list[Rule],
     return out
 
 
-def _check_model(path: Path, diags: list[Diagnostic]) -> None:
-    import onnx
-
-    try:
-        onnx.checker.check_model(str(path))
-    except onnx.checker.ValidationError as e:
+def _check_model(model: Any, diags: list[Diagnostic]) -> None:
+    problem = checker_problem(model)  # on its structure: the weights are not serialized
+    if problem is not None:
         diags.append(Diagnostic("error", "onnx-checker",
-                                f"onnx.checker rejects the raised model: "
-                                f"{str(e).strip().splitlines()[0]}",
+                                f"onnx.checker rejects the raised model: {problem}",
                                 "please report the model; raise with fewer rules"))
 
 
@@ -275,16 +293,13 @@ def _report_metrics(report: RaiseReport, feeds_checked: Any) -> dict[str, Any]:
     }
 
 
-def _relative(max_abs: float | None, parent_runner: Any, feeds: list[Any]) -> float | None:
+def _relative(max_abs: float | None, parent_outputs: list[Any]) -> float | None:
     """``max_abs`` over the largest magnitude of the parent's outputs on the first feed."""
     import numpy as np
 
-    if max_abs is None or not feeds:
-        return None
-    try:
-        outs = parent_runner.run(feeds[0]).values()
-    except Exception:  # the check already said the parent does not run
-        return None
+    if max_abs is None or not parent_outputs or isinstance(parent_outputs[0], Exception):
+        return None  # the check already said the parent does not run
+    outs = parent_outputs[0]
     scale = max((float(np.abs(np.asarray(o, dtype=np.float64)).max()) for o in outs
                  if np.size(o)), default=0.0)
     return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else None)
@@ -339,9 +354,20 @@ def _upgrade(model: Any, have: int, want: int, parent: Artifact) -> Any:
                          "that need a newer op fall back to functions)") from e
 
 
-def _save(model: Any, path: Path) -> None:
-    import onnx
+def _save(model: Any, path: Path, external: bool = False) -> None:
+    """``model`` written once: its weights in ``model.onnx.data`` when ``external`` or past
+    LARGE bytes; remembered as read and summarized (it was built here, not parsed)."""
+    if external or summarize_onnx(model).initializer_bytes > LARGE:
+        save_with_external_data(_copy(model), path, path.parent)
+    else:  # no temp file, no fsync: the staging folder is the unit of atomicity
+        path.write_bytes(model.SerializeToString())
+    mark_readable(path)
+    remember_summary(path, model)
 
-    large = model.ByteSize() > 1_800_000_000
-    onnx.save_model(model, str(path), save_as_external_data=large,
-                    all_tensors_to_one_file=True, location=f"{MAIN}.data")
+
+def _copy(model: Any) -> Any:
+    """A copy to write as external data (that moves the bytes out of the copy): the next
+    try reads the model in memory again."""
+    out = type(model)()
+    out.CopyFrom(model)
+    return out

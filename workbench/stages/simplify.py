@@ -30,6 +30,7 @@ from ..onnx_io import (
     mark_readable,
 )
 from ..onnx_weights import checker_problem, save_with_external_data
+from ..progress import Progress, Steps
 from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 
@@ -117,6 +118,7 @@ def simplify(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     seed: int = 0,
+    progress: Progress = False,
 ) -> Artifact:
     """Simplify an ONNX model; returns a new Artifact (the input is never touched).
 
@@ -129,6 +131,9 @@ def simplify(
             inputs stored at export and random inputs respecting dynamic dims are used.
         atol, rtol: the tolerance of the before/after check.
         seed: the seed of the random check inputs.
+        progress: True shows a bar through the phases (reading, the backend, writing,
+            onnxruntime on the input and on the output); a callable gets each
+            ``workbench.progress.Step``; False shows nothing.
 
     Returns:
         A ``simplify`` Artifact (parent: ``source``), node counts before and after in
@@ -142,15 +147,22 @@ def simplify(
     parent = as_onnx_artifact(source, workspace, "simplify")
     ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
     user_feed = _user_feed(inputs, parent) if inputs is not None else None
+    steps = Steps(progress, "simplify", 5)
+    steps.phase(f"reading {parent.path.name}")
     model = load_onnx(parent.path)
+    remember_summary(parent.path, model)  # parsed here: its summary is not parsed again
     before = parent.graph
     diags: list[Diagnostic] = []
+    steps.advance()
+    steps.phase(f"simplifying ({name})")
     result = _run_backend(name, fn, model, parent, diags)
     del model  # the input's copy: onnxslim and onnxsim return a new model
 
-    with ws.staging() as d:
+    with steps, ws.staging() as d:
         path = d / MAIN
-        _save_checked(result, path, name, diags)
+        steps.advance()
+        steps.phase("writing and checking the result (onnx.checker)")
+        _save_checked(result, path, name, diags, external=has_external_data(parent))
         del result  # written: the numeric check reads the file
         ref = reference_data(parent)
         example = dict(ref[0]) if ref else None
@@ -159,9 +171,14 @@ def simplify(
             feeds.insert(0, user_feed)
         # one model in ONNX Runtime at a time: the parent's runs, its session dropped, then
         # the simplified model's (both at once held two copies of the weights)
+        steps.advance()
+        steps.phase(f"checking numerics with onnxruntime: the input model ({len(feeds)} feeds)")
         parent_outputs = outputs_on(OrtRunner(parent.path), feeds)
+        steps.advance()
+        steps.phase("checking numerics with onnxruntime: the simplified model")
         after_runner = OrtRunner(path)
         after_outputs = outputs_on(after_runner, feeds)
+        steps.advance()
         vs_parent, more = compare_outputs(parent_outputs, after_outputs, feeds,
                                           f"simplify ({name})", atol, rtol)
         diags.extend(more)
@@ -206,14 +223,16 @@ def _run_backend(name: str, fn: Callable[[Any], Any], model: Any, parent: Artifa
     return result
 
 
-def _save_checked(result: Any, path: Path, name: str, diags: list[Diagnostic]) -> None:
+def _save_checked(result: Any, path: Path, name: str, diags: list[Diagnostic],
+                  external: bool = False) -> None:
     """``result`` saved at ``path`` once (weights in ``model.onnx.data`` beside it past
-    LARGE bytes), its IR version lowered for onnxruntime first when needed, and onnx.checker's
+    LARGE bytes, or when ``external``: the input kept them so), its IR version lowered for onnxruntime first when needed, and onnx.checker's
     verdict on its structure (the weights' bytes are not serialized again to check them)."""
     lowered = lower_ir_version(result)
     if lowered:
         diags.append(lowered)
-    if summarize_onnx(result).initializer_bytes > LARGE or external_locations(result, path):
+    if external or summarize_onnx(result).initializer_bytes > LARGE or external_locations(
+            result, path):
         save_with_external_data(result, path, path.parent)
     else:  # no temp file, no fsync: the staging folder is the unit of atomicity
         path.write_bytes(result.SerializeToString())
@@ -238,6 +257,11 @@ def _metrics(path: Path, ref: Any, after_runner: Any, on_example: Any,
         "nodes_before": before.node_count, "nodes_after": after.node_count,
         "ops_before": before.op_histogram, "ops_after": after.op_histogram,
     }
+
+
+def has_external_data(art: Artifact) -> bool:
+    """Whether the artifact keeps its weights in external-data files beside its model."""
+    return any(f.startswith(art.path.name + ".") and f.endswith(".data") for f in art.files)
 
 
 def _user_feed(inputs: Any, parent: Artifact) -> dict[str, Any]:

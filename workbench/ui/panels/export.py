@@ -127,7 +127,8 @@ class ExportPanel(StagePanel):
         self.result_html.value += rewrites_html(result)
 
     def _execute(self, settings: dict[str, Any]) -> Any:
-        return export(self.model, self.inputs, workspace=self._ws(), **settings)
+        return export(self.model, self.inputs, workspace=self._ws(), progress=self._on_step,
+                      **settings)
 
     def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:
         return [call(self.var, "wb.export", ["model", "inputs"],

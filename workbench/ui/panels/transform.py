@@ -42,7 +42,7 @@ class SimplifyPanel(StagePanel):
         if self.source is None:
             raise InputError("simplify has no ONNX model to work on yet",
                              "run the export panel first (or pass source= an artifact)")
-        return simplify(self.source, **settings)
+        return simplify(self.source, progress=self._on_step, **settings)
 
     def _body(self, settings: dict[str, Any], source_var: str | None) -> list[str]:
         return [call(self.var, "wb.simplify", [source_var or "src"], settings)]
@@ -84,7 +84,7 @@ class RaisePanel(StagePanel):
                              "run export (and simplify) first, or pass source= an artifact")
         if settings["rules"] == []:
             raise InputError("no raising rule is selected", "select at least one rule")
-        return raise_ops(self.source, **settings)
+        return raise_ops(self.source, progress=self._on_step, **settings)
 
     def _render(self, result: Any) -> None:
         super()._render(result)
