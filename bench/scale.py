@@ -42,7 +42,9 @@ largest decoder of each figure, and the end-to-end time of the largest decoder t
 export -> simplify -> to_ncnn -> compare (ORT and ncnn candidates).
 
 Jobs run one at a time (a 24-layer export may peak past 10 GB); each has a timeout scaled
-with the layers (``--timeout-scale``), and a failed or timed-out job prints why and the
+with the layers (``--timeout-scale``), and is stopped when the machine's MemAvailable falls
+below ``--memory-floor`` (reported as out of memory: the kernel's OOM killer would pick the
+largest process, maybe not ours); a failed, stopped or timed-out job prints why and the
 bench goes on. It is a report: the exit status is 0 whatever the figures say.
 
 Run:  cd /work/main && .venv/bin/python bench/scale.py [--layers 4,12,24] [--no-cnn]
@@ -107,7 +109,8 @@ def run_model(name: str, layers: int | None, args: argparse.Namespace, workdir: 
                          out=str(mdir / f"bare-{stage}-{r}"))
                 log = mdir / "logs" / f"{stage}-{side}-{r}.log"
                 run_job(job, s, timeout_for(layers, args.small, args.timeout_scale), log,
-                        tag=f"[{counter[0]}/{total}] ")
+                        tag=f"[{counter[0]}/{total}] ",
+                        floor_kb=int(args.memory_floor * 1024 * 1024))
                 jobs.append(job)
                 first.setdefault((stage, side), job)
     return jobs
@@ -144,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", default=",".join(STAGES),
                    help=f"a subset of {','.join(STAGES)} (a later one reads the latest earlier "
                         "output: compare without to_ncnn compares the ONNX only)")
+    p.add_argument("--memory-floor", type=float, default=1.0, metavar="GB",
+                   help="stop a job when the machine's MemAvailable falls below this "
+                        "(default 1.0 GB; 0: never), before the OOM killer picks a process")
     p.add_argument("--json", help="write every figure to this file")
     p.add_argument("--keep", action="store_true", help="keep the temporary workspace")
     p.add_argument("--workdir", help="where the artifacts go (default: a new /tmp folder)")

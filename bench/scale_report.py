@@ -77,7 +77,8 @@ def report(jobs: list[Job], repeat: int) -> dict[str, Any]:
           + (f"; NOT met: {', '.join(missed)}" if missed else "")
           + (f"; {len(missing)} not measured" if missing else "")
           + (f"; {len(failed)} job(s) failed: {'; '.join(failed)}" if failed else "")
-          + (f"; end to end {e2e['model']}: {e2e['total_s']:.0f} s" if e2e else ""))
+          + (f"; end to end {e2e['model']}: {e2e['total_s']:.0f} s" if e2e and e2e["complete"]
+             else f"; end to end {e2e['model']}: incomplete" if e2e else ""))
     return {"figures": figures, "growth": growth, "end_to_end": e2e,
             "aggregate": {" ".join(k): v for k, v in agg.items()}}
 

@@ -55,7 +55,7 @@ def gb(kb: float) -> str:
 
 
 def run_job(job: Job, spec: dict[str, Any], timeout: float, log: Path,
-            tag: str = "") -> Job:
+            tag: str = "", floor_kb: int = 0) -> Job:
     """Run ``spec`` (scale_jobs.child) in a fresh child; fill ``job`` with what it measured."""
     cmd = [sys.executable, str(Path(__file__).resolve().parent / "scale.py"), "--child",
            json.dumps(spec)]
@@ -64,7 +64,8 @@ def run_job(job: Job, spec: dict[str, Any], timeout: float, log: Path,
     with open(log, "ab") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
                                 start_new_session=True)  # its group: the worker, pnnx
-    sampler = TreeSampler(proc.pid).start()
+    sampler = TreeSampler(proc.pid, floor_kb=floor_kb,
+                          on_low_memory=lambda _kb: _kill_group(proc, reap=False)).start()
     state: dict[str, Any] = {}
     done = threading.Event()
     reader = threading.Thread(target=_read, args=(proc, sampler, state, done), daemon=True)
@@ -87,13 +88,18 @@ def run_job(job: Job, spec: dict[str, Any], timeout: float, log: Path,
             except subprocess.TimeoutExpired:
                 pass
     finally:
-        killed = _kill_group(proc)
+        _kill_group(proc)
         shm = (state.get("start") or {}).get("shm")
-        if killed and shm and shm.startswith("/dev/shm/wb-worker-"):  # its worker's files
+        # a child that did not finish did not close its worker: remove the worker's files
+        if not state.get("done") and shm and shm.startswith("/dev/shm/wb-worker-"):
             shutil.rmtree(shm, ignore_errors=True)
         reader.join(timeout=10)
         sampler.stop()
     job.wall = time.perf_counter() - t0
+    if sampler.low_memory_kb and not state.get("done"):
+        job.error = (f"stopped: the machine's MemAvailable was {gb(sampler.low_memory_kb)}, "
+                     f"below the floor of {gb(floor_kb)}, with the job's tree at "
+                     f"{gb(sampler.last_kb)}: out of memory here")
     _fill(job, state, sampler, proc.returncode, log)
     if job.ok:
         print(f"{tag}{job.label}: {job.seconds:.1f} s, peak {gb(job.peak_kb)} (from "
@@ -117,7 +123,7 @@ def _read(proc: subprocess.Popen, sampler: TreeSampler, state: dict[str, Any],
     done.set()
 
 
-def _kill_group(proc: subprocess.Popen) -> bool:
+def _kill_group(proc: subprocess.Popen, reap: bool = True) -> bool:
     """SIGKILL to the child's process group (this bench started it: the child, its worker,
     pnnx) if any of it still runs, then reap the child; whether anything was killed."""
     try:
@@ -125,6 +131,8 @@ def _kill_group(proc: subprocess.Popen) -> bool:
         killed = True
     except (ProcessLookupError, PermissionError):
         killed = False
+    if not reap:
+        return killed
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:

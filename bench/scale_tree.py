@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _FIELDS = ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem")
@@ -102,13 +103,31 @@ def read_tree(root: int, parents: _Parents | None = None) -> TreeReading:
     return TreeReading(kb + shm, rss, pids, hwm)
 
 
+def mem_available_kb() -> int:
+    """The machine's MemAvailable (kB; 0 when /proc/meminfo cannot be read)."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 @dataclass
 class TreeSampler:
     """Samples ``root``'s tree every ``interval`` seconds in a thread; while armed, keeps
-    the peaks. ``arm()`` when the measured work starts, ``disarm()`` when it ends."""
+    the peaks. ``arm()`` when the measured work starts, ``disarm()`` when it ends. When the
+    machine's MemAvailable falls below ``floor_kb``, ``on_low_memory(available_kb)`` is
+    called once (from the sampling thread): the caller stops the job before the kernel's
+    OOM killer picks a process, maybe another user's."""
 
     root: int
     interval: float = 0.025
+    floor_kb: int = 0
+    on_low_memory: Callable[[int], None] | None = None
+    low_memory_kb: int = 0  # MemAvailable when the floor was crossed (0: never)
     armed: bool = False
     start_kb: int = 0  # the tree at arm()
     peak_kb: int = 0
@@ -130,6 +149,12 @@ class TreeSampler:
         parents = _Parents()
         while not self._stop.is_set():
             self._take(read_tree(self.root, parents))
+            if self.floor_kb and not self.low_memory_kb:
+                avail = mem_available_kb()
+                if 0 < avail < self.floor_kb:
+                    self.low_memory_kb = avail
+                    if self.on_low_memory is not None:
+                        self.on_low_memory(avail)
             self._stop.wait(self.interval)
 
     def _take(self, r: TreeReading) -> None:

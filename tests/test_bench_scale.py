@@ -5,6 +5,7 @@ with figures that make sense (the 0.5B configs run in bench/ only)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -83,3 +84,21 @@ def test_scale_bench_measures_the_tiny_decoder(tmp_path):
                 next(ln for ln in text.splitlines() if ln.strip().startswith(f["figure"])))
     assert data["end_to_end"]["model"] == "decoder-2L" and not data["end_to_end"]["complete"]
     assert not work.exists()
+
+
+def test_tree_sampler_calls_the_low_memory_guard_once():
+    """Below the floor of MemAvailable the guard is called once, with what is available
+    (the bench then stops its job before the OOM killer picks a process)."""
+    from scale_tree import TreeSampler, mem_available_kb
+
+    calls = []
+    sampler = TreeSampler(os.getpid(), floor_kb=mem_available_kb() * 4,
+                          on_low_memory=calls.append).start()
+    try:
+        end = time.monotonic() + 5
+        while not calls and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.1)
+    finally:
+        sampler.stop()
+    assert len(calls) == 1 and calls[0] > 0 and sampler.low_memory_kb == calls[0]
