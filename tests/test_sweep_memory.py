@@ -1,7 +1,7 @@
 """A cell past the memory limit is reported out of memory, not a dead cluster or a hang: its
 whole process tree (not only the Dask worker's own process, which is all the nanny sees) is
 held to the worker's memory_limit; a worker the nanny restarts for memory anyway is said the
-same way. On a real LocalCluster: 1 worker process, 1 thread, memory_limit 1.2 GB."""
+same way. On a real LocalCluster each: 1 worker process, 1 thread, memory_limit 1.5 GB."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ NETS = textwrap.dedent("""
         return tiny()
 
     def big_folder():  # a cell whose folder (2 GB) comes back through the worker's memory
+        # (sparse: no disk used, but the tar of it holds 2 GB in the worker)
         folder = os.path.dirname(os.path.abspath(sys.argv[1]))
         with open(os.path.join(folder, "weights.bin"), "wb") as f:
             f.truncate(2 * 2**30)
@@ -40,14 +41,18 @@ NETS = textwrap.dedent("""
 LEAN = {"simplify": ["none"], "raise": [False], "ncnn": ["none"]}
 
 
-@pytest.fixture(scope="module")
-def client():
+@pytest.fixture
+def client(tmp_path):
     import dask
     from distributed import Client, LocalCluster
 
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+    # the worker's temp folders (a cell's folder before it goes back) in this test's folder:
+    # a worker killed for memory leaves its own behind
+    spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ"), "TMPDIR": str(tmp_path)}
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                          "distributed.nanny.pre-spawn-environ": spawn}), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                         memory_limit="1.2GB", dashboard_address=None) as cluster, \
+                         memory_limit="1.5GB", dashboard_address=None) as cluster, \
             Client(cluster) as c:
         yield c
 
@@ -82,7 +87,7 @@ def test_a_worker_its_nanny_restarts_for_memory_is_said_as_out_of_memory(tmp_pat
     assert cell.status == "out-of-memory" and cell.attempts == 2
     row = cell.stages[0]
     assert "nanny restarted it" in row.error and "shared=" in row.hint
-    client.wait_for_workers(1, timeout=60)  # the nanny brought it back
+    client.wait_for_workers(1, timeout=120)  # the nanny brought it back (seen: 2 s, once >60)
     assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
 
 
