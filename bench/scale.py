@@ -11,7 +11,9 @@ the wb artifacts, or the bare file where the wb stage failed):
   (``choose(...).applied()``, stages/rewrite_session.py): the decoder's masks call
   ``torch.diff``, which the TorchScript exporter cannot convert, and the shipped
   ``workbench.diff`` rewriter (stages/rewriters_builtin.py) is what makes it exportable.
-  Its cost (a Python function in place of torch.diff during the trace) is in both.
+  Its cost (a Python function in place of torch.diff during the trace) is in both. The
+  bare export still writes a CumSum on bools that ONNX Runtime and pnnx reject (wb.export
+  repairs it: stages/torchscript_gaps.py), one reason the later stages read the wb files.
 - simplify: ``wb.simplify(artifact)`` (its default backend, onnxslim) vs
   ``onnxslim.slim(in_path, out_path)`` on the same file.
 - to_ncnn: ``wb.to_ncnn(simplified artifact)`` vs the pnnx binary with the command
