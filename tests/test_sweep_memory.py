@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -31,12 +32,17 @@ NETS = textwrap.dedent("""
             time.sleep(0.01)
         return tiny()
 
-    def big_folder():  # a cell whose folder (2 GB) comes back through the worker's memory
-        # (sparse: no disk used, but the tar of it holds 2 GB in the worker)
+    def _folder_of(size):  # sparse: no disk used, but its tar holds `size` in the worker
         folder = os.path.dirname(os.path.abspath(sys.argv[1]))
         with open(os.path.join(folder, "weights.bin"), "wb") as f:
-            f.truncate(2 * 2**30)
+            f.truncate(size)
         raise RuntimeError("made a big folder")
+
+    def big_folder():  # fits the worker's room, but its tar and the tar's copy do not
+        _folder_of(2**30)
+
+    def huge_folder():  # more than the worker's room: it cannot come back at all
+        _folder_of(3 * 2**30)
 """)
 LEAN = {"simplify": ["none"], "raise": [False], "ncnn": ["none"]}
 
@@ -89,6 +95,21 @@ def test_a_worker_its_nanny_restarts_for_memory_is_said_as_out_of_memory(tmp_pat
     assert "nanny restarted it" in row.error and "shared=" in row.hint
     client.wait_for_workers(1, timeout=120)  # the nanny brought it back (seen: 2 s, once >60)
     assert client.submit(sum, [1, 2], pure=False).result(timeout=30) == 3
+
+
+def test_a_cell_folder_larger_than_the_workers_room_stays_there_and_the_worker_lives(
+        tmp_path, client):
+    nets = tmp_path / "nets.py"
+    nets.write_text(NETS)
+    before = set(client.scheduler_info()["workers"])
+    with pytest.warns(UserWarning, match="stayed on the worker"):
+        res = wb.sweep([f"{nets}:huge_folder"], LEAN, workspace=tmp_path / "ws",
+                       client=client, progress=False)
+    cell = res.cells[0]
+    assert cell.status == "failed" and "made a big folder" in cell.stages[0].error
+    assert cell.attempts == 1 and set(client.scheduler_info()["workers"]) == before
+    kept = Path(cell.folder)
+    assert kept.parts[-2] == "wb-cells-kept" and (kept / "weights.bin").stat().st_size == 3 * 2**30
 
 
 def test_a_local_sweep_takes_a_memory_limit_and_refuses_a_bad_one(tmp_path):

@@ -12,6 +12,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,11 @@ def connect(address: str, timeout: float = 5.0) -> Any:
 
 
 def remote_cell(cell: Cell, shared: str | None, timeout: float,
-                limit: memory.MemoryLimit | None = None) -> tuple[str, bytes | None, str]:
+                limit: memory.MemoryLimit | None = None) -> tuple[str, bytes | str | None, str]:
     """A Dask task: the cell in a fresh process on the worker (its tree held to the worker's
     memory limit and ``limit``). Returns the result as JSON, the cell's folder as a tar (None
-    when it was written to ``shared``) and the worker."""
+    when it was written to ``shared``; the path it stayed at on the worker when it is larger
+    than the worker's memory could hold to send it back) and the worker."""
     worker = ""
     with contextlib.suppress(ImportError, ValueError):
         from distributed import get_worker
@@ -55,17 +57,41 @@ def remote_cell(cell: Cell, shared: str | None, timeout: float,
         assert result is not None
         result.worker = worker
         return result.to_json(), None, worker
-    with tempfile.TemporaryDirectory(prefix="wb-cell-") as tmp:
-        cell_dir = Path(tmp) / cell.id
+    tmp = Path(tempfile.mkdtemp(prefix="wb-cell-"))
+    try:
+        cell_dir = tmp / cell.id
         result = run_fresh(cell, cell_dir, timeout, limit=limit)
         assert result is not None
         result.worker = worker
+        if (kept := _keep_if_too_large(cell_dir)) is not None:
+            return result.to_json(), str(kept), worker
         buf = io.BytesIO()
         # uncompressed: weights hardly compress (gzip saved ~10% of a zoo cell's 7 MB for
         # 0.7 s of the worker's CPU per cell)
         with tarfile.open(fileobj=buf, mode="w") as tar:
             tar.add(cell_dir, arcname=cell.id)
         return result.to_json(), buf.getvalue(), worker
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep_if_too_large(cell_dir: Path) -> Path | None:
+    """A cell folder larger than the room left under the worker's memory limit cannot come
+    back as a tar (which the worker holds in memory): it is moved to ``wb-cells-kept/`` in
+    the worker's temp folder and its path returned, rather than the nanny restarting the
+    worker for it. None: it fits (or the worker has no limit)."""
+    room = memory.dask_worker_limit()
+    if room is None or not cell_dir.is_dir():
+        return None
+    size = sum(p.stat().st_size for p in cell_dir.rglob("*") if p.is_file())
+    if size <= room.bytes - memory.own_rss():
+        return None
+    kept = Path(tempfile.gettempdir()) / "wb-cells-kept" / cell_dir.name
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    if kept.exists():
+        shutil.rmtree(kept)
+    shutil.move(str(cell_dir), str(kept))
+    return kept
 
 
 def run_dask(client: Any, todo: list[Cell], folder: Path, shared: Any, timeout: float,
@@ -115,7 +141,13 @@ def run_dask(client: Any, todo: list[Cell], folder: Path, shared: Any, timeout: 
                 continue
             result = CellResult.from_json(text)
             result.attempts = attempts[cell.id]
-            if tar is not None:
+            if isinstance(tar, str):  # too large to come back: it stayed on the worker
+                warnings.warn(f"cell {cell.id}: its folder stayed on the worker {result.worker} "
+                              f"at {tar}: larger than the worker's memory could send back; "
+                              "pass shared= (a folder every worker can write) for big models",
+                              stacklevel=2)
+                store(result, tar)
+            elif tar is not None:
                 target = folder / "cells" / cell.id
                 _unpack(tar, target)
                 store(result, str(target))
