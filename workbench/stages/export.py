@@ -15,6 +15,7 @@ from typing import Any
 from .._capture import capture
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
+from ..capacity import check_fits, module_bytes
 from ..checks import save_reference
 from ..customops import translation_table
 from ..customops.registry import EXPORTERS, check_opset
@@ -121,6 +122,8 @@ def export(
     axes = normalize_dynamic_axes(dynamic_axes, input_names, output_names, args)
     args2 = _second_inputs(inputs2, args)
     ws = as_workspace(workspace)
+    # refused before the exporter runs when the memory available cannot hold its peak
+    check_fits(module_bytes(model), f"exporting {type(model).__name__}", stage="export")
 
     diags: list[Diagnostic] = []
     with steps, ws.staging() as stage_dir:

@@ -24,6 +24,7 @@ from typing import Any
 from .._capture import capture
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace
+from ..capacity import check_fits, module_bytes
 from ..diagnostics import Diagnostic
 from ..errors import ConversionError, InputError
 from ..inputs import as_tensor_tuple
@@ -105,6 +106,8 @@ def to_ncnn(
     moduleop = moduleop_names(moduleop)
     tol = _tolerance(fp16, atol, rtol)
     src = resolve_source(source, inputs, workspace)
+    check_fits(module_bytes(src.model) if src.kind == "torchscript" else src.parent,
+               "converting to ncnn (pnnx)", stage="to_ncnn")
     args2 = as_tensor_tuple(inputs2, "inputs2") if inputs2 is not None else None
     check_second_shapes(src.args, args2, input_names(source, src.parent))  # pnnx aborts on others
     ws = src.workspace

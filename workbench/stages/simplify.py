@@ -17,6 +17,7 @@ from typing import Any
 from .._capture import capture
 from ..artifact.record import Artifact
 from ..artifact.workspace import Workspace, as_workspace
+from ..capacity import check_fits
 from ..checks import compare_outputs, error_vs_torch, outputs_on, random_feeds, reference_data
 from ..diagnostics import Diagnostic
 from ..errors import InputError, SimplifyError
@@ -149,6 +150,7 @@ def simplify(
     user_feed = _user_feed(inputs, parent) if inputs is not None else None
     steps = Steps(progress, "simplify", 5)
     steps.phase(f"reading {parent.path.name}")
+    check_fits(parent, f"simplifying {parent.path.name}", stage="simplify")
     model = load_onnx(parent.path)
     remember_summary(parent.path, model)  # parsed here: its summary is not parsed again
     before = parent.graph
