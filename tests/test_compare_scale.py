@@ -224,3 +224,29 @@ def test_a_candidates_captured_values_are_let_go_once_it_is_measured(tmp_path: P
     assert rep.candidates and not rep.failed, rep.summary()
     assert alive_while_second and not any(alive_while_second)
     assert not any(f.in_use() for r in runners for f in r._remote._arenas.files)
+
+
+def test_the_candidates_files_are_hashed_ahead_and_a_changed_one_is_still_refused(
+        tmp_path: Path) -> None:
+    """check_files_ahead hashes every candidate artifact's files (a thread each) so that
+    their runners find them verified; what is wrong with one is left to its runner."""
+    import workbench as wb
+    from workbench.artifact import record
+    from workbench.comparison.candidates import check_files_ahead
+    from workbench.runtime import OrtRunner
+    from workbench.runtime.onnx_wire import wire_graph
+
+    ws = wb.Workspace(tmp_path / "ws")
+    arts = [ws.import_file(_model(tmp_path / f"m{i}.onnx")) for i in range(2)]
+    record._VERIFIED.clear()
+    check_files_ahead([*arts, "not a file"])
+    done = {Path(k[0]).resolve() for k in record._VERIFIED}
+    assert {a.path.resolve() for a in arts} <= done
+    ref = wire_graph(arts[1].path).weights["fc1.weight"]
+    data = bytearray(arts[1].path.read_bytes())
+    data[ref.offset:ref.offset + 4] = bytes(4)  # one weight changed, the model still parses
+    arts[1].path.write_bytes(bytes(data))
+    record._VERIFIED.clear()
+    check_files_ahead(arts)  # no error here: the runner says it
+    with pytest.raises(wb.ModelFileError, match="changed since"):
+        OrtRunner(arts[1], isolated=False)
