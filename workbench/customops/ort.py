@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..onnx_io import load_onnx
 from .kernels import _kernel
 from .registry import _OPS, ORT_DOMAIN
 
@@ -126,8 +125,9 @@ def ort_model(model: Any, path: Path | None = None, libraries: Any = ()) -> Any:
     from onnx import helper
 
     if path is not None:  # the weights too: the rewritten model is given to ORT as bytes
-
-        model = load_onnx(path)
+        # read as it is: the session already checked this file, and a capture model's added
+        # outputs carry no type (runtime/ort_all.py), which load_onnx's check refuses
+        model = onnx.load_model(str(path), load_external_data=True)
     else:
         model = type(model).FromString(model.SerializeToString())
     try:
