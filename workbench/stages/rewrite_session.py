@@ -244,7 +244,7 @@ def _dunder_mode(plan: RewritePlan, moded: dict[tuple[int, str], Rewriter]) -> A
     class Rewrites(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             rw = by_func.get(func)
-            if rw is not None and rw.name not in plan._busy:
+            if rw is not None and rw.name not in plan._busy and rw.takes(args, kwargs or {}):
                 return plan._call(rw, func, args, kwargs or {})
             return func(*args, **(kwargs or {}))
 
@@ -260,7 +260,7 @@ def _dispatcher(key: tuple[int, str], original: Callable) -> Callable:
         plan = getattr(_LOCAL, "plan", None)
         if plan is not None:
             rw = plan.chosen.get(key)
-            if rw is not None and rw.name not in plan._busy:
+            if rw is not None and rw.name not in plan._busy and rw.takes(args, kwargs):
                 return plan._call(rw, original, args, kwargs)
         return original(*args, **kwargs)
 

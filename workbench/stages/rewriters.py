@@ -72,6 +72,13 @@ class Rewriter:
     opsets: tuple[int, int] | None = None
     when: Callable[[RewriteContext], bool] | None = field(default=None, repr=False)
     builtin: bool = False
+    # a shipped rewriter's test of one call's arguments: a call it does not take reaches the
+    # original and is not counted (a float cumsum is not what "workbench.bool_cumsum" fixes)
+    only: Callable[..., bool] | None = field(default=None, repr=False)
+
+    def takes(self, args: tuple, kwargs: dict) -> bool:
+        """Whether this call (its arguments) goes to the rewriter (``only``; all by default)."""
+        return self.only is None or bool(self.only(*args, **kwargs))
 
     def matches(self, ctx: RewriteContext) -> bool:
         """True when this rewriter applies to the export ``ctx`` describes. An opset range
@@ -363,7 +370,7 @@ def _shipped(spec: Any) -> Rewriter:
     owner, attr = resolve_target(spec.target)
     return Rewriter(spec.name, "function", spec.target, spec.fn, owner, attr,
                     *_conditions(spec.backend, spec.exporter, None, spec.when, spec.name),
-                    builtin=True)
+                    builtin=True, only=spec.only)
 
 
 def _load_builtins() -> None:

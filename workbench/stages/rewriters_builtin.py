@@ -7,6 +7,13 @@ exporter or pnnx/ncnn take. Each was measured against the real tool (torch 2.13,
   pnnx keeps it as an op ncnn cannot load; transformers' decoder masks call it (Llama,
   Qwen2, GPT-2, GPT-NeoX). Written as slices and a subtraction (xor for bools, as torch
   does). Not applied when torch or ``wb.register_symbolic`` has a conversion at the opset.
+- ``workbench.bool_cumsum``, ``workbench.tensor_bool_cumsum`` (``torch.cumsum``,
+  ``Tensor.cumsum`` of a bool tensor without ``dtype=``; TorchScript, ``wb.export`` only):
+  the exporter writes a CumSum of bools, which ONNX does not allow (onnxruntime refuses the
+  model); transformers' decoder masks do it (``(diff != 1).cumsum(-1)``). Written as a cast
+  to int64 first, which is what torch sums bools as: the file needs no repair afterwards
+  (stages/torchscript_gaps.py stays for ``rewrite=False`` and the dynamo exporter). Other
+  calls reach torch's cumsum uncounted.
 - ``workbench.repeat`` (``Tensor.repeat``, backend ncnn, ``wb.export`` only): the ONNX
   ``Tile`` it exports to reaches ncnn as ``torch.tile``, which ncnn cannot load. Written as
   unsqueeze + expand + flatten per repeated axis (pnnx: ExpandDims, Tile, Reshape). pnnx's
@@ -39,6 +46,7 @@ class Shipped:
     exporter: str | None = None
     when: Callable[[Any], bool] | None = None
     default: bool = True
+    only: Callable[..., bool] | None = None  # the calls it takes, by their arguments
 
 
 # -- diff --------------------------------------------------------------------------------------
@@ -67,6 +75,23 @@ def _no_diff_symbolic(ctx: Any) -> bool:
     except ImportError:
         return True
     return not registry.is_registered_op("aten::diff", ctx.opset)
+
+
+# -- cumsum of bools ---------------------------------------------------------------------------
+def bool_cumsum(input: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.cumsum`` / ``Tensor.cumsum`` of a bool tensor: its int64 cast summed, as torch
+    sums bools (the exporter then writes a Cast and a CumSum of int64)."""
+    import torch
+
+    return input.to(torch.int64).cumsum(*args, **kwargs)
+
+
+def _sums_bools(input: Any, *args: Any, **kwargs: Any) -> bool:
+    """A cumsum of a bool tensor with no ``dtype``/``out`` given (``dim`` only)."""
+    import torch
+
+    return (isinstance(input, torch.Tensor) and input.dtype == torch.bool and len(args) <= 1
+            and set(kwargs) <= {"dim"})
 
 
 # -- repeat and tile ---------------------------------------------------------------------------
@@ -166,6 +191,10 @@ SHIPPED: list[Shipped] = [
             when=_no_diff_symbolic),
     Shipped("workbench.tensor_diff", "torch.Tensor.diff", diff, exporter="torchscript",
             when=_no_diff_symbolic),
+    Shipped("workbench.bool_cumsum", "torch.cumsum", bool_cumsum, exporter="torchscript",
+            when=_export_only, only=_sums_bools),
+    Shipped("workbench.tensor_bool_cumsum", "torch.Tensor.cumsum", bool_cumsum,
+            exporter="torchscript", when=_export_only, only=_sums_bools),
     Shipped("workbench.repeat", "torch.Tensor.repeat", repeat, backend="ncnn",
             when=_export_only),
     Shipped("workbench.tile", "torch.tile", tile, backend="ncnn"),

@@ -4,8 +4,10 @@ transformers' decoders (Llama, Qwen2, GPT-2, GPT-NeoX...) build their attention 
 ``(torch.diff(position_ids, prepend=...) != 1).cumsum(-1)``
 (``masking_utils.find_packed_sequence_indices``). The exporter writes the cumsum of a bool
 tensor as a CumSum of bools, which ONNX does not allow (onnxruntime refuses the model);
-torch sums bools as int64. ``cast_bool_cumsum`` puts a Cast to int64 before each such
-CumSum. (``torch.diff``, which the exporter has no conversion for at any opset, is the
+torch sums bools as int64. The shipped rewriter ``workbench.tensor_bool_cumsum``
+(stages/rewriters_builtin.py) makes torch write the Cast itself; ``cast_bool_cumsum`` puts a
+Cast to int64 before each CumSum still reading bools after export (``rewrite=False``), and
+finds nothing to do, without inferring types, when every CumSum reads a Cast's output. (``torch.diff``, which the exporter has no conversion for at any opset, is the
 shipped rewriter ``workbench.diff``: stages/rewriters_builtin.py.)
 """
 
@@ -26,11 +28,13 @@ def cast_bool_cumsum(model: onnx.ModelProto, diags: list[Diagnostic]) -> bool:
     bools, which no ONNX runtime loads). True when it changed the model.
 
     The types come from shape inference on the model's structure (its weights' bytes are
-    not read), and only when it has a CumSum at all."""
+    not read), and only when it has a CumSum whose input's type its producer does not say
+    (a Cast, a Constant, an initializer, a graph input)."""
     import onnx
 
-    if not any(n.op_type == "CumSum" for n in model.graph.node):
-        return False
+    cumsums = [n for n in model.graph.node if n.op_type == "CumSum"]
+    if not cumsums or all(_not_bool(n.input[0], model) for n in cumsums):
+        return False  # nothing to fix (the shipped rewriter cast them): no inference run
     try:
         inferred = onnx.shape_inference.infer_shapes(structure_only(model))
     except Exception:  # noqa: BLE001 - the checks that follow report the model as it is
@@ -42,7 +46,7 @@ def cast_bool_cumsum(model: onnx.ModelProto, diags: list[Diagnostic]) -> bool:
         value = next((a for a in n.attribute if a.name == "value"), None)
         if n.op_type == "Constant" and value is not None:
             types[n.output[0]] = value.t.data_type
-    nodes, fixed = [], []
+    nodes, fixed, sums = [], [], set()
     for node in model.graph.node:
         if node.op_type == "CumSum" and types.get(node.input[0]) == onnx.TensorProto.BOOL:
             cast = f"{node.input[0]}_as_int64"
@@ -51,11 +55,17 @@ def cast_bool_cumsum(model: onnx.ModelProto, diags: list[Diagnostic]) -> bool:
                                                to=onnx.TensorProto.INT64))
             node.input[0] = cast
             fixed.append(node.name or node.output[0])
+            sums.add(node.output[0])
         nodes.append(node)
     if not fixed:
         return False
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    # the sums are int64 now: where the exporter declared them bool (a graph output, its
+    # value_info), say so, or the model's shapes contradict each other
+    for v in (*model.graph.output, *model.graph.value_info):
+        if v.name in sums and v.type.tensor_type.elem_type == onnx.TensorProto.BOOL:
+            v.type.tensor_type.elem_type = onnx.TensorProto.INT64
     diags.append(Diagnostic(
         "info", "bool-cumsum-cast",
         f"the TorchScript exporter wrote a CumSum of bools ({', '.join(fixed)}), which ONNX "
@@ -63,3 +73,28 @@ def cast_bool_cumsum(model: onnx.ModelProto, diags: list[Diagnostic]) -> bool:
         "nothing to do: this is torch's exporter, not your model (transformers' decoder "
         "masks do it)"))
     return True
+
+
+def _not_bool(name: str, model: onnx.ModelProto) -> bool:
+    """True when the type of tensor ``name`` is known, without inference, not to be bool: a
+    Cast's output (``to``), a Constant's, an initializer or a graph input. False when it is
+    bool or its producer does not say."""
+    import onnx
+
+    bool_type = onnx.TensorProto.BOOL
+    for n in model.graph.node:
+        if name not in n.output:
+            continue
+        attrs = {a.name: a for a in n.attribute}
+        if n.op_type == "Cast" and n.domain in ("", "ai.onnx") and "to" in attrs:
+            return attrs["to"].i != bool_type
+        if n.op_type == "Constant" and "value" in attrs:
+            return attrs["value"].t.data_type != bool_type
+        return False
+    for t in model.graph.initializer:
+        if t.name == name:
+            return t.data_type != bool_type
+    for v in model.graph.input:
+        if v.name == name:
+            return v.type.tensor_type.elem_type not in (bool_type, 0)
+    return False
