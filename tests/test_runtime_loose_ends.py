@@ -214,8 +214,8 @@ def test_a_repeated_load_by_path_hashes_nothing(convs, monkeypatch):
 
     _, x, _, b = convs
     hashed = []
-    real = artifact.sha256_file
-    monkeypatch.setattr(artifact, "sha256_file", lambda p: hashed.append(p) or real(p))
+    real = artifact.file_sha256
+    monkeypatch.setattr(artifact, "file_sha256", lambda p: hashed.append(p) or real(p))
     artifact._VERIFIED.clear()
     NcnnRunner(str(b.path), isolated=False)
     assert {p.name for p in hashed} == set(b.files)  # every recorded file, once

@@ -1,5 +1,12 @@
 """File I/O every layer uses: atomic writes (a temp file and a rename, so a reader never
-sees half a file) and sha256 of files."""
+sees half a file) and sha256 of files.
+
+A file's sha256 is computed once per process while the file is unchanged: ``file_sha256``
+keeps each digest by what identifies the file's content without reading it (device, inode,
+size, mtime and ctime: any write changes the ctime, which nothing can set back, and a
+rename keeps all five), so the workspace's commit and a runner's check of the same
+1.3 GB file hash it once. ``hash_ahead`` starts the hashing in a thread while the caller
+waits on something else (hashlib and file reads let go of the GIL)."""
 
 from __future__ import annotations
 
@@ -7,15 +14,102 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
 from pathlib import Path
+
+# a digest is kept only for a file whose ctime is this much older than the hashing's start:
+# a write in the same timestamp tick as the stat (a coarse clock) would not change the key
+RACY_NS = 50_000_000
+_KEPT = 256
+_DIGESTS: OrderedDict[tuple, str] = OrderedDict()  # content key -> sha256
+_PENDING: dict[tuple, Future] = {}  # content key -> the digest being computed (hash_ahead)
+_LOCK = threading.Lock()
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The sha256 of ``path``'s bytes, read now (see ``file_sha256`` for the kept one)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def content_key(st: os.stat_result) -> tuple:
+    """What identifies a file's content without reading it (see the module's docstring)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of ``path``: the one this process computed while the file was as it is
+    now (same content key), or one computed now (waiting for ``hash_ahead``'s when it is
+    under way). Raises OSError when the file cannot be read."""
+    key = content_key(os.stat(path))
+    with _LOCK:
+        digest = _DIGESTS.get(key)
+        pending = _PENDING.get(key)
+    if digest is not None:
+        return digest
+    if pending is not None:
+        with contextlib.suppress(Exception):  # its error is found again below
+            pending.result()
+        with _LOCK:  # kept when the file did not change while it was read
+            digest = _DIGESTS.get(content_key(os.stat(path)))
+        if digest is not None:
+            return digest
+    return _hash_and_keep(Path(path))
+
+
+def _hash_and_keep(path: Path) -> str:
+    """The sha256 of ``path``, kept by content key when the file did not change while it
+    was read and its last change is at least RACY_NS before the reading started (a file
+    just written is waited for that long: a write in the same clock tick as the stat would
+    leave the key as it was)."""
+    before = content_key(os.stat(path))
+    wait = before[4] + RACY_NS - time.time_ns()
+    if 0 < wait <= RACY_NS:
+        time.sleep(wait / 1e9)
+    started = time.time_ns()
+    digest = sha256_file(path)
+    after = content_key(os.stat(path))
+    if before == after and started - before[4] > RACY_NS:
+        with _LOCK:
+            _DIGESTS[after] = digest
+            _DIGESTS.move_to_end(after)
+            while len(_DIGESTS) > _KEPT:
+                _DIGESTS.popitem(last=False)
+    return digest
+
+
+def hash_ahead(paths: list[Path]) -> None:
+    """Start hashing each file of ``paths`` in a thread of its own (a daemon: nothing waits
+    for it but ``file_sha256`` of that file). A file that changes meanwhile is hashed again
+    by whoever asks; an error is left to them too."""
+    for path in paths:
+        try:
+            key = content_key(os.stat(path))
+        except OSError:
+            continue
+        future: Future = Future()
+        with _LOCK:
+            if key in _DIGESTS or key in _PENDING:
+                continue
+            _PENDING[key] = future
+        threading.Thread(target=_run_ahead, args=(Path(path), key, future), daemon=True,
+                         name="wb-hash-ahead").start()
+
+
+def _run_ahead(path: Path, key: tuple, future: Future) -> None:
+    try:
+        future.set_result(_hash_and_keep(path))
+    except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
+        future.set_exception(e)
+    finally:
+        with _LOCK:
+            _PENDING.pop(key, None)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

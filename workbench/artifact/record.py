@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..diagnostics import Diagnostic
 from ..errors import ModelFileError
-from ..fileio import sha256_file
+from ..fileio import file_sha256
 from ..graph import summarize, summarize_ncnn
 from .rewrites import RewriteRecord
 
@@ -112,7 +112,8 @@ class Artifact:
         """Refuse an artifact whose files changed on disk since its stage wrote them (the
         sha256 its record holds), or ModelFileError naming the file: a runner or stage given
         it would otherwise run on bytes nobody checked (a bit flipped, another model's
-        weights copied over). A file is hashed once per size and mtime (see _verified)."""
+        weights copied over). A file is hashed once per size and mtime (see _VERIFIED), and
+        not at all when this process hashed it unchanged (its commit: fileio.file_sha256)."""
 
         for rel, meta in self.files.items():
             want = meta.get("sha256") if isinstance(meta, dict) else None
@@ -132,7 +133,7 @@ class Artifact:
             key = (str(f), st.st_size, st.st_mtime_ns, st.st_ino)
             if _VERIFIED.get(key) == want:
                 continue
-            got = sha256_file(f)
+            got = file_sha256(f)  # the digest this process computed at commit, if unchanged
             if got != want:
                 raise ModelFileError(
                     f"artifact {self.id}: {rel} changed since its {self.stage} stage wrote it "

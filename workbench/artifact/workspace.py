@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 import uuid
 import warnings
@@ -23,7 +24,7 @@ from typing import Any
 from ..capacity import disk_errors
 from ..diagnostics import Diagnostic
 from ..errors import InputError, ModelFileError, WorkspaceError
-from ..fileio import atomic_write_text, sha256_file
+from ..fileio import atomic_write_text, file_sha256, hash_ahead, sha256_file
 from ..onnx_io import check_model_file, external_data_files
 from .locking import clean_leftovers, staging_folder, workspace_lock
 from .manifest import (
@@ -170,10 +171,11 @@ class Workspace:
                metrics: dict[str, Any] | None = None,
                rewrites: list[RewriteRecord] | None = None) -> Artifact:
         """Turn a staging folder into a new artifact: hash files, rename, update the manifest
-        (``rewrites``: the rewriters that fired while it was exported)."""
+        (``rewrites``: the rewriters that fired while it was exported). A file the stage had
+        hashed ahead (``prepare_commit``) and not changed since is not read again."""
         files = {
-            str(p.relative_to(staging)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-            for p in sorted(staging.rglob("*")) if p.is_file() and p.name != SIDECAR
+            str(p.relative_to(staging)): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+            for p in _staged_files(staging)
         }
         if main not in files:
             raise WorkspaceError(f"stage {stage!r} did not write its main file {main!r}",
@@ -194,6 +196,16 @@ class Workspace:
             self._artifacts[art_id] = art
             self._write_manifest()
         return art
+
+    @staticmethod
+    def prepare_commit(staging: Path) -> None:
+        """Start computing what ``commit`` needs, in threads, while the stage does other work
+        (its numeric check waits on onnxruntime in a worker process): the sha256 of the
+        files written in ``staging`` so far (fileio.hash_ahead) and the tool versions (read
+        from the metadata of every installed package once per process: 0.6 s)."""
+        hash_ahead(_staged_files(staging))
+        if tool_versions.cache_info().currsize == 0:
+            threading.Thread(target=tool_versions, daemon=True, name="wb-tools").start()
 
     def _next_number(self) -> int:
         """The next artifact number, counting what other processes committed since we
@@ -223,6 +235,11 @@ class Workspace:
                     shutil.copy2(src.parent / rel, d / rel)
             return self.commit(d, stage="import", format=fmt, main=src.name,
                                params={"source": str(src.absolute())}, seconds=time.perf_counter() - t0)
+
+
+def _staged_files(staging: Path) -> list[Path]:
+    """The files of a staging folder that its artifact records (not the sidecar)."""
+    return [p for p in sorted(staging.rglob("*")) if p.is_file() and p.name != SIDECAR]
 
 
 def _jsonable(obj: Any) -> Any:

@@ -142,6 +142,7 @@ def export(
         external = _finish_onnx(path, exporter, opset, modules, external_data_threshold, diags)
         save_reference(stage_dir, {n: a.detach().cpu().numpy()
                                    for n, a in zip(input_names, args, strict=True)}, reference)
+        ws.prepare_commit(stage_dir)  # in threads while onnxruntime runs: commit finds it done
         steps.advance()
         steps.phase("checking numerics with onnxruntime against torch")
         with capture():  # torch re-runs for the checks; its warnings are already recorded

@@ -166,6 +166,7 @@ def simplify(
         steps.phase("writing and checking the result (onnx.checker)")
         _save_checked(result, path, name, diags, external=has_external_data(parent))
         del result  # written: the numeric check reads the file
+        ws.prepare_commit(d)  # in threads while onnxruntime runs: commit finds it done
         ref = reference_data(parent)
         example = dict(ref[0]) if ref else None
         feeds = random_feeds(parent.graph, example, seed)

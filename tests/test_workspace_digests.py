@@ -1,0 +1,100 @@
+"""A file's sha256 computed once per process while it is unchanged (fileio.file_sha256):
+the workspace's commit, hashed ahead while the stage waits, and the checks of the artifact's
+files after it read each file once; a file changed on disk (also with its size and mtime
+put back) is hashed again and refused."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import workbench as wb
+from workbench import fileio
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The files fileio read to hash them (the real reading, counted)."""
+    seen: list[str] = []
+    real = fileio.sha256_file
+
+    def counted(path, *a, **k):
+        seen.append(Path(path).name)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fileio, "sha256_file", counted)
+    return seen
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_file_is_hashed_once_while_unchanged_and_again_when_changed(tmp_path, reads):
+    (tmp_path / "staging").mkdir()
+    f = tmp_path / "staging" / "w.bin"
+    f.write_bytes(b"a" * 1000)
+    assert fileio.file_sha256(f) == _sha(b"a" * 1000)
+    assert fileio.file_sha256(f) == _sha(b"a" * 1000)
+    os.rename(tmp_path / "staging", tmp_path / "0001-x")  # a commit: the folder renamed
+    moved = tmp_path / "0001-x" / "w.bin"
+    assert fileio.file_sha256(moved) == _sha(b"a" * 1000)
+    assert reads == ["w.bin"]
+    os.rename(moved, tmp_path / "moved.bin")  # a file renamed: a new ctime, hashed again
+    moved = tmp_path / "moved.bin"
+    assert fileio.file_sha256(moved) == _sha(b"a" * 1000)
+    assert reads == ["w.bin", "moved.bin"]
+    st = moved.stat()
+    with open(moved, "r+b") as h:  # same size, mtime put back: only the ctime tells
+        h.write(b"b")
+    os.utime(moved, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert moved.stat().st_mtime_ns == st.st_mtime_ns and moved.stat().st_size == st.st_size
+    assert fileio.file_sha256(moved) == _sha(b"b" + b"a" * 999)
+    assert reads == ["w.bin", "moved.bin", "moved.bin"]
+
+
+def test_hashing_ahead_is_what_a_later_ask_gets_and_a_change_meanwhile_is_seen(tmp_path, reads):
+    f, g = tmp_path / "f.bin", tmp_path / "g.bin"
+    f.write_bytes(os.urandom(3 << 20))
+    g.write_bytes(b"x" * 10)
+    fileio.hash_ahead([f, g, tmp_path / "missing.bin"])
+    assert fileio.file_sha256(f) == _sha(f.read_bytes())
+    time.sleep(0.06)
+    g.write_bytes(b"y" * 10)  # after hash_ahead began: the new bytes' digest
+    assert fileio.file_sha256(g) == _sha(b"y" * 10)
+    assert reads.count("f.bin") == 1
+
+
+def test_a_commit_hashed_ahead_reads_each_file_once_through_the_runners_check(tmp_path, reads):
+    from workbench.runtime import OrtRunner
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    art = wb.export(nn.Linear(8, 4).eval(), (x,), workspace=wb.Workspace(tmp_path / "ws"))
+    assert art.ok
+    assert sorted(reads) == sorted(art.files)  # hashed once, ahead or at commit
+    art.check_files()
+    OrtRunner(str(art.path), isolated=False).run((x,))  # by path: its record checked
+    assert sorted(reads) == sorted(art.files)
+    art.path.write_bytes(art.path.read_bytes())  # rewritten in place, the same bytes
+    art.check_files()  # read again (it could have been anything), and still right
+    assert reads.count("model.onnx") == 2
+
+
+def test_a_changed_file_is_still_refused_after_its_commit(tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(2, 8)
+    ws = wb.Workspace(tmp_path / "ws")
+    a, b = (wb.export(nn.Linear(8, 4).eval(), (x,), workspace=ws) for _ in range(2))
+    torch.manual_seed(1)
+    c = wb.export(nn.Linear(8, 4).eval(), (x,), workspace=ws)
+    b.path.write_bytes(c.path.read_bytes())  # another model's bytes, same size
+    with pytest.raises(wb.ModelFileError, match="changed since its export stage wrote it"):
+        b.check_files()
+    a.check_files()
