@@ -11,9 +11,10 @@ the wb artifacts, or the bare file where the wb stage failed):
   (``choose(...).applied()``, stages/rewrite_session.py): the decoder's masks call
   ``torch.diff``, which the TorchScript exporter cannot convert, and the shipped
   ``workbench.diff`` rewriter (stages/rewriters_builtin.py) is what makes it exportable.
-  Its cost (a Python function in place of torch.diff during the trace) is in both. The
-  bare export still writes a CumSum on bools that ONNX Runtime and pnnx reject (wb.export
-  repairs it: stages/torchscript_gaps.py), one reason the later stages read the wb files.
+  Every shipped rewriter wb.export would apply is applied (the job's result lists those
+  that fired); their cost is in both. Without such a repair the bare export writes a
+  CumSum on bools that ONNX Runtime and pnnx reject (wb.export repairs it), one reason the
+  later stages read the wb files.
 - simplify: ``wb.simplify(artifact)`` (its default backend, onnxslim) vs
   ``onnxslim.slim(in_path, out_path)`` on the same file.
 - to_ncnn: ``wb.to_ncnn(simplified artifact)`` vs the pnnx binary with the command

@@ -67,8 +67,9 @@ def _wb(spec: dict[str, Any], model: Any, x: tuple) -> Any:
         src = _source(inp["onnx"], ws)
         return lambda: _art(wb.simplify(src, workspace=ws))
     if stage == "to_ncnn":
-        src = _source(inp["onnx"], ws)
-        return lambda: _art(wb.to_ncnn(src, workspace=ws))
+        src = _source(inp["onnx"], ws)  # a path (the bare file) carries no example inputs
+        return lambda: _art(wb.to_ncnn(src, None if inp["onnx"].get("id") else x,
+                                       workspace=ws))
     if stage == "compare":
         cands = [_source(c, ws) for c in inp["candidates"]]
 

@@ -99,7 +99,7 @@ def run_job(job: Job, spec: dict[str, Any], timeout: float, log: Path,
     if sampler.low_memory_kb and not state.get("done"):
         job.error = (f"stopped: the machine's MemAvailable was {gb(sampler.low_memory_kb)}, "
                      f"below the floor of {gb(floor_kb)}, with the job's tree at "
-                     f"{gb(sampler.last_kb)}: out of memory here")
+                     f"{gb(sampler.low_tree_kb)}: out of memory here")
     _fill(job, state, sampler, proc.returncode, log)
     if job.ok:
         print(f"{tag}{job.label}: {job.seconds:.1f} s, peak {gb(job.peak_kb)} (from "

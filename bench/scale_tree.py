@@ -128,6 +128,7 @@ class TreeSampler:
     floor_kb: int = 0
     on_low_memory: Callable[[int], None] | None = None
     low_memory_kb: int = 0  # MemAvailable when the floor was crossed (0: never)
+    low_tree_kb: int = 0  # the tree then
     armed: bool = False
     start_kb: int = 0  # the tree at arm()
     peak_kb: int = 0
@@ -152,7 +153,7 @@ class TreeSampler:
             if self.floor_kb and not self.low_memory_kb:
                 avail = mem_available_kb()
                 if 0 < avail < self.floor_kb:
-                    self.low_memory_kb = avail
+                    self.low_memory_kb, self.low_tree_kb = avail, self.last_kb
                     if self.on_low_memory is not None:
                         self.on_low_memory(avail)
             self._stop.wait(self.interval)

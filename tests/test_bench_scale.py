@@ -69,7 +69,7 @@ def test_scale_bench_measures_the_tiny_decoder(tmp_path):
         assert j["peak_kb"] >= j["start_kb"] >= j["model_bytes"] / 1024, j
     wb_export, bare_export = jobs
     assert wb_export["procs"] == 2  # the workbench's worker counted in the tree
-    assert bare_export["result"]["rewriters"] == ["workbench.diff"]
+    assert "workbench.diff" in bare_export["result"]["rewriters"]  # wb.export's, applied
     figures = {f["figure"]: f for f in data["figures"]}
     assert set(figures) == {"decoder-2L export time wb/bare", "decoder-2L export peak wb/bare"}
     for f in figures.values():
