@@ -278,3 +278,34 @@ def test_the_rewritten_export_runs_in_onnxruntime_as_torch(ws, registry):
     (got,) = OrtRunner(art).run((x,)).values()
     with torch.no_grad():
         np.testing.assert_allclose(got, model(x).numpy(), atol=1e-5)
+
+
+class CountedDiff(nn.Module):
+    """Counts its forwards; takes another path while traced when ``traced_scale`` is set."""
+
+    def __init__(self, traced_scale: float = 1.0) -> None:
+        super().__init__()
+        self.calls, self.traced_scale = 0, traced_scale
+
+    def forward(self, x):
+        self.calls += 1
+        y = torch.diff(x, dim=-1) * 2
+        return y * self.traced_scale if torch.jit.is_tracing() else y
+
+
+def test_the_rewriters_are_checked_on_the_traced_forward_without_running_the_model_again(ws):
+    """A TorchScript export with a rewriter that fires runs the model twice (the reference,
+    the trace), not three times: the trace's outputs are the rewritten model's."""
+    model = CountedDiff().eval()
+    art = wb.export(model, (_x(2, 9),), workspace=ws)
+    assert art.ok and model.calls == 2
+    assert [(r.name, r.calls) for r in art.rewrites] == [("workbench.diff", 1)]
+
+
+def test_a_trace_that_differs_from_eager_does_not_blame_the_rewriter(ws):
+    """The trace took another path (torch.jit.is_tracing()): the model is run with the
+    rewriter eagerly, which agrees; the exported graph's difference is the numeric check's."""
+    model = CountedDiff(traced_scale=3.0).eval()
+    art = wb.export(model, (_x(2, 9),), workspace=ws)
+    assert model.calls == 3 and [r.name for r in art.rewrites] == ["workbench.diff"]
+    assert "numeric-mismatch" in [d.code for d in art.diagnostics]

@@ -74,7 +74,7 @@ def max_errors(ref: Sequence[Any], got: Sequence[Any], eps: float = EPS) -> dict
             continue
         if a.size == 0:
             continue
-        nonfinite, err, rel, scale = _output_errors(a, b, eps)
+        nonfinite, err, rel, scale = output_errors(a, b, eps)
         out["nonfinite"] += nonfinite
         out["max_abs"] = max(out["max_abs"], err)
         out["max_rel"] = max(out["max_rel"], rel)
@@ -82,7 +82,7 @@ def max_errors(ref: Sequence[Any], got: Sequence[Any], eps: float = EPS) -> dict
     return out
 
 
-def _output_errors(a: Any, b: Any, eps: float) -> tuple[int, float, float, float]:
+def output_errors(a: Any, b: Any, eps: float) -> tuple[int, float, float, float]:
     """(non-finite values in ``b`` minus those in ``a``, max |a - b| with a NaN counted as
     inf, max |a - b| / (|a| + eps), max |a|) of two arrays of one shape, in float64 by
     slices. A NaN in ``a`` makes the last two NaN, as numpy's max over the whole does."""

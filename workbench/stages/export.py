@@ -32,7 +32,7 @@ from .export_args import check_arity, io_names, normalize_dynamic_axes
 from .export_checks import numeric_checks
 from .export_errors import export_error, warning_diagnostics
 from .moduleop import hooks_restored, moduleop_diagnostics, resolve_moduleops
-from .rewrite_session import choose, verify
+from .rewrite_session import choose, outputs_watched, verify
 from .rewriters import BACKENDS, RewriteContext
 from .torchscript_gaps import cast_bool_cumsum
 
@@ -130,7 +130,7 @@ def export(
         path = stage_dir / MAIN
         steps.advance()
         steps.phase(f"exporting (torch.onnx.export, {exporter}, opset {opset})")
-        with hooks_restored(model, modules), plan.applied():
+        with hooks_restored(model, modules), plan.applied(), outputs_watched(plan, model):
             _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
                           diags, ref_cap, modules)
         steps.advance()

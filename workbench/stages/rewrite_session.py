@@ -30,6 +30,7 @@ from typing import Any
 from ..artifact.rewrites import RewriteRecord
 from ..errors import ExportError
 from ..inputs import copies, flatten_outputs
+from ..tolerances import EPS, output_errors
 from .rewrite_symbolics import counting, records, usable
 from .rewriters import RewriteContext, Rewriter, registered
 
@@ -63,6 +64,9 @@ class RewritePlan:
     calls: dict[str, int] = field(default_factory=dict)
     symbolics: list[Rewriter] = field(default_factory=list)  # register_symbolic's, usable
     symbolic_calls: dict[str, int] = field(default_factory=dict)
+    # the outputs of the model's forward the TorchScript exporter traced under the plan
+    # (``outputs_watched``): what verify compares, instead of running the model again
+    traced: list | None = field(default=None, repr=False)
     _busy: set[str] = field(default_factory=set, repr=False)
 
     @property
@@ -133,12 +137,41 @@ def choose(ctx: RewriteContext, enabled: bool = True) -> RewritePlan:
     return plan
 
 
+@contextlib.contextmanager
+def outputs_watched(plan: RewritePlan, model: Any) -> Iterator[None]:
+    """During a TorchScript export under ``plan`` (the tracer runs the model's forward once,
+    on real tensors, with the rewriters on): that forward's outputs kept as ``plan.traced``
+    (numpy arrays) for ``verify``. None when no rewriter is chosen, the exporter is another,
+    or the forward ran other than once (a scripted model is not run)."""
+    plan.traced = None
+    seen: list = []
+    handle = None
+    if plan.ctx.exporter == "torchscript" and plan.chosen:
+        try:
+            handle = model.register_forward_hook(lambda _m, _i, out: seen.append(out))
+        except Exception:  # noqa: BLE001 - a module that takes no hook: verify runs it
+            handle = None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+    if len(seen) == 1:
+        try:
+            plan.traced = [t.detach().cpu().numpy() for t in flatten_outputs(seen[0])]
+        except Exception:  # noqa: BLE001 - outputs it cannot flatten: verify runs the model
+            plan.traced = None
+
+
 def verify(plan: RewritePlan, model: Any, args: tuple, reference: list | None, *,
            atol: float, rtol: float) -> list | None:
     """After an export ran under ``plan``: when any rewriter fired, the model run with the
     rewriters on the example ``args`` (counting each one's calls: ``plan.records``) against
     ``reference``, its outputs as written (computed here when None). Nothing runs when none
-    fired. Returns the reference (None when nothing ran).
+    fired. The outputs the exporter's trace computed (``plan.traced``) stand for that run
+    when they are within tolerance (the counts are then the export's, of the same one
+    forward); otherwise the model runs eagerly, as the trace may take other paths
+    (``torch.jit.is_tracing()``). Returns the reference (None when nothing ran).
 
     Raises:
         ExportError: the rewritten model fails, returns other outputs, or differs beyond
@@ -151,15 +184,19 @@ def verify(plan: RewritePlan, model: Any, args: tuple, reference: list | None, *
     if reference is None:
         reference = _run(model, args, RewritePlan(plan.ctx))
     check = plan.only(fired)
-    got = _run_checked(model, args, check)
-    bad = _worst(reference, got, atol, rtol)
+    counts, bad = plan.calls, None
+    if plan.traced is not None:
+        bad = _worst(reference, plan.traced, atol, rtol)
+    if plan.traced is None or bad is not None:  # the model run with the rewriters, eagerly
+        counts = check.calls
+        bad = _worst(reference, _run_checked(model, args, check), atol, rtol)
     if bad is not None:
         ran = [r for r in check.chosen.values() if check.calls.get(r.name)]
         culprits = [r for r in ran if _worst(
             reference, _run(model, args, check.only({r.name})), atol, rtol) is not None]
         raise _changed_numbers(culprits or ran, bad, atol, rtol)
-    plan.records[:0] = [_record(r, check.calls[r.name], plan.ctx)
-                        for r in check.chosen.values() if check.calls.get(r.name)]
+    plan.records[:0] = [_record(r, counts[r.name], plan.ctx)
+                        for r in check.chosen.values() if counts.get(r.name)]
     return reference
 
 
@@ -183,19 +220,18 @@ def _run_checked(model: Any, args: tuple, plan: RewritePlan) -> list:
 
 
 def _worst(reference: list, got: list, atol: float, rtol: float) -> tuple | None:
-    """(output index, max abs error, bound) of the first output past tolerance, or of a
-    count or shape that differs; None when all are within it."""
-    import numpy as np
-
+    """(output index, max abs error, bound) of the first output past tolerance (a NaN error
+    is inf), or (index, None, 0.0) when the count (index -1) or a shape differs; None when
+    all are within it. Compared in float64 slices (tolerances.output_errors)."""
     if len(got) != len(reference):
-        return (-1, float("inf"), 0.0)
+        return (-1, None, 0.0)
     for i, (r, g) in enumerate(zip(reference, got, strict=True)):
         if r.shape != g.shape:
-            return (i, float("inf"), 0.0)
+            return (i, None, 0.0)
         if r.size == 0:
             continue
-        err = float(np.max(np.abs(r.astype(np.float64) - g.astype(np.float64))))
-        bound = atol + rtol * float(np.max(np.abs(r.astype(np.float64))))
+        _, err, _, scale = output_errors(r, g, EPS)
+        bound = atol + rtol * scale
         if not err <= bound:
             return (i, err, bound)
     return None
@@ -205,7 +241,7 @@ def _changed_numbers(culprits: list[Rewriter], bad: tuple, atol: float,
                      rtol: float) -> ExportError:
     i, err, bound = bad
     names = ", ".join(f"{r.name!r} ({r.kind} {r.target})" for r in culprits)
-    what = ("another number of outputs or another shape" if err == float("inf") else
+    what = ("another number of outputs or another shape" if err is None else
             f"output {i} max abs {err:.3g} > {bound:.3g} (atol {atol:g} + rtol {rtol:g} x "
             "max |output|)")
     return ExportError(f"rewriter {names} changes the model's numbers: {what}, the rewritten "
