@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..capacity import check_fits
 from ..progress import Progress, Steps
 from .candidates import Candidate, candidate_tensors, copies, precision_not_exercised
 from .capture import Aligner, Captured, InputSetCapture, RunFailed, capture_reference
@@ -99,6 +100,8 @@ def _compare(reference: Any, candidates: Any, inputs: Any, *, progress: Progress
     """compare() of plain candidates (ONNX and ncnn models): plan, capture, align,
     measure, report."""
     plan = make_plan(reference, candidates, inputs, **options)
+    # every candidate's model is held at once (the torch model is already in memory)
+    check_fits([c.path for c in plan.candidates], "comparing the candidates", stage="compare")
     bar = Steps(progress, "compare", plan.steps)
     with Schedule() as schedule:
         run = _Comparison(plan, schedule, bar, Aligner(reference, plan.modules),

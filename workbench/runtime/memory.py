@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ..capacity import available_memory
 from ..errors import InputError, RemoteError
 
 # what the backends say when an allocation fails (group 1: the bytes asked for)
@@ -31,59 +32,16 @@ _ENOMEM = re.compile(r"\[Errno 12\] Cannot allocate memory")
 
 
 def available_bytes() -> int | None:
-    """Bytes this process may still allocate: MemAvailable from /proc/meminfo (else the free
-    physical pages, os.sysconf), within its cgroup's limit and its address-space limit if it
-    has them; None when neither can be read."""
-    avail = None
+    """Bytes this process may still allocate: capacity.available_memory (MemAvailable within
+    its cgroup's limits and its address-space limit), else the free physical pages; None when
+    neither can be read."""
+    room = available_memory()
+    if room is not None:
+        return room.bytes
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    rooms = [r for r in (_cgroup_room(), _address_space_room()) if r is not None]
-    return min([avail, *rooms])
-
-
-def _address_space_room() -> int | None:
-    """The bytes left under this process's address-space limit (RLIMIT_AS, ``ulimit -v``,
-    which the worker and its probes inherit); None: no limit."""
-    try:
-        import resource
-
-        cap = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if cap == resource.RLIM_INFINITY:
-            return None
-        with open("/proc/self/status", encoding="ascii") as f:
-            size = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmSize:"))
-    except (ImportError, OSError, ValueError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
         return None
-    return max(cap - size, 0)
-
-
-def _cgroup_room() -> int | None:
-    """The bytes left under this process's cgroup memory limit (v2, else v1); None: no limit."""
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            with open(limit, encoding="ascii") as f:
-                cap = f.read().strip()
-            with open(usage, encoding="ascii") as f:
-                used = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if cap == "max" or not cap.isdigit() or int(cap) >= 1 << 60:
-            return None
-        return max(int(cap) - used, 0)
-    return None
 
 
 def show(n: int) -> str:

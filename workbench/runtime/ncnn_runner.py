@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import customops as cops
 from .. import shapes
+from ..capacity import check_fits as model_fits
 from ..customops import missing_ncnn_hint, register_ncnn_layers
 from ..diagnostics import Diagnostic
 from ..errors import BackendCrashed, InputError, MissingOpError, ModelFileError, NcnnRunError
@@ -165,6 +166,8 @@ class NcnnRunner(Runner):
             net.opt.num_threads = self.num_threads
 
             register_ncnn_layers(net, self.param)  # Python layers of @wb.custom_op ops
+            model_fits([self.param, self.bin], f"an ncnn net of {self.param.name}",
+                       stage="ncnn-net")
             if net.load_param(str(self.param)) != 0:
                 unknown = unloadable_layers(self.param)
                 if unknown:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..capacity import check_fits
 from ..customops import ORT_DOMAIN, missing_ort_hint, ort_model, track_session
 from ..errors import MissingOpError, ModelFileError, OrtRunError, WorkbenchError
 from ..onnx_io import (
@@ -45,6 +46,8 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), *,
     for k, v in options.items():
         setattr(so, k, v)
     path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
+    if path is not None and parsed is None:  # before its weights are read
+        check_fits(path, f"an ONNX Runtime session of {path.name}", stage="ort-session")
     model = path_or_model if path is None else parsed if parsed is not None else load_onnx(
         path, external_data=False)
     if path is not None:  # onnxruntime reads the external data itself: check where first

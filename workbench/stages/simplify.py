@@ -34,6 +34,15 @@ from ..onnx_weights import checker_problem, save_with_external_data
 from ..progress import Progress, Steps
 from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
+from .simplify_weights import (
+    Lent,
+    check_choice,
+    give_back,
+    lend,
+    lent_diagnostic,
+    unfolded,
+    weights_outside,
+)
 
 MAIN = "model.onnx"
 # initializer bytes past which the output keeps its weights in external data: under
@@ -119,6 +128,7 @@ def simplify(
     atol: float = DEFAULT_ATOL,
     rtol: float = DEFAULT_RTOL,
     seed: int = 0,
+    weights: str = "auto",
     progress: Progress = False,
 ) -> Artifact:
     """Simplify an ONNX model; returns a new Artifact (the input is never touched).
@@ -132,6 +142,10 @@ def simplify(
             inputs stored at export and random inputs respecting dynamic dims are used.
         atol, rtol: the tolerance of the before/after check.
         seed: the seed of the random check inputs.
+        weights: "auto" (default): weights of 1 MiB or more are kept out of the backend
+            while it works when its peak (several copies of the model) would not fit in the
+            memory available; "inside": it always sees them; "outside": never
+            (stages/simplify_weights.py says what that costs).
         progress: True shows a bar through the phases (reading, the backend, writing,
             onnxruntime on the input and on the output); a callable gets each
             ``workbench.progress.Step``; False shows nothing.
@@ -145,6 +159,7 @@ def simplify(
     """
     t0 = time.perf_counter()
     name, fn = _backend(backend)
+    check_choice(weights)
     parent = as_onnx_artifact(source, workspace, "simplify")
     ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
     user_feed = _user_feed(inputs, parent) if inputs is not None else None
@@ -156,9 +171,14 @@ def simplify(
     before = parent.graph
     diags: list[Diagnostic] = []
     steps.advance()
-    steps.phase(f"simplifying ({name})")
+    lent = lend(model) if weights_outside(weights, model) else Lent()
+    steps.phase(f"simplifying ({name})" + (f", {len(lent.tensors)} large weights kept out"
+                                           if lent.tensors else ""))
     result = _run_backend(name, fn, model, parent, diags)
     del model  # the input's copy: onnxslim and onnxsim return a new model
+    if lent.tensors:
+        back = give_back(result, lent)
+        diags.append(lent_diagnostic(lent, back, unfolded(result, lent)))
 
     with steps, ws.staging() as d:
         path = d / MAIN
@@ -189,7 +209,8 @@ def simplify(
         on_example = after_outputs[at] if at is not None else None
         metrics = _metrics(path, ref, after_runner, on_example, vs_parent, before)
         return ws.commit(d, stage="simplify", format="onnx", main=MAIN, parent=parent,
-                         params={"backend": name, "atol": atol, "rtol": rtol, "seed": seed},
+                         params={"backend": name, "atol": atol, "rtol": rtol, "seed": seed,
+                                 "weights": "outside" if lent.tensors else "inside"},
                          seconds=time.perf_counter() - t0, diagnostics=diags, metrics=metrics)
 
 
