@@ -5,6 +5,8 @@ same way. On a real LocalCluster each: 1 worker process, 1 thread, memory_limit 
 
 from __future__ import annotations
 
+import os
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -55,12 +57,23 @@ def client(tmp_path):
     # the worker's temp folders (a cell's folder before it goes back) in this test's folder:
     # a worker killed for memory leaves its own behind
     spawn = {**dask.config.get("distributed.nanny.pre-spawn-environ"), "TMPDIR": str(tmp_path)}
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0,
-                          "distributed.nanny.pre-spawn-environ": spawn}), \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                         memory_limit="1.5GB", dashboard_address=None) as cluster, \
-            Client(cluster) as c:
-        yield c
+    # the nanny, in this process, sets pre-spawn-environ in os.environ: put TMPDIR back after,
+    # or every later test of this pytest worker makes its temp files here (Chromium's
+    # singleton socket path then passes its length limit and the browser tests fail)
+    saved, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    try:
+        with dask.config.set({"distributed.scheduler.allowed-failures": 0,
+                              "distributed.nanny.pre-spawn-environ": spawn}), \
+                LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                             memory_limit="1.5GB", dashboard_address=None) as cluster, \
+                Client(cluster) as c:
+            yield c
+    finally:
+        if saved is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved
+        tempfile.tempdir = saved_tempdir
 
 
 def test_a_cell_past_the_workers_memory_limit_is_out_of_memory_and_the_rest_run(
