@@ -136,3 +136,29 @@ def test_a_changed_file_is_read_again_not_taken_from_the_cache(tmp_path):
         f.write(data)
     with pytest.raises(ModelFileError, match="ONNX"):
         check_model_file(path)
+
+
+def test_the_checker_reads_a_constant_whose_value_is_in_external_data(tmp_path):
+    """torch writes a Constant node's value to external data past 2 GB (seen on the 24-layer
+    decoder: the checker of the structure refused it, its data file not in the temp folder)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from workbench.onnx_weights import checker_problem
+
+    value = numpy_helper.from_array(np.arange(4096, dtype=np.float32), "c")
+    const = helper.make_node("Constant", [], ["c"], value=value)
+    add = helper.make_node("Add", ["x", "c"], ["y"])
+    graph = helper.make_graph([const, add], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4096])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4096])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path), save_as_external_data=True, location="m.onnx.data",
+              size_threshold=0, convert_attribute=True)
+    loaded = onnx.load(str(path), load_external_data=False)
+    attr = loaded.graph.node[0].attribute[0].t
+    assert attr.data_location == TensorProto.EXTERNAL  # the case itself
+    assert checker_problem(loaded) is None
+    assert attr.external_data[0].value == "m.onnx.data"  # the model itself is not changed

@@ -51,6 +51,15 @@ def structure_only(model: onnx.ModelProto) -> onnx.ModelProto:
         s.dims.extend(t.dims)
         entry = s.external_data.add()
         entry.key, entry.value = "location", PLACEHOLDER
+    # tensors in node attributes (a Constant's value: torch writes them to external data
+    # too past 2 GB) keep their reference, renamed to the placeholder the checker finds
+    from onnx.external_data_helper import _get_attribute_tensors
+
+    for t in _get_attribute_tensors(out):
+        if t.data_location == external:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = PLACEHOLDER
     return out
 
 
