@@ -16,8 +16,10 @@ reference (pnnx_source.py), the refusals before pnnx runs (pnnx_preflight.py), i
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +118,8 @@ def to_ncnn(
                   enabled=rewrite and src.kind == "torchscript")
 
     with Steps(progress, "ncnn", 2 + len(PNNX_PASSES)) as steps, \
-            tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir:
+            tempfile.TemporaryDirectory(prefix="wb-pnnx-", dir=ws.path) as tmp_dir, \
+            ws.staging("the pnnx graph") as pnnx_dir, ws.staging("the ncnn model") as ncnn_dir:
         tmp = Path(tmp_dir)
         steps.phase("tracing the module" if src.kind == "torchscript"
                     else "reading the ONNX model")
@@ -132,22 +135,45 @@ def to_ncnn(
         steps.advance()
         log = _convert(cmd, tmp, timeout, steps, diags, src.parent)
         ncnn_finish(tmp / NCNN_FILES[0], custom, [tmp / PNNX_FILES[0]])  # named custom layers
+        _stage_weights(tmp, {pnnx_dir: PNNX_FILES[1], ncnn_dir: NCNN_FILES[1]})
         params = _params(source, src, args2, cmd, fp16=fp16, optlevel=optlevel,
                          moduleop=moduleop, tol=tol)
         _require(tmp, PNNX_FILES[:2], log, "pnnx exited 0 but did not write")
         diags += unmatched_moduleops(tmp / PNNX_FILES[0], moduleop)
-        pnnx_art = _commit(ws, tmp, PNNX_FILES + ["pnnx.log"], stage="pnnx", format="pnnx",
-                           main=PNNX_FILES[0], parent=src.parent, params=params,
-                           seconds=time.perf_counter() - t0, diagnostics=diags,
-                           rewrites=plan.records)
-        _require(tmp, NCNN_FILES[:2], log, f"pnnx wrote the pnnx graph ({pnnx_art.id}) but not")
+
+        @functools.cache
+        def pnnx_art() -> Artifact:  # committed once: before an error names it, else after
+            return _commit(ws, tmp, pnnx_dir, PNNX_FILES + ["pnnx.log"], stage="pnnx",
+                           format="pnnx", main=PNNX_FILES[0], parent=src.parent,
+                           params=params, seconds=time.perf_counter() - t0,
+                           diagnostics=diags, rewrites=plan.records)
+
+        if any(not (tmp / f).exists() for f in NCNN_FILES[:2]):
+            _require(tmp, NCNN_FILES[:2], log,
+                     f"pnnx wrote the pnnx graph ({pnnx_art().id}) but not")
         _require_loadable(tmp, pnnx_art, log)
         steps.phase("running ncnn against the reference")
-        metrics, checks = _check_outputs(tmp, src, ref_out, tol)
+        try:  # the check runs while the weights are hashed (_stage_weights)
+            metrics, checks = _check_outputs(tmp, src, ref_out, tol)
+        finally:  # the pnnx graph is kept whatever the check does
+            parent = pnnx_art()
         steps.advance(steps.total)
-        return _commit(ws, tmp, NCNN_FILES, stage="ncnn", format="ncnn", main=NCNN_FILES[0],
-                       parent=pnnx_art, params=params, seconds=time.perf_counter() - t0,
-                       diagnostics=checks, metrics=metrics, rewrites=plan.records)
+        return _commit(ws, tmp, ncnn_dir, NCNN_FILES, stage="ncnn", format="ncnn",
+                       main=NCNN_FILES[0], parent=parent, params=params,
+                       seconds=time.perf_counter() - t0, diagnostics=checks, metrics=metrics,
+                       rewrites=plan.records)
+
+
+def _stage_weights(tmp: Path, where: dict[Path, str]) -> None:
+    """Each weights file pnnx wrote (``where``: staging folder -> name in ``tmp``) linked
+    into its artifact's staging folder now, and hashed there in threads while the output
+    check runs (Workspace.prepare_commit); a link made later would change the file's ctime
+    and so the key its hash is kept by (fileio.content_key). pnnx never writes a .bin again;
+    the small files are linked at the commit (the output check may set a .param right)."""
+    for folder, name in where.items():
+        if (tmp / name).exists():
+            link_or_copy(tmp / name, folder / name)
+            Workspace.prepare_commit(folder)
 
 
 def _tolerance(fp16: bool, atol: float | None, rtol: float | None) -> tuple[float, float]:
@@ -189,16 +215,17 @@ def _require(tmp: Path, names: list[str], log: str, what: str) -> None:
         raise ConversionError(f"{what} {missing}" + _tail(log), _hint_for(log))
 
 
-def _require_loadable(tmp: Path, pnnx_art: Artifact, log: str) -> None:
+def _require_loadable(tmp: Path, pnnx_art: Callable[[], Artifact], log: str) -> None:
     """ConversionError naming the layers of the ncnn param that ncnn cannot load (the pnnx
-    graph stays committed as ``pnnx_art``)."""
+    graph committed first, ``pnnx_art()``, and named)."""
     bad = unloadable_layers(tmp / NCNN_FILES[0])
     if bad:
+        art = pnnx_art()
         listing = ", ".join(f"{t} ({n})" for t, n in bad[:8])
         raise ConversionError(
             f"the ncnn param holds {len(bad)} layer(s) ncnn cannot load: {listing}; the pnnx "
-            f"graph is kept as {pnnx_art.id}" + _tail(log),
-            unloadable_hint(tmp / PNNX_FILES[0], bad, pnnx_art) or _hint_for(log, bad))
+            f"graph is kept as {art.id}" + _tail(log),
+            unloadable_hint(tmp / PNNX_FILES[0], bad, art) or _hint_for(log, bad))
 
 
 def _check_outputs(tmp: Path, src: PnnxSource, ref_out: list | None,
@@ -220,14 +247,15 @@ def _check_outputs(tmp: Path, src: PnnxSource, ref_out: list | None,
     return metrics, checks
 
 
-def _commit(ws: Workspace, tmp: Path, names: list[str], **kw: Any) -> Artifact:
-    """The files ``names`` of ``tmp`` (those written) committed as one artifact."""
-    with ws.staging() as d:
-        for n in names:
-            if not (tmp / n).exists():
-                continue
-            if n.endswith(".py"):  # the generated code names the temp folder: drop it
-                (d / n).write_text((tmp / n).read_text().replace(str(tmp) + "/", ""))
-            else:  # a link, not a copy of the weights; tmp's files are never written into
-                link_or_copy(tmp / n, d / n)  # after their commit
-        return ws.commit(d, **kw)
+def _commit(ws: Workspace, tmp: Path, staging: Path, names: list[str], **kw: Any
+            ) -> Artifact:
+    """The files ``names`` of ``tmp`` (those written; a file staged already is kept)
+    committed from ``staging`` as one artifact."""
+    for n in names:
+        if not (tmp / n).exists() or (staging / n).exists():
+            continue
+        if n.endswith(".py"):  # the generated code names the temp folder: drop it
+            (staging / n).write_text((tmp / n).read_text().replace(str(tmp) + "/", ""))
+        else:  # a link, not a copy of the weights; tmp's files are never written into
+            link_or_copy(tmp / n, staging / n)  # after their commit
+    return ws.commit(staging, **kw)

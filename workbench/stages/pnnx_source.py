@@ -21,7 +21,9 @@ from ..artifact.workspace import Workspace, as_workspace
 from ..checks import reference_data
 from ..diagnostics import Diagnostic
 from ..errors import ConversionError, InputError, WorkbenchError
+from ..graph import remember_summary
 from ..inputs import as_tensor_tuple, run_torch
+from ..runtime.onnx_wire import structure
 from ..runtime.ort_runner import OrtRunner
 from .export_errors import warning_diagnostics
 from .pnnx_preflight import check_onnx_graph
@@ -67,8 +69,21 @@ def resolve_source(source: Any, inputs: Any, workspace: Workspace | str | None) 
                              "file carries no stored example", "wb.to_ncnn(path, (x,))")
         inputs = tuple(torch.from_numpy(v) for v in stored[0].values())
     args = as_tensor_tuple(inputs)
+    summary_without_weights(parent.path)
     check_onnx_graph(parent)  # no nodes: nothing to convert (pnnx segfaults)
     return PnnxSource("onnx", args, ws, parent=parent, stored=stored)
+
+
+def summary_without_weights(path: Path) -> None:
+    """The GraphSummary of the .onnx at ``path`` (the artifact's ``graph``: its nodes,
+    inputs, outputs, opsets and weights' sizes, read by the checks before pnnx runs) made
+    from its graph without the weights' bytes (onnx_wire.structure: a few MB walked, not a
+    1.3 GB decoder parsed whole and held while pnnx runs beside it); a file the wire walk
+    cannot read is left to ``summarize``, which names what is wrong with it."""
+    try:
+        remember_summary(path, structure(path))
+    except (OSError, ValueError):
+        pass
 
 
 def write_model_file(src: PnnxSource, folder: Path
