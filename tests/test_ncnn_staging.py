@@ -1,0 +1,47 @@
+"""to_ncnn at scale: the ONNX source's summary from its graph without the weights' bytes, and
+the weights hashed in their staging folders while the output check runs (issue 34)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+import workbench as wb
+from workbench.graph import summarize, summarize_onnx
+from workbench.onnx_io import load_onnx
+from workbench.stages.pnnx_source import summary_without_weights
+
+
+def test_the_summary_from_the_graph_without_weights_is_the_whole_parse(tmp_path):
+    w = numpy_helper.from_array(np.arange(64 * 64, dtype=np.float32).reshape(64, 64), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    summary_without_weights(path)
+    got = summarize(path)  # served from what summary_without_weights kept
+    assert got == summarize_onnx(load_onnx(path, external_data=False))
+    assert got.initializer_bytes == 64 * 64 * 4 and got.node_count == 1
+
+
+def test_both_artifacts_record_the_hashes_of_their_files(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    art = wb.to_ncnn(model.eval(), (torch.randn(1, 32),), workspace=tmp_path / "ws")
+    pnnx = art.parent
+    assert pnnx.format == "pnnx" and int(pnnx.id[:4]) < int(art.id[:4])
+    for a in (pnnx, art):
+        assert a.files, a.id
+        for rel, meta in a.files.items():
+            data = (a.dir / rel).read_bytes()
+            assert meta["sha256"] == hashlib.sha256(data).hexdigest(), (a.id, rel)
+            assert meta["bytes"] == len(data)
+    assert {"model.pnnx.bin", "model.pnnx.param"} <= set(pnnx.files)
+    assert {"model.ncnn.bin", "model.ncnn.param"} <= set(art.files)
+    assert art.metrics["max_abs"] is not None and art.ok
+    assert wb.Workspace(tmp_path / "ws").verify() == []
+    assert not [p for p in (tmp_path / "ws").iterdir() if p.name.startswith(".staging")]
