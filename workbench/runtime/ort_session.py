@@ -19,7 +19,7 @@ from ..onnx_io import (
     lower_ir_version,
     ort_max_ir_version,
 )
-from .onnx_wire import structure
+from .onnx_wire import wire_graph
 
 if TYPE_CHECKING:
     import onnx
@@ -48,9 +48,13 @@ def session(path_or_model: str | Path | onnx.ModelProto, libraries: Any = (), *,
     path = Path(path_or_model) if isinstance(path_or_model, (str, Path)) else None
     if path is not None and parsed is None:  # before its weights are read
         check_fits(path, f"an ONNX Runtime session of {path.name}", stage="ort-session")
-    model = path_or_model if path is None else parsed if parsed is not None else _graph_of(path)
+    made: set[str] = set()  # weights _graph_of pointed at the .onnx itself
+    if path is None or parsed is not None:
+        model = path_or_model if path is None else parsed
+    else:
+        model, made = _graph_of(path)
     if path is not None:  # onnxruntime reads the external data itself: check where first
-        external_locations(model, path)
+        external_locations(_named_references(model, made), path)
     check_shapes(model, path)  # onnxruntime runs a model whose shapes contradict it silently
     if not model.graph.output:
         raise ModelFileError(f"{str(path) if path else 'the model'!r} declares no graph outputs: "
@@ -218,19 +222,39 @@ def explain_ort_run_error(message: str, path: Path | None) -> Exception:
 STRUCTURE_BYTES = 16 << 20  # a file this large is read without its weights' bytes
 
 
-def _graph_of(path: Path) -> Any:
+def _graph_of(path: Path) -> tuple[Any, set[str]]:
     """The model at ``path`` for the checks before ONNX Runtime reads it: past
     STRUCTURE_BYTES its graph without the weights' bytes (onnx_wire: parsing a 1.3 GB .onnx
     whole took 2.5 s and 1.3 GB of memory in the worker, for checks that read none of them),
     with load_onnx's checks of what it declares; a file that is not readable so is parsed
-    whole, which says what is wrong with it."""
+    whole, which says what is wrong with it. Also the names of the weights it pointed at
+    the file itself (``wire_graph``), which the file does not name so."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
     if path.is_file() and path.stat().st_size > STRUCTURE_BYTES:
         try:
-            model = structure(path)
-        except (ValueError, OSError, IndexError):
+            wire = wire_graph(path)
+            model = onnx.ModelProto.FromString(wire.model)
+        except (ValueError, OSError, IndexError, DecodeError):
             pass
         else:
             if model.HasField("graph") and model.opset_import:
                 check_readable(model, path)
-                return model
-    return load_onnx(path, external_data=False)
+                return model, set(wire.weights)
+    return load_onnx(path, external_data=False), set()
+
+
+def _named_references(model: Any, made: set[str]) -> Any:
+    """``model`` as its external data is checked: without the weights ``_graph_of`` pointed
+    at the .onnx itself (``made``: their bytes are in the file, it names no location for
+    them); every reference the file names is checked as ever (one naming the model itself
+    is refused: tests/test_security.py)."""
+    import onnx
+
+    if not made:
+        return model
+    named = onnx.ModelProto()
+    named.graph.initializer.extend(t for t in model.graph.initializer if t.name not in made)
+    named.graph.node.extend(model.graph.node)
+    return named
