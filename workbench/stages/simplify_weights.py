@@ -31,6 +31,7 @@ from typing import Any
 from ..capacity import available_memory
 from ..diagnostics import Diagnostic
 from ..errors import InputError
+from ..onnx_weights import tensor_bytes
 
 LARGE = 1 << 20  # bytes: weights at least this large are lent out
 # onnxslim's peak over the model's weights, with a margin: measured 7.7 / 1.33 = 5.8 alone
@@ -48,20 +49,6 @@ class Lent:
     nbytes: int = 0
 
 
-def tensor_nbytes(t: Any) -> int:
-    """A TensorProto's bytes from its dims and type (without serializing it)."""
-    from onnx import helper
-
-    n = 1
-    for d in t.dims:
-        n *= int(d)
-    try:
-        size = helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, TypeError, ValueError):
-        size = 4
-    return n * size
-
-
 def check_choice(choice: Any) -> None:
     """Refuse a ``weights=`` that is not one of CHOICES."""
     if choice not in CHOICES:
@@ -77,7 +64,7 @@ def weights_outside(choice: str, model: Any) -> bool:
     check_choice(choice)
     if choice != "auto":
         return choice == "outside"
-    total = sum(tensor_nbytes(t) for t in model.graph.initializer)
+    total = sum(tensor_bytes(t) for t in model.graph.initializer)
     room = available_memory()
     return room is not None and total * PEAK_FACTOR > room.bytes
 
@@ -90,7 +77,7 @@ def lend(model: Any, large: int = LARGE) -> Lent:
     lent = Lent()
     keep = []
     for t in model.graph.initializer:
-        size = tensor_nbytes(t)
+        size = tensor_bytes(t)
         if size >= large:
             lent.tensors[t.name] = t
             lent.nbytes += size
