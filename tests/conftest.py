@@ -29,3 +29,15 @@ def fresh_worker(monkeypatch):
     monkeypatch.setattr(worker_mod, "_WORKER", w)
     yield w
     w.close()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test (the noise-floor tests measure rounding
+    against what one thread's summation order gives), put back afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -67,12 +67,7 @@ def _damaged(w, rng, share=0.25, by=1e-3):
     return out.reshape(w.shape)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_a_folded_conv_errs_under_its_floor_and_a_damaged_weight_far_above():

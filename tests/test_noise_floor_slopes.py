@@ -32,12 +32,7 @@ from workbench.comparison.noise_floor import (
 C_IN, LENGTH = 128, 2048
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _fused(w, b, act, **attrs):
