@@ -219,6 +219,13 @@ def test_external_data_above_threshold(ws, sr_model):
     assert art.metrics["max_abs"] < 1e-4
     small = wb.export(model, x, workspace=ws)
     assert "model.onnx.data" not in small.files and small.params["external_data"] is False
+    # onnxruntime maps the data file: the same outputs, bit for bit, as the inline model's
+    from workbench.runtime import OrtRunner
+
+    feed = {small.graph.inputs[0].name: x[0].numpy()}
+    got = [list(OrtRunner(a.path, isolated=False).run(feed).values()) for a in (art, small)]
+    assert all(np.array_equal(u, v) for u, v in zip(*got, strict=True))
+
 
 
 def test_export_twice_makes_two_artifacts_and_keeps_the_first(ws, sr_model):

@@ -25,6 +25,13 @@ PLACEHOLDER = "weights-not-loaded"  # the external location a stripped initializ
 KEEP_BYTES = 4096  # initializers this small keep their values: shapes, axes, scales that
 # inference and the checks read (a Reshape's shape, a Slice's starts)
 ALIGN = 4096  # each tensor of a written data file starts on a page: onnxruntime maps them
+# Weights from this many bytes are written to a data file beside the model, not inline. A
+# session of an inline model copies every weight out of the parsed protobuf; one of external
+# data maps the file (ALIGN) and shares its pages with the next reader: measured on a 4-layer
+# Qwen2-shaped decoder (0.78 GB, onnxruntime 1.32, 2 cores), session creation 4.4 s inline,
+# 0.9 s external, outputs bit-identical. Below it the difference is a fraction of a second
+# and one file is simpler to move.
+EXTERNAL_AT = 256 * 1024**2
 
 
 def structure_only(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -25,7 +25,7 @@ from ..fileio import atomic_write_bytes
 from ..graph import remember_summary, summarize_onnx
 from ..inputs import as_tensor_tuple, copies, run_torch
 from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_readable
-from ..onnx_weights import checker_problem, save_with_external_data
+from ..onnx_weights import EXTERNAL_AT, checker_problem, save_with_external_data
 from ..progress import Progress, Steps
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .export_args import check_arity, io_names, normalize_dynamic_axes
@@ -36,7 +36,9 @@ from .rewrite_session import choose, outputs_watched, verify
 from .rewriters import BACKENDS, RewriteContext
 from .torchscript_gaps import cast_bool_cumsum
 
-EXTERNAL_DATA_THRESHOLD = 2 * 1024**3  # protobuf's 2 GB limit
+# weights past it go to model.onnx.data (onnx_weights.EXTERNAL_AT says why; protobuf itself
+# cannot hold past 2 GB, where torch writes external data of its own)
+EXTERNAL_DATA_THRESHOLD = EXTERNAL_AT
 MAIN = "model.onnx"
 # torch 2.13: the dynamo exporter implements its ops from opset 18 and converts anything
 # lower down with onnx's version converter; the TorchScript exporter's default stays 17.
@@ -84,7 +86,8 @@ def export(
         dynamic_axes: axes that may vary, by input/output name.
         inputs2: a second set of example inputs, other shapes or values (trace checks).
         atol, rtol: the tolerance of the torch vs ONNX Runtime check on the outputs.
-        external_data_threshold: bytes of weights above which they go to a side file.
+        external_data_threshold: bytes of weights above which they go to a side file,
+            ``model.onnx.data`` (default 256 MiB: onnxruntime maps it rather than copying).
         moduleop: submodule classes (or class names) kept as one op each.
         backend: what the ONNX model is for, "onnxruntime" or "ncnn" (through
             ``wb.to_ncnn(artifact)``): the registered rewriters for that backend apply

@@ -30,7 +30,7 @@ from ..onnx_io import (
     lower_ir_version,
     mark_readable,
 )
-from ..onnx_weights import checker_problem, save_with_external_data
+from ..onnx_weights import EXTERNAL_AT, checker_problem, save_with_external_data
 from ..progress import Progress, Steps
 from ..runtime.ort_runner import OrtRunner
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
@@ -45,9 +45,9 @@ from .simplify_weights import (
 )
 
 MAIN = "model.onnx"
-# initializer bytes past which the output keeps its weights in external data: under
-# protobuf's 2 GB limit with room for the graph
-LARGE = 1_800_000_000
+# initializer bytes past which the output keeps its weights in external data (as export
+# writes them: onnx_weights.EXTERNAL_AT says why)
+LARGE = EXTERNAL_AT
 
 
 def _onnxslim(model):
