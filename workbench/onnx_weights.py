@@ -160,7 +160,8 @@ def save_with_external_data(model: onnx.ModelProto, path: Path, source_dir: Path
             os.unlink(tmp)
         raise
     path.write_bytes(model.SerializeToString())  # a few MB: the graph alone
-    removed = [rel for rel in old if rel != location and (folder / rel).is_file()]
+    removed = [rel for rel in old if rel not in (location, path.name)  # weights read from
+               and (folder / rel).is_file()]  # the model's own file (onnx_wire) leave it
     for rel in removed:
         (folder / rel).unlink()
     return removed

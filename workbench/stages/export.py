@@ -27,6 +27,7 @@ from ..inputs import as_tensor_tuple, copies, run_torch
 from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_readable
 from ..onnx_weights import EXTERNAL_AT, checker_problem, save_with_external_data
 from ..progress import Progress, Steps
+from ..runtime.onnx_wire import wire_graph
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .export_args import check_arity, io_names, normalize_dynamic_axes
 from .export_checks import numeric_checks
@@ -320,14 +321,15 @@ def _finish_onnx(path: Path, exporter: str, opset: int, modules: set, threshold:
         _repair_down_converted(path, opset, diags)
     if exporter != "torchscript":  # grouping module calls rewrites the file: before it is read
         diags += moduleop_diagnostics(path, modules, exporter)
-    model = load_onnx(path, external_data=False)
+    model, in_place = _read_exported(path, threshold)
     changed = exporter == "torchscript" and cast_bool_cumsum(model, diags)
     if exporter == "torchscript":
         diags += moduleop_diagnostics(path, modules, exporter, model)
     lowered = lower_ir_version(model)
     if lowered is not None:
         diags.append(lowered)
-    external = _write_finished(model, path, threshold, changed or lowered is not None, diags)
+    external = _write_finished(model, path, threshold, changed or lowered is not None, diags,
+                               in_place)
     mark_readable(path)  # what was written was read and checked here: the runners and the
     remember_summary(path, model)  # summaries that open it next need not parse it again
     problem = checker_problem(model)
@@ -339,13 +341,34 @@ def _finish_onnx(path: Path, exporter: str, opset: int, modules: set, threshold:
     return external
 
 
+def _read_exported(path: Path, threshold: int) -> tuple[Any, bool]:
+    """What the exporter wrote, parsed, and whether its weights were left in the file: a
+    file past ``threshold`` bytes holds its weights inline (torch writes external data only
+    past 2 GB) and is about to move them to ``model.onnx.data``, so it is read without
+    their bytes, each an external reference to its own place in the file
+    (runtime/onnx_wire.py), and ``_write_finished`` has the kernel copy them over
+    (copy_file_range): parsing a 4-layer decoder's 1.3 GB and writing it out again through
+    Python's copies of each tensor took 4-11 s, mostly page faults; a smaller file is
+    parsed whole."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if path.stat().st_size <= threshold:
+        return load_onnx(path, external_data=False), False
+    try:
+        return onnx.ModelProto.FromString(wire_graph(path).model), True
+    except (ValueError, DecodeError):  # load_onnx says what is wrong with the file
+        return load_onnx(path, external_data=False), False
+
+
 def _write_finished(model: Any, path: Path, threshold: int, changed: bool,
-                    diags: list[Diagnostic]) -> bool:
+                    diags: list[Diagnostic], in_place: bool = False) -> bool:
     """``model`` written to ``path`` when it changed, or with its initializers in one
     ``model.onnx.data`` file when they pass ``threshold`` bytes or the exporter wrote external
-    data (torch writes one file per tensor past 2 GB). True when the weights are external."""
+    data (torch writes one file per tensor past 2 GB), or when ``in_place`` (its weights
+    referenced in ``path`` itself, ``_read_exported``). True when the weights are external."""
     size = summarize_onnx(model).initializer_bytes
-    if size <= threshold and not external_locations(model, path):
+    if not in_place and size <= threshold and not external_locations(model, path):
         if changed:  # no temp file, no fsync: the staging folder is the unit of atomicity
             path.write_bytes(model.SerializeToString())
         return False
