@@ -98,3 +98,44 @@ def test_a_changed_file_is_still_refused_after_its_commit(tmp_path):
     with pytest.raises(wb.ModelFileError, match="changed since its export stage wrote it"):
         b.check_files()
     a.check_files()
+
+
+def _forget_this_process(monkeypatch):
+    """As a fresh process: nothing hashed or verified here before."""
+    from workbench.artifact import record
+
+    monkeypatch.setattr(record, "_VERIFIED", {})
+    monkeypatch.setattr(fileio, "_DIGESTS", fileio.OrderedDict())
+
+
+def test_another_process_trusts_a_file_its_record_still_describes(tmp_path, reads,
+                                                                  monkeypatch):
+    """The record keeps each file's device, inode and mtime beside its digest: a stage run
+    in a fresh process checks its parent without reading it again, and a file written
+    since (other bytes of the same size), copied over, or moved to another folder is read
+    and refused or verified."""
+    ws = wb.Workspace(tmp_path / "ws")
+    with ws.staging() as d:
+        (d / "w.bin").write_bytes(os.urandom(1 << 16))
+        (d / "main.txt").write_text("m")  # just written: its hashing waits out RACY_NS
+        art = ws.commit(d, stage="x", format="bin", main="main.txt")
+    assert all({"device", "inode", "mtime_ns"} <= set(m) for m in art.files.values())
+    _forget_this_process(monkeypatch)
+    reads.clear()
+    wb.Workspace(tmp_path / "ws").get(art.id).check_files()
+    assert reads == []  # each file as its record describes it: none read
+
+    w = art.dir / "w.bin"
+    w.write_bytes(os.urandom(1 << 16))  # other bytes, same size: a new mtime
+    _forget_this_process(monkeypatch)
+    with pytest.raises(wb.ModelFileError, match="w.bin changed since"):
+        wb.Workspace(tmp_path / "ws").get(art.id).check_files()
+
+    assert not fileio.matches_record(w.stat(), {"sha256": "x", "bytes": 1 << 16})  # no stat
+    st = w.stat()
+    meta = {"bytes": st.st_size, "device": st.st_dev, "inode": st.st_ino,
+            "mtime_ns": st.st_mtime_ns}
+    assert fileio.matches_record(st, meta)
+    for key, other in (("inode", st.st_ino + 1), ("bytes", st.st_size - 1),
+                       ("mtime_ns", st.st_mtime_ns - 1), ("device", st.st_dev + 1)):
+        assert not fileio.matches_record(st, {**meta, key: other}), key

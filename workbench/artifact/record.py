@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..diagnostics import Diagnostic
 from ..errors import ModelFileError
-from ..fileio import file_sha256
+from ..fileio import file_sha256, matches_record
 from ..graph import summarize, summarize_ncnn
 from .rewrites import RewriteRecord
 
@@ -113,7 +113,10 @@ class Artifact:
         sha256 its record holds), or ModelFileError naming the file: a runner or stage given
         it would otherwise run on bytes nobody checked (a bit flipped, another model's
         weights copied over). A file is hashed once per size and mtime (see _VERIFIED), and
-        not at all when this process hashed it unchanged (its commit: fileio.file_sha256)."""
+        not at all when this process hashed it unchanged (its commit: fileio.file_sha256) or
+        it is still the file whose device, inode, size and mtime the record kept
+        (fileio.matches_record: a stage run in a fresh process does not read its parent's
+        2 GB again)."""
 
         for rel, meta in self.files.items():
             want = meta.get("sha256") if isinstance(meta, dict) else None
@@ -132,6 +135,9 @@ class Artifact:
                 raise ModelFileError(f"artifact {self.id}: {rel} is no longer a file", hint)
             key = (str(f), st.st_size, st.st_mtime_ns, st.st_ino)
             if _VERIFIED.get(key) == want:
+                continue
+            if matches_record(st, meta):  # the very file the record's stat was taken of
+                _VERIFIED[key] = want
                 continue
             got = file_sha256(f)  # the digest this process computed at commit, if unchanged
             if got != want:

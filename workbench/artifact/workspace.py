@@ -24,7 +24,7 @@ from typing import Any
 from ..capacity import disk_errors
 from ..diagnostics import Diagnostic
 from ..errors import InputError, ModelFileError, WorkspaceError
-from ..fileio import atomic_write_text, file_sha256, hash_ahead, sha256_file
+from ..fileio import atomic_write_text, hash_ahead, sha256_file, stat_record
 from ..onnx_io import check_model_file, external_data_files
 from .locking import clean_leftovers, staging_folder, workspace_lock
 from .manifest import (
@@ -173,10 +173,11 @@ class Workspace:
         """Turn a staging folder into a new artifact: hash files, rename, update the manifest
         (``rewrites``: the rewriters that fired while it was exported). A file the stage had
         hashed ahead (``prepare_commit``) and not changed since is not read again."""
-        files = {
-            str(p.relative_to(staging)): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
-            for p in _staged_files(staging)
-        }
+        files = {}
+        for p in _staged_files(staging):  # a digest, and the stat that lets a later check
+            digest, stat = stat_record(p)  # trust the file without reading it again
+            files[str(p.relative_to(staging))] = {"sha256": digest, "bytes": p.stat().st_size,
+                                                  **stat}
         if main not in files:
             raise WorkspaceError(f"stage {stage!r} did not write its main file {main!r}",
                                  "this is a workbench bug; please report it")
