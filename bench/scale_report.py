@@ -59,19 +59,21 @@ def report(jobs: list[Job], repeat: int) -> dict[str, Any]:
     agg = aggregate(jobs)
     models = list(dict.fromkeys(j.model for j in jobs))
     figures: list[dict[str, Any]] = []
+    decoders = [m for m in models if m.startswith("decoder")]
     for model in models:
-        figures += _model_table(model, agg, repeat)
+        figures += _model_table(model, agg, repeat, decoders)
     growth = _growth(agg, models)
     e2e = _end_to_end(agg, models)
     print("\ntargets (issue 34; ratios wb / bare as printed above):")
     for f in figures:
         verdict = ("not measured" if f["value"] is None else
+                   f"{f['value']:.2f} (not judged: {f['why']})" if not f["judged"] else
                    f"{f['value']:.2f} <= {f['target']:.2f}: "
                    + ("target met" if f["met"] else "NOT met"))
         print(f"  {f['figure']}: {verdict}")
     met = [f for f in figures if f["met"]]
     missed = [f["figure"] for f in figures if f["met"] is False]
-    missing = [f for f in figures if f["value"] is None]
+    missing = [f for f in figures if f["value"] is None and f["judged"]]
     failed = [j.label for j in jobs if not j.ok]
     print(f"summary: {len(met)}/{len(met) + len(missed)} figures within target"
           + (f"; NOT met: {', '.join(missed)}" if missed else "")
@@ -83,7 +85,8 @@ def report(jobs: list[Job], repeat: int) -> dict[str, Any]:
             "aggregate": {" ".join(k): v for k, v in agg.items()}}
 
 
-def _model_table(model: str, agg: dict, repeat: int) -> list[dict[str, Any]]:
+def _model_table(model: str, agg: dict, repeat: int,
+                 decoders: list[str]) -> list[dict[str, Any]]:
     first = next(v for k, v in agg.items() if k[0] == model)
     size = first["model_bytes"] / 1e9
     print(f"\n{model}: parameters {size:.2f} GB in fp32"
@@ -107,8 +110,9 @@ def _model_table(model: str, agg: dict, repeat: int) -> list[dict[str, Any]]:
                       gb(b["peak_kb"]) if b.get("peak_kb") else "-", _x(pr),
                       pair("start_kb"), pair("hwm_kb"), pair("rss_sum_kb")))
         t_target, p_target = TARGETS[stage]
-        figures += [_figure(f"{model} {stage} time wb/bare", tr, t_target),
-                    _figure(f"{model} {stage} peak wb/bare", pr, p_target)]
+        why = _not_judged(model, stage, decoders)
+        figures += [_figure(f"{model} {stage} time wb/bare", tr, t_target, why),
+                    _figure(f"{model} {stage} peak wb/bare", pr, p_target, why)]
         for side, d in (("wb", w), ("bare", b)):
             for e in d.get("errors", []):
                 print(f"  {stage} {side} failed: {e}")
@@ -123,9 +127,25 @@ def _model_table(model: str, agg: dict, repeat: int) -> list[dict[str, Any]]:
     return figures
 
 
-def _figure(name: str, value: float | None, target: float) -> dict[str, Any]:
-    met = None if value is None else round(value, 2) <= target  # judged as printed
-    return {"figure": name, "value": value, "target": target, "met": met}
+def _not_judged(model: str, stage: str, decoders: list[str]) -> str:
+    """Why a figure is printed but not judged ("" when it is): issue 34 sets the export,
+    simplify and to_ncnn targets on the decoder at each depth and the compare targets on
+    the largest one (24 layers; the largest measured here); the CNN is there for
+    contrast (its stages take a second or two, where the workbench's fixed checks, a
+    worker and an onnxruntime run, are most of the time)."""
+    if model not in decoders:
+        return "the CNN is shown for contrast; the targets are set on the decoder"
+    largest = max(decoders, key=lambda m: int(m.removeprefix("decoder-").removesuffix("L")))
+    if stage == "compare" and model != largest:
+        return f"the compare targets are set on the largest decoder ({largest})"
+    return ""
+
+
+def _figure(name: str, value: float | None, target: float, why: str = "") -> dict[str, Any]:
+    judged = not why
+    met = None if value is None or not judged else round(value, 2) <= target  # as printed
+    return {"figure": name, "value": value, "target": target, "met": met, "judged": judged,
+            "why": why}
 
 
 def _growth(agg: dict, models: list[str]) -> list[dict[str, Any]]:

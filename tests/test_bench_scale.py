@@ -125,3 +125,18 @@ def test_tree_sampler_calls_the_low_memory_guard_once():
     finally:
         sampler.stop()
     assert len(calls) == 1 and calls[0] > 0 and sampler.low_memory_kb == calls[0]
+
+
+def test_the_report_judges_what_issue_34_sets_and_shows_the_rest():
+    """export/simplify/to_ncnn judged on each decoder, compare on the largest decoder
+    only, the CNN shown for contrast: a figure not judged is neither met nor missed."""
+    from scale_report import _figure, _not_judged
+
+    decoders = ["decoder-4L", "decoder-24L", "decoder-12L"]
+    assert _not_judged("decoder-4L", "to_ncnn", decoders) == ""
+    assert _not_judged("decoder-24L", "compare", decoders) == ""
+    assert "decoder-24L" in _not_judged("decoder-12L", "compare", decoders)
+    assert "contrast" in _not_judged("cnn", "simplify", decoders)
+    assert _figure("f", 1.3, 1.25)["met"] is False and _figure("f", 1.25, 1.25)["met"]
+    shown = _figure("f", 25.8, 1.25, "contrast")
+    assert shown["met"] is None and not shown["judged"] and shown["value"] == 25.8
