@@ -18,22 +18,26 @@ from typing import Any
 
 import numpy as np
 
-from .. import shapes
 from ..diagnostics import Diagnostic
 from ..inputs import describe
-from ..runtime.ncnn_runner import NcnnRunner
-from ..tolerances import error_detail, for_precision, max_errors, within
+from ..tolerances import error_detail, for_precision, within
 from .ncnn_hints import capture_blobs, negative_pows, pnnx_param_of, rnn_hidden_state, shape_hint
 from .ncnn_pooling import wide_pools
+from .ncnn_runs import ncnn_errors, run_precisions
+
+__all__ = ["check_numbers", "ncnn_errors"]  # ncnn_errors: ncnn_gelu's, from ncnn_runs
 
 
 def check_numbers(param: Path, args: tuple, reference: list | None,
-                  tol: tuple[float, float] | None = None, known: list[Diagnostic] = ()
+                  tol: tuple[float, float] | None = None, known: list[Diagnostic] = (),
+                  side_by_side: bool | None = None
                   ) -> tuple[dict[str, Any], list[Diagnostic]]:
     """ncnn fp32 and fp16 against torch on the example inputs: the fp32 run within ``tol``
     (atol, rtol; default fp32's), the fp16 run within the fp16 default; past it,
     ``ncnn-numeric-mismatch``. ``known``: errors found in the graph before the run (a
     byte mask, runtime/ncnn_masks.py); a failed or mismatching run points at them.
+    ``side_by_side``: the two runs at once in two worker processes (ncnn_runs.py; None:
+    when the model is large enough and both nets fit in memory).
 
     Returns ``max_abs``/``max_rel`` (fp32) and ``max_abs_fp16``/``max_rel_fp16`` (None when
     the run failed, the shapes differ or fp16 was not exercised), ``fp16_exercised``, and
@@ -42,32 +46,30 @@ def check_numbers(param: Path, args: tuple, reference: list | None,
     diags: list[Diagnostic] = []
     if reference is None:
         return metrics, diags
-    runs: dict[str, list] = {}
+    runs = run_precisions(param, args, reference, side_by_side)
     # the wide-pool and pow hints take a capture run: made once, for fp32 and fp16
     blobs = functools.cache(lambda: capture_blobs(param, args))
     rnn = functools.cache(lambda: rnn_hidden_state(pnnx_param_of(param)))  # h_n read
-    for precision in ("fp32", "fp16"):
+    for precision, run in runs.items():
         key = "max_abs" if precision == "fp32" else "max_abs_fp16"
         metrics[key] = None
-        try:
-            got, fitted, errs = ncnn_errors(param, args, reference, precision)
-        except Exception as e:  # recorded: the converted model is kept either way
-            diags.append(_run_failed(precision, e, args, known))
+        if run.failure is not None:
+            diags.append(_run_failed(precision, run.failure, args, known))
             continue
-        runs[precision] = got
-        if precision == "fp16" and _identical(runs.get("fp32"), got):
+        if precision == "fp16" and _identical(runs["fp32"].got, run.got):
             metrics["max_rel_fp16"] = None
             metrics["fp16_exercised"] = False
             diags.append(_fp16_not_exercised())
             continue
         if precision == "fp16":
             metrics["fp16_exercised"] = True
+        errs = run.errors
         if errs["shape_mismatch"]:
             diags.append(Diagnostic("error", "ncnn-shape-mismatch",
                                     f"ncnn ({precision}) outputs differ in shape from torch: "
                                     f"{errs['shape_mismatch']}",
                                     rnn() or wide_pools(*blobs())
-                                    or shape_hint(reference, fitted)))
+                                    or shape_hint(reference, run.fitted)))
             continue
         # max_rel too: an absolute error alone hides a vanishing output
         metrics[key] = errs["max_abs"]
@@ -77,18 +79,6 @@ def check_numbers(param: Path, args: tuple, reference: list | None,
             diags.append(_numeric_mismatch(precision, errs, atol, rtol,
                                            _known(known) or rnn() or negative_pows(*blobs())))
     return metrics, diags
-
-
-def ncnn_errors(param: Path, args: tuple, reference: list, precision: str
-                ) -> tuple[list, list, dict[str, Any]]:
-    """ncnn's outputs on ``args`` as it returns them, the same fitted to torch's shapes
-    (paired by position, ``shapes.fit``: a dropped or squeezed size-1 axis), and their
-    ``max_errors`` against ``reference``. Raises what the runner raises."""
-    got = list(NcnnRunner(param, precision=precision).run(args).values())
-    fitted = [shapes.fit(np.asarray(g), np.shape(r)) for r, g in zip(reference, got,
-                                                                     strict=False)] + got[
-        len(reference):]
-    return got, fitted, max_errors(reference, fitted)
 
 
 def _run_failed(precision: str, e: Exception, args: tuple, known: list[Diagnostic]

@@ -1,0 +1,119 @@
+"""ncnn's fp32 and fp16 runs of a converted model, for its output check (ncnn_check.py): at
+once, each in a native worker process of its own, when both nets fit in memory together.
+
+Loading a large net is most of the check (a 2 GB decoder: 3.3 s fp32, 3.8 s fp16, then a run
+of 0.5 s) and the two precisions are independent, but one worker runs its ncnn calls one at a
+time (on its main thread). So the fp16 net goes to a worker of its own (``worker.spare()``),
+loaded and run while the shared native worker loads and runs the fp32 one: the check takes
+about the longer of the two instead of their sum. That worker is closed after the check
+(``worker.retire``): it would otherwise keep the fp16 net resident until its next call, and
+an idle process costs 100-200 MB; starting one costs a fraction of a second, paid only on
+models whose loads take longer than that (``SIDE_BY_SIDE_BYTES``).
+
+They run one after the other, in the shared worker, as before: when both nets do not fit in
+memory at once (``capacity.check_fits``, ncnn's factor twice), when the model holds Python
+custom layers that cannot travel to a worker (they run in this process), or on a model too
+small for a second process to pay. Each run's failure is its own: a crash in one worker
+leaves the other's outputs.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import customops as cops
+from .. import shapes
+from ..capacity import FACTORS, check_fits
+from ..runtime.ncnn_runner import NcnnRunner
+from ..runtime.worker import Place, retire, spare
+from ..tolerances import max_errors
+
+PRECISIONS = ("fp32", "fp16")
+# model files from which the fp16 run gets a worker of its own: a worker's start (a Python
+# importing numpy and ncnn, ~0.3 s here) is below the time to load a net this size
+SIDE_BY_SIDE_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class PrecisionRun:
+    """One precision's run on the example inputs: ``got``, the outputs as ncnn returned
+    them; ``fitted``, the same in torch's shapes; ``errors``, their ``max_errors`` against
+    the reference (all None when the run failed: ``failure`` says why); ``pid``, the worker
+    process that ran it (None: this process)."""
+
+    precision: str
+    got: list | None = None
+    fitted: list | None = None
+    errors: dict[str, Any] | None = None
+    failure: Exception | None = None
+    pid: int | None = None
+
+
+def run_precisions(param: Path, args: tuple, reference: list,
+                   side_by_side: bool | None = None) -> dict[str, PrecisionRun]:
+    """ncnn's fp32 and fp16 runs of ``param`` on ``args`` against ``reference``.
+
+    Args:
+        side_by_side: run them at once in two worker processes; None decides
+            (``side_by_side``); False, one after the other in the shared worker.
+
+    Returns:
+        {precision: PrecisionRun}, fp32 first; a run that failed or crashed carries its
+        error, never raises."""
+    if side_by_side is None:
+        side_by_side = fits_side_by_side(param)
+    if not side_by_side:
+        return {p: run_one(param, args, reference, p) for p in PRECISIONS}
+    place = spare()
+    pool = ThreadPoolExecutor(1, thread_name_prefix="wb-ncnn-fp16")
+    try:
+        fp16 = pool.submit(run_one, param, args, reference, "fp16", place)
+        fp32 = run_one(param, args, reference, "fp32")
+        return {"fp32": fp32, "fp16": fp16.result()}
+    finally:  # the fp16 net goes with its process (an interrupted run too)
+        retire(place)
+        pool.shutdown(wait=True)
+
+
+def fits_side_by_side(param: Path, available: int | None = None) -> bool:
+    """Whether the two runs go to two workers at once: a model large enough for a second
+    process to pay, whose nets fit in memory together (``available`` bytes; None: read
+    now), with no Python custom layer that must run in this process."""
+    fit = check_fits(param, f"ncnn's fp32 and fp16 nets of {param.name} at once",  # + .bin
+                     factor=2 * FACTORS["ncnn-net"], available=available, force=True)
+    return (fit.model_bytes >= SIDE_BY_SIDE_BYTES and fit.fits
+            and cops.for_worker(param) is not None)
+
+
+def run_one(param: Path, args: tuple, reference: list, precision: str,
+            place: Place | None = None) -> PrecisionRun:
+    """One precision's run (in the worker of ``place``; None: the shared one), its failure
+    kept in the result."""
+    try:
+        runner = NcnnRunner(param, precision=precision, _place=place)
+        got, fitted, errs = _errors(runner, args, reference)
+    except Exception as e:  # recorded: the converted model is kept either way
+        return PrecisionRun(precision, failure=e)
+    return PrecisionRun(precision, got, fitted, errs, pid=runner.worker_pid)
+
+
+def ncnn_errors(param: Path, args: tuple, reference: list, precision: str
+                ) -> tuple[list, list, dict[str, Any]]:
+    """ncnn's outputs on ``args`` as it returns them, the same fitted to torch's shapes
+    (paired by position, ``shapes.fit``: a dropped or squeezed size-1 axis), and their
+    ``max_errors`` against ``reference``. Raises what the runner raises."""
+    return _errors(NcnnRunner(param, precision=precision), args, reference)
+
+
+def _errors(runner: NcnnRunner, args: tuple, reference: list
+            ) -> tuple[list, list, dict[str, Any]]:
+    got = list(runner.run(args).values())
+    fitted = [shapes.fit(np.asarray(g), np.shape(r)) for r, g in zip(reference, got,
+                                                                     strict=False)] + got[
+        len(reference):]
+    return got, fitted, max_errors(reference, fitted)
