@@ -250,3 +250,29 @@ def test_the_candidates_files_are_hashed_ahead_and_a_changed_one_is_still_refuse
     check_files_ahead(arts)  # no error here: the runner says it
     with pytest.raises(wb.ModelFileError, match="changed since"):
         OrtRunner(arts[1], isolated=False)
+
+
+def test_large_candidates_are_captured_one_at_a_time(tmp_path: Path) -> None:
+    """A capture runs ahead of the measuring only for candidates under AHEAD_BYTES
+    together (their files and what stands beside them: external data, an ncnn .bin);
+    larger ones, and isolated mode, one at a time."""
+    from types import SimpleNamespace
+
+    from workbench.comparison.schedule import AHEAD_BYTES, captures_ahead
+
+    small = tmp_path / "s.onnx"
+    small.write_bytes(b"x" * 1000)
+    big = tmp_path / "b.onnx"
+    big.write_bytes(b"g")
+    with open(tmp_path / "b.onnx.data", "wb") as f:  # sparse: its size, not its disk
+        f.truncate(AHEAD_BYTES // 2 + 1)
+    param = tmp_path / "m.ncnn.param"
+    param.write_text("7767517\n")
+    with open(tmp_path / "m.ncnn.bin", "wb") as f:
+        f.truncate(AHEAD_BYTES // 2 + 1)
+    c = [SimpleNamespace(path=p) for p in (small, big, param)]
+    assert captures_ahead([c[0], c[0]], "accumulated") == 1
+    assert captures_ahead([c[0], c[1]], "accumulated") == 1  # half of it
+    assert captures_ahead([c[1], c[2]], "accumulated") == 0  # external data and .bin count
+    assert captures_ahead([c[0], c[0]], "isolated") == 0
+    assert captures_ahead([c[0]], "both") == 0

@@ -5,8 +5,9 @@ capture at once in the worker, while the calling thread runs torch (one thread t
 then aligns and measures whatever capture is done. Single-threaded runs share cores by plain
 time slicing; multi-threaded ones on too few cores wait at every barrier (ncnn ran twice as
 slow beside a 2-thread torch), and one at a time leaves cores idle. Captures run at most one
-ahead of the measuring (two candidates' values alive at once); in isolated mode the next
-starts only once this one is measured (peak memory). The measuring splits over two threads:
+ahead of the measuring (two candidates' values alive at once) unless the models are large
+(``captures_ahead``); in isolated mode the next starts only once this one is measured (peak
+memory). The measuring splits over two threads:
 the metrics kernel releases the GIL.
 """
 
@@ -58,9 +59,9 @@ class Schedule:
     def captures(self, cands: Sequence[Candidate], args: Sequence[tuple],
                  mode: str) -> Iterator[Captures]:
         """Each candidate's capture="all" run on its own ``args``, started now in the
-        background (one ahead of the measuring in accumulated mode, none in isolated or both:
-        peak memory); stopped on leaving the block."""
-        caps = Captures(list(cands), list(args), ahead=1 if mode == "accumulated" else 0)
+        background (``captures_ahead``: one ahead of the measuring in accumulated mode for
+        models that are not large, else none); stopped on leaving the block."""
+        caps = Captures(list(cands), list(args), ahead=captures_ahead(cands, mode))
         try:
             yield caps
         finally:
@@ -114,6 +115,26 @@ class Schedule:
         if on_done is not None and jobs:
             on_done(len(jobs))  # all of them (the last may have been the other thread's)
         return out
+
+
+# Candidates' model files past this many bytes together are captured one at a time. A
+# capture ahead holds a second model and its every tensor beside the one being measured: on
+# a 0.5B decoder (ONNX and ncnn, 2 GB each) the comparison peaked at 11.2 GB where torch, an
+# ONNX Runtime session and an ncnn net run plainly peak at 7.2 GB, to save the seconds the
+# second capture overlaps the first's measuring.
+AHEAD_BYTES = 1 << 30
+
+
+def captures_ahead(cands: Sequence[Candidate], mode: str) -> int:
+    """How many captures may run ahead of the candidate being measured: one in accumulated
+    mode when the candidates' models together are under AHEAD_BYTES; none for larger ones,
+    in isolated mode (each of its runs holds a model per layer) or both."""
+    from ..capacity import model_files
+
+    if mode != "accumulated":
+        return 0
+    size = sum(n for c in cands for _, n in model_files(c.path))
+    return 1 if size <= AHEAD_BYTES else 0
 
 
 class Captures:
