@@ -89,15 +89,27 @@ def test_check_numbers_says_the_same_side_by_side_as_one_after_the_other(plain, 
         assert [d.code for d in both[0][1]] == ["fp16-not-exercised"]
 
 
-def test_side_by_side_only_for_a_large_model_whose_two_nets_fit(plain, monkeypatch):
+def test_side_by_side_only_for_a_large_model_whose_two_nets_fit_with_idle_cores(
+        plain, monkeypatch):
     param = plain[0]
     size = param.stat().st_size + param.with_suffix(".bin").stat().st_size
-    assert not ncnn_runs.fits_side_by_side(param)  # too small for a second process to pay
+    roomy = 10 * size
+    # too small for a second process to pay
+    assert not ncnn_runs.fits_side_by_side(param, available=roomy, idle=8.0)
     monkeypatch.setattr(ncnn_runs, "SIDE_BY_SIDE_BYTES", size)
-    assert ncnn_runs.fits_side_by_side(param)
+    assert ncnn_runs.fits_side_by_side(param, available=roomy, idle=4.0)
+    # a core short (each run's two ncnn threads): one after the other, where the second
+    # load reuses the first's memory; so on a 2-core machine, whatever its load
+    assert not ncnn_runs.fits_side_by_side(param, available=roomy, idle=3.5)
+    assert not ncnn_runs.fits_side_by_side(param, available=roomy, idle=2.0)
     # both nets at once need twice ncnn's factor: room for one only -> one after the other
-    assert ncnn_runs.fits_side_by_side(param, available=int(size * 3.5))
-    assert not ncnn_runs.fits_side_by_side(param, available=int(size * 2.5))
+    assert ncnn_runs.fits_side_by_side(param, available=int(size * 3.5), idle=4.0)
+    assert not ncnn_runs.fits_side_by_side(param, available=int(size * 2.5), idle=4.0)
+
+
+def test_idle_cores_is_sampled_from_the_machine():
+    idle = ncnn_runs.idle_cores(0.05)
+    assert 0.0 <= idle <= (os.cpu_count() or 1) + 1e-9
 
 
 def _plus(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
