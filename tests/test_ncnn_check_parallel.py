@@ -81,12 +81,24 @@ def test_fp32_and_fp16_run_in_two_worker_processes_and_the_second_is_closed(plai
 def test_check_numbers_says_the_same_side_by_side_as_one_after_the_other(plain, fresh_worker):
     param, args, ref = plain
     both = [check_numbers(param, args, ref, side_by_side=s) for s in (True, False)]
+    assert fresh_worker.pending_drops == []  # the last twin let go, not kept to a next call
     assert both[0][0] == both[1][0]
     assert both[0][0]["max_abs"] < 1e-4
     assert [(d.code, d.message) for d in both[0][1]] == [(d.code, d.message)
                                                         for d in both[1][1]]
     if both[0][0].get("fp16_exercised") is False:  # x86: ncnn computes fp32 throughout
         assert [d.code for d in both[0][1]] == ["fp16-not-exercised"]
+
+
+def test_the_check_leaves_no_net_in_the_shared_worker_also_after_its_hints(plain,
+                                                                           fresh_worker):
+    """A mismatch takes a capture run for its hints (ncnn_hints.capture_blobs): that net
+    is let go when the check returns too, not held until the worker's next call."""
+    param, args, ref = plain
+    metrics, diags = check_numbers(param, args, [ref[0] + 1.0], side_by_side=False)
+    assert [d.code for d in diags][:1] == ["ncnn-numeric-mismatch"]
+    assert fresh_worker.pending_drops == []
+    assert fresh_worker.call({"op": "ping"}, "test")["runners"] == 0
 
 
 def test_side_by_side_only_for_a_large_model_whose_two_nets_fit_with_idle_cores(
@@ -152,5 +164,5 @@ def test_a_crash_in_the_fp16_worker_fails_fp16_alone(crashing_op, fresh_worker, 
     assert len(failed) == 1 and failed[0].message.startswith("ncnn (fp16) cannot run")
     assert "SIGSEGV" in failed[0].message and failed[0].hint
     assert [d.code for d in diags] == ["ncnn-run-failed"]
-    assert fresh_worker.alive  # the fp32 worker lives on
+    assert fresh_worker.alive and fresh_worker.pending_drops == []  # fp32's lives on
     assert not [k for k in worker_mod._TARGETED if k.startswith("native-")]

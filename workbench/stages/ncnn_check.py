@@ -20,6 +20,7 @@ import numpy as np
 
 from ..diagnostics import Diagnostic
 from ..inputs import describe
+from ..runtime.worker import send_drops
 from ..tolerances import error_detail, for_precision, within
 from .ncnn_hints import capture_blobs, negative_pows, pnnx_param_of, rnn_hidden_state, shape_hint
 from .ncnn_pooling import wide_pools
@@ -78,6 +79,7 @@ def check_numbers(param: Path, args: tuple, reference: list | None,
         if not within(errs, atol, rtol, reference):
             diags.append(_numeric_mismatch(precision, errs, atol, rtol,
                                            _known(known) or rnn() or negative_pows(*blobs())))
+    send_drops()  # the hints' capture run: its net let go now too
     return metrics, diags
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from .. import customops as cops
 from .. import shapes
 from ..capacity import FACTORS, check_fits
 from ..runtime.ncnn_runner import NcnnRunner
-from ..runtime.worker import Place, retire, spare
+from ..runtime.worker import Place, retire, send_drops, spare
 from ..tolerances import max_errors
 
 PRECISIONS = ("fp32", "fp16")
@@ -82,8 +83,15 @@ def run_precisions(param: Path, args: tuple, reference: list,
         error, never raises."""
     if side_by_side is None:
         side_by_side = fits_side_by_side(param)
-    if not side_by_side:
-        return {p: run_one(param, args, reference, p) for p in PRECISIONS}
+    try:
+        if not side_by_side:
+            return {p: run_one(param, args, reference, p) for p in PRECISIONS}
+        return _side_by_side(param, args, reference)
+    finally:  # the shared worker lets the last net go now, not at its next call
+        send_drops()
+
+
+def _side_by_side(param: Path, args: tuple, reference: list) -> dict[str, PrecisionRun]:
     place = spare()
     pool = ThreadPoolExecutor(1, thread_name_prefix="wb-ncnn-fp16")
     try:
@@ -139,6 +147,8 @@ def run_one(param: Path, args: tuple, reference: list, precision: str,
         runner = NcnnRunner(param, precision=precision, _place=place)
         got, fitted, errs = _errors(runner, args, reference)
     except Exception as e:  # recorded: the converted model is kept either way
+        # the frames' locals let go (the runner among them): its twin can be dropped now
+        traceback.clear_frames(e.__traceback__)
         return PrecisionRun(precision, failure=e)
     return PrecisionRun(precision, got, fitted, errs, pid=runner.worker_pid)
 
