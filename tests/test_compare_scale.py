@@ -276,3 +276,41 @@ def test_large_candidates_are_captured_one_at_a_time(tmp_path: Path) -> None:
     assert captures_ahead([c[1], c[2]], "accumulated") == 0  # external data and .bin count
     assert captures_ahead([c[0], c[0]], "isolated") == 0
     assert captures_ahead([c[0]], "both") == 0
+
+
+def test_candidates_captured_one_at_a_time_are_all_compared(tmp_path: Path,
+                                                           monkeypatch) -> None:
+    """Accumulated mode over large candidates (AHEAD_BYTES made 0 here): the second
+    capture starts once the first is measured, nothing waits on it meanwhile (the next
+    candidate's alignment ran beside the measuring and waited forever), and both are
+    compared as with a capture ahead."""
+    import torch
+    from torch import nn
+
+    import workbench as wb
+    from workbench.comparison import schedule
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    ws = wb.Workspace(tmp_path / "ws")
+    a = wb.export(model, (x,), workspace=ws)
+    b = wb.simplify(a)
+    ahead = wb.compare(model, [a, b], (x,), mode="accumulated")
+    monkeypatch.setattr(schedule, "AHEAD_BYTES", 0)
+    seen: list[int] = []
+    real = schedule.Captures.__init__
+
+    def spy(self, cands, args, ahead):  # noqa: ANN001
+        seen.append(ahead)
+        real(self, cands, args, ahead)
+
+    monkeypatch.setattr(schedule.Captures, "__init__", spy)
+    one = wb.compare(model, [a, b], (x,), mode="accumulated")
+    assert seen == [0]
+    assert [c.name for c in one.candidates] == [c.name for c in ahead.candidates]
+    for name in (c.name for c in ahead.candidates):
+        want = [(r.name, r.metrics.max_abs) for r in ahead.records if r.candidate == name]
+        got = [(r.name, r.metrics.max_abs) for r in one.records if r.candidate == name]
+        assert got == want and want, name
+    assert all(v.passed for v in one.verdicts().values())

@@ -155,9 +155,10 @@ def _compare_set(run: _Comparison, args: tuple) -> None:
                 run.found.fail(cand.name, got.why)
                 bar.advance(plan.runs)
             else:
+                # the next candidate aligned meanwhile when its capture runs ahead (waiting
+                # on one that starts after this one is measured would wait forever)
                 side = (lambda k=k: ready.__setitem__(k + 1, this_set.candidate(
-                    k + 1, run.aligner))) if plan.mode == "accumulated" and k + 1 < len(cands) \
-                    else None
+                    k + 1, run.aligner))) if captures.ahead and k + 1 < len(cands) else None
                 _compare_candidate(run, cand, got, this_set, side)
             got = None  # the values go before the next capture starts (peak memory)
             captures.done(k)

@@ -144,6 +144,7 @@ class Captures:
 
     def __init__(self, cands: list[Candidate], args: list[tuple], ahead: int) -> None:
         self.futures: list[Future] = [Future() for _ in cands]
+        self.ahead = ahead
         self.slots = threading.Semaphore(1 + ahead)
         self.stopped = False
         threading.Thread(target=self._run, args=(cands, args), daemon=True,
