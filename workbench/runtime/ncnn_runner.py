@@ -41,7 +41,7 @@ from .ncnn_masks import describe as describe_masks
 from .ncnn_model import check_model_files, unloadable_layers
 from .recorded import check_recorded
 from .remote import RemoteHandle
-from .worker import NATIVE, Place, existing
+from .worker import NATIVE, worker
 
 
 class NcnnRunner(Runner):
@@ -53,8 +53,7 @@ class NcnnRunner(Runner):
 
     def __init__(self, source: Any, precision: str = "fp32", num_threads: int = 2,
                  isolated: bool = True, timeout: float | None = None, check_sizes: bool = True,
-                 emulate: str | None = None, target: str | None = None, *,
-                 _place: Place | None = None) -> None:
+                 emulate: str | None = None, target: str | None = None) -> None:
         """An ncnn model (.ncnn.param + .ncnn.bin) in ncnn.
 
         Args:
@@ -80,9 +79,6 @@ class NcnnRunner(Runner):
                 "arm64-v8.2", "arm64-v8.0", "arm64-v8.6") runs ncnn's own aarch64 build in
                 a worker under QEMU user mode (``ncnn_arm``; set up by ``make
                 arm-target``), always isolated: never a fall back to this machine.
-            _place: (internal) the native worker process the twin runs in, when not the
-                shared one (``worker.spare()``: two precisions loaded and run at once, as
-                to_ncnn's output check does); not with ``target``.
         """
         check_precision(precision)
         self.source = source  # an Artifact's record tells the input shapes (ncnn_feed)
@@ -94,10 +90,6 @@ class NcnnRunner(Runner):
         self.emulation = check_emulate(emulate, precision, self._graph, self.bin)
         self.target = target
         self.arm = check_target(target, emulate, isolated)
-        if _place is not None and target is not None:
-            raise InputError(f"_place={_place.key!r} with target={target!r}: an ARM target "
-                             "runs in its own emulated worker", "drop _place=")
-        self._place = _place
         # SDPA layers that read a byte mask as float: a run may corrupt the process's memory
         self.byte_masks = byte_masks(self._graph)
         self.precision = precision
@@ -131,8 +123,7 @@ class NcnnRunner(Runner):
                              "emulate": self.emulate, "target": self.target},
                             f"ncnn ({self.emulate or where})", timeout=timeout,
                             custom_ops=ship,
-                            place=arm_place(self.target) if self.target
-                            else self._place or NATIVE)
+                            place=arm_place(self.target) if self.target else NATIVE)
 
     @property
     def flags(self) -> NcnnFlags:
@@ -242,11 +233,8 @@ class NcnnRunner(Runner):
 
     def _after_run(self) -> None:
         if self.byte_masks and self.isolated:
-            # no later run, of any model, in a heap this run may have damaged (its worker;
-            # none when a spare one was retired meanwhile: not made again to be tainted)
-            w = existing(self._remote.place)
-            if w is not None:
-                w.taint()
+            # no later run, of any model, in a heap this run may have damaged
+            worker(self._remote.place).taint()
 
     def _fit_outputs(self, result: dict[str, Any], capture: Any) -> dict[str, Any]:
         """out0...outN first, in the torch model's order, each in its torch shape where the

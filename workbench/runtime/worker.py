@@ -41,7 +41,7 @@ from .. import errors
 from ..errors import BackendCrashed, BackendTimeout, RemoteError, WorkbenchError
 from .worker_dir import OwnedDir, sweep_dead
 
-__all__ = ["Worker", "Place", "NATIVE", "worker", "existing", "spare", "retire", "send_drops"]
+__all__ = ["Worker", "Place", "NATIVE", "worker", "existing", "send_drops"]
 
 
 class TwinMissing(Exception):
@@ -315,29 +315,6 @@ def worker(place: Place = NATIVE) -> Worker:
 def existing(place: Place = NATIVE) -> Worker | None:
     """The worker of ``place`` if one was made, without making one."""
     return _WORKER if place.key is None else _TARGETED.get(place.key)
-
-
-_SPARES = itertools.count(1)
-
-
-def spare() -> Place:
-    """A native place of its own (``native-<n>``, never handed out twice): a second native
-    worker process, so that a runner's calls run beside the native worker's, not after them
-    (ncnn runs on each worker's main thread, so one worker runs its ncnn calls one at a
-    time). Made on first use like any place; ``retire`` closes it."""
-    return Place(key=f"native-{next(_SPARES)}")
-
-
-def retire(place: Place) -> None:
-    """Close the worker of ``place`` (a ``spare`` or a target's) and forget it: its process
-    exits, with every twin it holds; a later use of ``place`` starts a new one. The native
-    worker is never retired (every runner shares it)."""
-    if place.key is None:
-        raise ValueError("the native worker is shared by every runner: it is not retired")
-    made = _TARGETED.pop(place.key, None)
-    if made is not None:
-        atexit.unregister(made.close)
-        made.close()
 
 
 def send_drops(place: Place = NATIVE) -> None:

@@ -30,15 +30,12 @@ __all__ = ["check_numbers", "ncnn_errors"]  # ncnn_errors: ncnn_gelu's, from ncn
 
 
 def check_numbers(param: Path, args: tuple, reference: list | None,
-                  tol: tuple[float, float] | None = None, known: list[Diagnostic] = (),
-                  side_by_side: bool | None = None
+                  tol: tuple[float, float] | None = None, known: list[Diagnostic] = ()
                   ) -> tuple[dict[str, Any], list[Diagnostic]]:
     """ncnn fp32 and fp16 against torch on the example inputs: the fp32 run within ``tol``
     (atol, rtol; default fp32's), the fp16 run within the fp16 default; past it,
     ``ncnn-numeric-mismatch``. ``known``: errors found in the graph before the run (a
     byte mask, runtime/ncnn_masks.py); a failed or mismatching run points at them.
-    ``side_by_side``: the two runs at once in two worker processes (ncnn_runs.py; None:
-    when the model is large enough and both nets fit in memory).
 
     Returns ``max_abs``/``max_rel`` (fp32) and ``max_abs_fp16``/``max_rel_fp16`` (None when
     the run failed, the shapes differ or fp16 was not exercised), ``fp16_exercised``, and
@@ -47,7 +44,7 @@ def check_numbers(param: Path, args: tuple, reference: list | None,
     diags: list[Diagnostic] = []
     if reference is None:
         return metrics, diags
-    runs = run_precisions(param, args, reference, side_by_side)
+    runs = run_precisions(param, args, reference)
     # the wide-pool and pow hints take a capture run: made once, for fp32 and fp16
     blobs = functools.cache(lambda: capture_blobs(param, args))
     rnn = functools.cache(lambda: rnn_hidden_state(pnnx_param_of(param)))  # h_n read
