@@ -129,3 +129,15 @@ def test_a_modules_bytes_count_shared_weights_once():
     assert module_bytes(net) == 1000 * 64 * 4 + 4 * 64 * 4 + 8
     with pytest.raises(NotEnoughMemory):
         check_fits(module_bytes(net), "exporting Sequential", stage="export", available=2**20)
+
+
+def test_a_list_of_sibling_files_counts_each_file_once(tmp_path):
+    """[m.ncnn.param, m.ncnn.bin] names the same two files twice over (each path counts its
+    siblings): each is counted once, as the param alone counts them; given bytes add."""
+    from workbench.capacity import model_files
+
+    param, weights = tmp_path / "m.ncnn.param", tmp_path / "m.ncnn.bin"
+    param.write_text("7767517\n")
+    weights.write_bytes(b"w" * 5000)
+    assert model_files([param, weights]) == model_files(param) == model_files(weights)
+    assert sum(n for _, n in model_files([param, weights, 100, 100])) == 5008 + 200

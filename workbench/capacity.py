@@ -176,8 +176,12 @@ def model_files(model: Any) -> list[tuple[str, int]]:
         return _path_files(Path(model))
     if hasattr(model, "files") and hasattr(model, "path"):
         return _path_files(Path(model.path))
-    if isinstance(model, Iterable):
-        out = [f for m in model for f in model_files(m)]
+    if isinstance(model, Iterable):  # each file once: [m.param, m.bin] name the same two
+        out, seen = [], set()
+        for f in (f for m in model for f in model_files(m)):
+            if f[0] == "(given)" or f[0] not in seen:
+                seen.add(f[0])
+                out.append(f)
         return sorted(out, key=lambda f: -f[1])
     raise TypeError(f"model sizes: expected bytes, a path or an artifact, got "
                     f"{type(model).__name__}")
