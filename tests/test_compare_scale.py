@@ -278,12 +278,12 @@ def test_large_candidates_are_captured_one_at_a_time(tmp_path: Path) -> None:
     assert captures_ahead([c[0]], "both") == 0
 
 
-def test_candidates_captured_one_at_a_time_are_all_compared(tmp_path: Path,
-                                                           monkeypatch) -> None:
+def test_candidates_captured_one_at_a_time_are_all_compared(tmp_path: Path, monkeypatch,
+                                                           fresh_worker) -> None:
     """Accumulated mode over large candidates (AHEAD_BYTES made 0 here): the second
     capture starts once the first is measured, nothing waits on it meanwhile (the next
-    candidate's alignment ran beside the measuring and waited forever), and both are
-    compared as with a capture ahead."""
+    candidate's alignment ran beside the measuring and waited forever), each model leaves
+    the worker once measured, and both are compared as with a capture ahead."""
     import torch
     from torch import nn
 
@@ -296,21 +296,27 @@ def test_candidates_captured_one_at_a_time_are_all_compared(tmp_path: Path,
     ws = wb.Workspace(tmp_path / "ws")
     a = wb.export(model, (x,), workspace=ws)
     b = wb.simplify(a)
+    with monkeypatch.context() as m:
+        m.setattr(schedule, "AHEAD_BYTES", 0)
+        seen: list[tuple[int, bool]] = []
+        real = schedule.Captures.__init__
+
+        def spy(self, cands, args, ahead, release=False):  # noqa: ANN001
+            seen.append((ahead, release))
+            real(self, cands, args, ahead, release)
+
+        m.setattr(schedule.Captures, "__init__", spy)
+        one = wb.compare(model, [a, b], (x,), mode="accumulated")
+        assert seen == [(0, True)]
+        assert fresh_worker.call({"op": "ping"}, "test")["runners"] == 0  # both let go
     ahead = wb.compare(model, [a, b], (x,), mode="accumulated")
-    monkeypatch.setattr(schedule, "AHEAD_BYTES", 0)
-    seen: list[int] = []
-    real = schedule.Captures.__init__
-
-    def spy(self, cands, args, ahead):  # noqa: ANN001
-        seen.append(ahead)
-        real(self, cands, args, ahead)
-
-    monkeypatch.setattr(schedule.Captures, "__init__", spy)
-    one = wb.compare(model, [a, b], (x,), mode="accumulated")
-    assert seen == [0]
+    assert fresh_worker.call({"op": "ping"}, "test")["runners"] == 2  # kept with the report
     assert [c.name for c in one.candidates] == [c.name for c in ahead.candidates]
     for name in (c.name for c in ahead.candidates):
         want = [(r.name, r.metrics.max_abs) for r in ahead.records if r.candidate == name]
         got = [(r.name, r.metrics.max_abs) for r in one.records if r.candidate == name]
         assert got == want and want, name
     assert all(v.passed for v in one.verdicts().values())
+    # a released runner runs again, its twin made anew
+    out = one.candidates[0].runner.run((x.numpy(),))
+    assert np.allclose(next(iter(out.values())), model(x).detach().numpy(), atol=1e-5)

@@ -161,6 +161,9 @@ def _compare_set(run: _Comparison, args: tuple) -> None:
                     k + 1, run.aligner))) if captures.ahead and k + 1 < len(cands) else None
                 _compare_candidate(run, cand, got, this_set, side)
             got = None  # the values go before the next capture starts (peak memory)
+            if captures.release and hasattr(cand.runner, "release"):  # a large model leaves
+                cand.runner.release()  # the worker before the next loads (a later run loads
+                # it again: another input set, the task step)
             captures.done(k)
 
 

@@ -61,7 +61,8 @@ class Schedule:
         """Each candidate's capture="all" run on its own ``args``, started now in the
         background (``captures_ahead``: one ahead of the measuring in accumulated mode for
         models that are not large, else none); stopped on leaving the block."""
-        caps = Captures(list(cands), list(args), ahead=captures_ahead(cands, mode))
+        caps = Captures(list(cands), list(args), ahead=captures_ahead(cands, mode),
+                        release=large(cands))
         try:
             yield caps
         finally:
@@ -125,16 +126,19 @@ class Schedule:
 AHEAD_BYTES = 1 << 30
 
 
-def captures_ahead(cands: Sequence[Candidate], mode: str) -> int:
-    """How many captures may run ahead of the candidate being measured: one in accumulated
-    mode when the candidates' models together are under AHEAD_BYTES; none for larger ones,
-    in isolated mode (each of its runs holds a model per layer) or both."""
+def large(cands: Sequence[Candidate]) -> bool:
+    """Whether the candidates' models together pass AHEAD_BYTES: captured one at a time,
+    each let go from the worker once measured (``Captures.release``)."""
     from ..capacity import model_files
 
-    if mode != "accumulated":
-        return 0
-    size = sum(n for c in cands for _, n in model_files(c.path))
-    return 1 if size <= AHEAD_BYTES else 0
+    return sum(n for c in cands for _, n in model_files(c.path)) > AHEAD_BYTES
+
+
+def captures_ahead(cands: Sequence[Candidate], mode: str) -> int:
+    """How many captures may run ahead of the candidate being measured: one in accumulated
+    mode when the candidates' models are not ``large``; none for larger ones, in isolated
+    mode (each of its runs holds a model per layer) or both."""
+    return 1 if mode == "accumulated" and not large(cands) else 0
 
 
 class Captures:
@@ -142,9 +146,11 @@ class Captures:
     them at once), at most ``ahead`` captures ahead of the candidate being measured:
     ``done(k)`` lets capture k + 1 + ahead start."""
 
-    def __init__(self, cands: list[Candidate], args: list[tuple], ahead: int) -> None:
+    def __init__(self, cands: list[Candidate], args: list[tuple], ahead: int,
+                 release: bool = False) -> None:
         self.futures: list[Future] = [Future() for _ in cands]
         self.ahead = ahead
+        self.release = release  # each candidate's model let go once measured (large ones)
         self.slots = threading.Semaphore(1 + ahead)
         self.stopped = False
         threading.Thread(target=self._run, args=(cands, args), daemon=True,

@@ -73,6 +73,12 @@ class Runner:
             self._described = self._describe_local()
         return self._described
 
+    def release(self) -> None:
+        """Let the model go from the worker now (and the files its runs travel through); the
+        next run loads it again. A runner that runs in this process keeps its model."""
+        if self.isolated and self._remote is not None:
+            self._remote.release()
+
     @property
     def worker_pid(self) -> int | None:
         """The process that runs this runner's model: the worker's pid once it has been

@@ -14,7 +14,7 @@ from ..errors import RemoteError
 from .base import ModelIO
 from .timeouts import check_timeout, default_timeout
 from .transfer import SharedFile, pack, unpack
-from .worker import NATIVE, Place, TwinMissing, Worker, existing, worker
+from .worker import NATIVE, Place, TwinMissing, Worker, existing, send_drops, worker
 
 _KEYS = itertools.count(1)
 
@@ -59,6 +59,18 @@ class RemoteHandle:
     def describe(self) -> ModelIO:
         self._ensure()
         return self._describe
+
+    def release(self) -> None:
+        """Let the twin's model and this handle's transfer files go now, not when the
+        runner goes (a large model between its uses: compare measures one candidate at a
+        time); the next call makes the twin again."""
+        w = existing(self.place)
+        if w is not None and self._generation == w.generation and w.alive:
+            w.pending_drops.append(self.key)
+            send_drops(self.place)  # now, or with the worker's next call when one is in flight
+        self._generation = -1
+        with self._arenas.lock:
+            self._arenas.clear()
 
     def _ensure(self) -> None:
         w = worker(self.place)
@@ -144,6 +156,13 @@ class Arenas:
         while len(self.files) > self.KEEP:  # its arrays keep the pages they map
             _unlink(self.files.pop(0).path)
         return self.files[-1]
+
+    def clear(self) -> None:
+        """Every file unlinked (arrays still alive keep the pages they map); the next run
+        makes new ones."""
+        Arenas._remove(self.files, self.input_files)
+        self.files.clear()
+        self.input_files.clear()
 
     @staticmethod
     def _remove(files: list[SharedFile], inputs: list[SharedFile]) -> None:
