@@ -453,3 +453,33 @@ def test_a_tainted_worker_is_replaced_once_no_call_waits_on_it(sr, fresh_worker)
     t.join(30)
     ncnn.run((x,))
     assert fresh_worker.pid not in (first, second)
+
+
+def test_warm_starts_the_worker_with_its_modules_and_never_raises(fresh_worker):
+    """worker.warm starts the worker in the background with the modules imported there
+    (onnxruntime's library mapped in that process before any call of ours); a module that
+    cannot be imported raises nothing here, and the worker serves on."""
+    import time
+
+    from workbench.errors import RemoteError
+    from workbench.runtime import worker as worker_mod
+
+    assert not fresh_worker.alive
+    worker_mod.warm(("no_such_module_wbtest",))  # fails in the worker: nothing raised here
+    worker_mod.warm(("onnxruntime",))
+
+    def mapped() -> bool:
+        try:
+            with open(f"/proc/{fresh_worker.pid}/maps") as f:
+                return "onnxruntime_pybind11_state" in f.read()
+        except (OSError, TypeError):
+            return False
+
+    end = time.monotonic() + 60
+    while not mapped() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert fresh_worker.alive and mapped()
+    pid = fresh_worker.pid
+    with pytest.raises(RemoteError, match="no_such_module_wbtest"):
+        fresh_worker.call({"op": "warm", "modules": ["no_such_module_wbtest"]}, "test")
+    assert fresh_worker.call({"op": "ping"}, "test")["pid"] == pid  # the same one, alive

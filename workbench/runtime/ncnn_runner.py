@@ -44,6 +44,9 @@ from .remote import RemoteHandle
 from .worker import NATIVE, worker
 
 
+WARM = ("ncnn", __name__)  # what a worker imports to run one (worker.warm)
+
+
 class NcnnRunner(Runner):
     """Runs an ncnn model; ``run`` returns its outputs (out0...outN in the torch model's
     order and shapes), or with ``capture="all"`` those first and then every other blob."""

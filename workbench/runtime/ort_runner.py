@@ -27,6 +27,9 @@ _ORT_TYPES = {
 }
 
 
+WARM = ("onnxruntime", __name__)  # what a worker imports to run one (worker.warm)
+
+
 class OrtRunner(Runner):
     name = "onnxruntime"
 

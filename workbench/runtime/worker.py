@@ -41,7 +41,7 @@ from .. import errors
 from ..errors import BackendCrashed, BackendTimeout, RemoteError, WorkbenchError
 from .worker_dir import OwnedDir, sweep_dead
 
-__all__ = ["Worker", "Place", "NATIVE", "worker", "existing", "send_drops"]
+__all__ = ["Worker", "Place", "NATIVE", "worker", "existing", "send_drops", "warm"]
 
 
 class TwinMissing(Exception):
@@ -315,6 +315,21 @@ def worker(place: Place = NATIVE) -> Worker:
 def existing(place: Place = NATIVE) -> Worker | None:
     """The worker of ``place`` if one was made, without making one."""
     return _WORKER if place.key is None else _TARGETED.get(place.key)
+
+
+def warm(modules: tuple[str, ...], place: Place = NATIVE) -> None:
+    """Start ``place``'s worker now, importing ``modules`` there, in the background: a stage
+    about to wait on the exporter or pnnx finds its worker ready for the check that follows
+    (starting one and importing onnxruntime took ~0.8 s of the export's numeric check).
+    Never raises: what fails here fails again, explained, at the real call."""
+    w = worker(place)
+
+    def start() -> None:
+        with contextlib.suppress(Exception):
+            w.call({"op": "warm", "modules": list(modules)}, "the worker (warming up)",
+                   timeout=120)
+
+    threading.Thread(target=start, daemon=True, name="wb-worker-warm").start()
 
 
 def send_drops(place: Place = NATIVE) -> None:

@@ -104,6 +104,13 @@ class _Server:
             gone.shutdown(wait=False)
         self.reply(msg, {"ok": True})
 
+    def op_warm(self, msg: dict[str, Any]) -> None:
+        """Import what the parent's next calls will need (``modules``) while it does other
+        work (``worker.warm``)."""
+        for name in msg.get("modules", ()):
+            importlib.import_module(name)
+        self.reply(msg, {"ok": True})
+
     def op_ping(self, msg: dict[str, Any]) -> None:
         self.reply(msg, {"ok": True, "pid": os.getpid(), "runners": len(self.runners)})
 

@@ -28,6 +28,8 @@ from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_read
 from ..onnx_weights import EXTERNAL_AT, checker_problem, save_with_external_data
 from ..progress import Progress, Steps
 from ..runtime.onnx_wire import wire_graph
+from ..runtime.ort_runner import WARM as ORT_WARM
+from ..runtime.worker import warm
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .export_args import check_arity, io_names, normalize_dynamic_axes
 from .export_checks import numeric_checks
@@ -115,6 +117,7 @@ def export(
     modules = resolve_moduleops(model, moduleop, exporter, opset)
     _check_backend(backend)
 
+    warm(ORT_WARM)  # the numeric check's worker starts while torch exports
     steps = Steps(progress, "export", 5)
     steps.phase("running the model in torch (the reference)")
     with capture() as ref_cap:  # the model's own warnings belong in diagnostics too

@@ -34,6 +34,8 @@ from ..params import parse_ncnn_param
 from ..progress import Progress, Steps
 from ..runtime.ncnn_masks import byte_mask_diagnostic, byte_masks
 from ..runtime.ncnn_model import unloadable_layers
+from ..runtime.ncnn_runner import WARM as NCNN_WARM
+from ..runtime.worker import warm
 from ..tolerances import check_tolerance, for_precision
 from .ncnn_check import check_numbers
 from .ncnn_gelu import fix_gelu_form
@@ -133,6 +135,7 @@ def to_ncnn(
         cmd = pnnx_command(model_file, src.args, args2, optlevel=optlevel, fp16=fp16,
                            moduleop=moduleop)
         steps.advance()
+        warm(NCNN_WARM)  # the check's worker, while pnnx runs
         log = _convert(cmd, tmp, timeout, steps, diags, src.parent)
         ncnn_finish(tmp / NCNN_FILES[0], custom, [tmp / PNNX_FILES[0]])  # named custom layers
         _stage_weights(tmp, {pnnx_dir: PNNX_FILES[1], ncnn_dir: NCNN_FILES[1]})

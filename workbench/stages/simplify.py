@@ -32,7 +32,9 @@ from ..onnx_io import (
 )
 from ..onnx_weights import EXTERNAL_AT, checker_problem, save_with_external_data
 from ..progress import Progress, Steps
+from ..runtime.ort_runner import WARM as ORT_WARM
 from ..runtime.ort_runner import OrtRunner
+from ..runtime.worker import warm
 from ..tolerances import DEFAULT_ATOL, DEFAULT_RTOL
 from .simplify_weights import (
     Lent,
@@ -163,6 +165,7 @@ def simplify(
     parent = as_onnx_artifact(source, workspace, "simplify")
     ws = parent.workspace if workspace is None and parent.workspace else as_workspace(workspace)
     user_feed = _user_feed(inputs, parent) if inputs is not None else None
+    warm(ORT_WARM)  # the numeric check's worker starts while the backend works
     steps = Steps(progress, "simplify", 5)
     steps.phase(f"reading {parent.path.name}")
     check_fits(parent, f"simplifying {parent.path.name}", stage="simplify")
