@@ -228,23 +228,27 @@ def test_external_data_above_threshold(ws, sr_model):
 
 
 
-def test_weights_past_the_threshold_are_moved_by_reference_and_stay_exact(ws, tmp_path):
+def test_weights_past_the_threshold_stay_where_the_exporter_wrote_them(ws, tmp_path):
     """A file past the threshold is read without its weights' bytes (each an external
-    reference into the .onnx itself) and they are copied into model.onnx.data: every
-    weight there is the module's own, and the .onnx is the graph alone."""
-    from workbench.onnx_weights import save_with_external_data
-    from workbench.stages.export import _read_exported
+    reference into the .onnx itself) and becomes model.onnx.data as it is (no weight
+    copied): every weight read back is the module's own, the .onnx is the graph alone,
+    and onnxruntime and pnnx read the result (to_ncnn from the export itself)."""
+    import os
+
+    from workbench.stages.export import _read_exported, _weights_where_they_lie
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32)).eval()
     x = torch.randn(2, 64)
     path = tmp_path / "model.onnx"
     torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17)
+    inode = path.stat().st_ino
     parsed, in_place = _read_exported(path, threshold=1000)
     assert in_place and {e.value for t in parsed.graph.initializer for e in t.external_data
                          if e.key == "location"} == {"model.onnx"}
-    save_with_external_data(parsed, path, tmp_path)
-    assert path.exists() and path.stat().st_size < 5000  # the graph, not removed
+    _weights_where_they_lie(parsed, path)
+    assert os.stat(tmp_path / "model.onnx.data").st_ino == inode  # renamed, not copied
+    assert path.stat().st_size < 5000
     back = onnx.load(str(path))  # the weights from model.onnx.data
     got = {t.name: onnx.numpy_helper.to_array(t) for t in back.graph.initializer}
     for name, p in model.state_dict().items():
@@ -255,6 +259,9 @@ def test_weights_past_the_threshold_are_moved_by_reference_and_stay_exact(ws, tm
     assert art.params["external_data"] and "model.onnx.data" in art.files
     assert art.files["model.onnx"]["bytes"] < 5000 < art.files["model.onnx.data"]["bytes"]
     assert art.metrics["max_abs"] < 1e-5 and not art.diagnostics_with("onnx-checker")
+    assert wb.to_ncnn(art).metrics["max_abs"] < 1e-4  # pnnx reads the weights in place
+    assert wb.simplify(art).metrics["max_abs_vs_parent"] < 1e-5
+
 
 def test_export_twice_makes_two_artifacts_and_keeps_the_first(ws, sr_model):
     model, x = sr_model
