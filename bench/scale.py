@@ -30,7 +30,9 @@ the wb artifacts, or the bare file where the wb stage failed):
 
 Each job runs in a fresh child (``--child``, scale_jobs.py) so no peak bleeds into the
 next: the child builds the seeded model and its inputs, imports the libraries, opens the
-artifacts it reads, then prints a start marker; the stage's time is measured in the child
+artifacts it reads, writes back what earlier jobs left dirty in the page cache (os.sync:
+their gigabytes of writeback otherwise throttled this job's writes), then prints a start
+marker; the stage's time is measured in the child
 between the markers. The parent samples the child's process tree every 25 ms
 (scale_tree.py: the child, the workbench's worker, pnnx; RssAnon + RssFile summed, the
 shared /dev/shm transfer files counted once; why not PSS is said there) and keeps the peak
