@@ -7,6 +7,7 @@ import hashlib
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -45,3 +46,28 @@ def test_both_artifacts_record_the_hashes_of_their_files(tmp_path):
     assert art.metrics["max_abs"] is not None and art.ok
     assert wb.Workspace(tmp_path / "ws").verify() == []
     assert not [p for p in (tmp_path / "ws").iterdir() if p.name.startswith(".staging")]
+
+
+@pytest.mark.parametrize("location", ["net.onnx.data", "weights.bin"])
+def test_an_import_whose_weights_file_has_another_name_converts(tmp_path, location):
+    """pnnx reads external data right only from model.onnx.data beside model.onnx: an
+    imported net.onnx with its weights in net.onnx.data or weights.bin converted to NaN
+    (or pnnx segfaulted when the file was not linked at all); the weights file is staged
+    for pnnx as model.onnx.data, the graph naming it."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(64, 16, 1)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    src = tmp_path / "src"
+    src.mkdir()
+    torch.onnx.export(model, (x,), str(src / "net.onnx"), dynamo=False, opset_version=17)
+    onnx.save_model(onnx.load(str(src / "net.onnx")), str(src / "net.onnx"),
+                    save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=location)
+    art = wb.Workspace(tmp_path / "ws").import_file(src / "net.onnx")
+    assert location in art.files
+    nc = wb.to_ncnn(art, (x,))
+    assert nc.metrics["max_abs"] < 1e-4, nc.diagnostics
+    art.check_files()  # the import's own files untouched

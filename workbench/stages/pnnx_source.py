@@ -23,7 +23,8 @@ from ..diagnostics import Diagnostic
 from ..errors import ConversionError, InputError, WorkbenchError
 from ..graph import remember_summary
 from ..inputs import as_tensor_tuple, run_torch
-from ..runtime.onnx_wire import structure
+from ..onnx_io import check_external_location
+from ..runtime.onnx_wire import external_files, structure
 from ..runtime.ort_runner import OrtRunner
 from .export_errors import warning_diagnostics
 from .pnnx_preflight import check_onnx_graph
@@ -97,12 +98,47 @@ def write_model_file(src: PnnxSource, folder: Path
     parent = src.parent
     assert parent is not None
     model_file = folder / "model.onnx"
-    link_or_copy(parent.path, model_file)
-    for extra in parent.files:
-        if extra.startswith(parent.path.name + ".") and extra.endswith(".data"):
-            link_or_copy(parent.dir / extra, folder / extra)
+    _stage_model(parent.path, model_file)
     # the torch outputs stored at export, or ONNX Runtime's on inputs given here
     return model_file, src.stored[1] if src.stored else _ort_outputs(parent, src.args), []
+
+
+def _stage_model(path: Path, model_file: Path) -> None:
+    """The model at ``path`` and the files its weights are in, linked into ``model_file``'s
+    folder for pnnx. pnnx (20261020) reads external data right only from ``model.onnx.data``
+    beside ``model.onnx`` (measured: an import's ``net.onnx.data`` or ``weights.bin``, linked
+    under its own name, converted to NaN or garbage; without the file pnnx segfaults): one
+    weights file of another name is linked as ``model.onnx.data`` and the graph (a few MB,
+    runtime/onnx_wire.py) written naming it. Several files are linked as they are."""
+    import onnx
+
+    files = _weight_files(path)
+    data = model_file.name + ".data"
+    model = structure(path)
+    inline = any(e.key == "location" and e.value == path.name  # weights inside the .onnx
+                 for t in model.graph.initializer for e in t.external_data)
+    if len(files) == 1 and files[0] != data and not inline:
+        renamed = onnx.ModelProto()
+        renamed.CopyFrom(model)
+        for t in renamed.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location" and e.value == files[0]:
+                    e.value = data
+        model_file.write_bytes(renamed.SerializeToString())
+        link_or_copy(path.parent / files[0], model_file.parent / data)
+        return
+    link_or_copy(path, model_file)
+    for rel in files:
+        (model_file.parent / rel).parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(path.parent / rel, model_file.parent / rel)
+
+
+def _weight_files(path: Path) -> list[str]:
+    """The files (relative to ``path``'s folder, each checked to stay inside it) the model
+    at ``path`` reads its weights from, read from its structure (runtime/onnx_wire.py: the
+    weights inline in the .onnx are not read, nor counted)."""
+    locations = external_files(structure(path)) - {path.name}
+    return [check_external_location(path, rel) for rel in sorted(locations)]
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
