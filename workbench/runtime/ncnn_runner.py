@@ -43,7 +43,6 @@ from .recorded import check_recorded
 from .remote import RemoteHandle
 from .worker import NATIVE, worker
 
-
 WARM = ("ncnn", __name__)  # what a worker imports to run one (worker.warm)
 
 
