@@ -89,15 +89,15 @@ def _hash_and_keep(path: Path) -> str:
     return digest
 
 
-def stat_record(path: Path, digest_of: Any = None) -> tuple[str, dict[str, int]]:
-    """``path``'s sha256 (``file_sha256``, or ``digest_of(path)``) and what a record keeps
+def stat_record(path: Path) -> tuple[str, dict[str, int]]:
+    """``path``'s sha256 (``file_sha256``) and what a record keeps
     beside it so that another process can tell, without reading the file, that it is still
     the file hashed (``matches_record``): its device, inode and mtime (with its size, which
     records keep as ``bytes``). No stat is kept for a file changed while it was hashed or
     less than RACY_NS before (a write in the same clock tick would leave its mtime as it
     was): that one is hashed again when checked."""
     before = os.stat(path)
-    digest = (digest_of or file_sha256)(path)
+    digest = file_sha256(path)
     after = os.stat(path)
     if content_key(before) != content_key(after) or \
             time.time_ns() - after.st_mtime_ns <= RACY_NS:

@@ -167,6 +167,15 @@ def save_with_external_data(model: onnx.ModelProto, path: Path, source_dir: Path
     return removed
 
 
+def rename_location(model: onnx.ModelProto, old: str, new: str) -> None:
+    """Every initializer of ``model`` whose bytes lie in the file ``old`` names ``new``
+    instead (the same bytes under another name: a file renamed or linked so)."""
+    for t in model.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location" and entry.value == old:
+                entry.value = new
+
+
 def _point(t: Any, location: str, offset: int, length: int) -> None:
     """``t`` names its bytes in ``location`` (onnx's set_external_data wants them in memory)."""
     del t.external_data[:]

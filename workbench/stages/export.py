@@ -26,7 +26,12 @@ from ..fileio import atomic_write_bytes
 from ..graph import remember_summary, summarize_onnx
 from ..inputs import as_tensor_tuple, copies, run_torch
 from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_readable
-from ..onnx_weights import EXTERNAL_AT, checker_problem, save_with_external_data
+from ..onnx_weights import (
+    EXTERNAL_AT,
+    checker_problem,
+    rename_location,
+    save_with_external_data,
+)
 from ..progress import Progress, Steps
 from ..runtime.onnx_wire import wire_graph
 from ..runtime.ort_runner import WARM as ORT_WARM
@@ -373,10 +378,7 @@ def _weights_where_they_lie(model: Any, path: Path) -> None:
     s against 3.4 s inline, outputs bit-identical), as do onnx.load and pnnx."""
     data = path.with_name(path.name + ".data")
     os.replace(path, data)
-    for t in model.graph.initializer:
-        for entry in t.external_data:
-            if entry.key == "location" and entry.value == path.name:
-                entry.value = data.name
+    rename_location(model, path.name, data.name)
     path.write_bytes(model.SerializeToString())  # the graph alone: a few MB
 
 

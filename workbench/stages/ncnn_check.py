@@ -24,9 +24,7 @@ from ..runtime.worker import send_drops
 from ..tolerances import error_detail, for_precision, within
 from .ncnn_hints import capture_blobs, negative_pows, pnnx_param_of, rnn_hidden_state, shape_hint
 from .ncnn_pooling import wide_pools
-from .ncnn_runs import ncnn_errors, run_precisions
-
-__all__ = ["check_numbers", "ncnn_errors"]  # ncnn_errors: ncnn_gelu's, from ncnn_runs
+from .ncnn_runs import run_precisions
 
 
 def check_numbers(param: Path, args: tuple, reference: list | None,

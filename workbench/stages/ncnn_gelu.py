@@ -21,7 +21,7 @@ from typing import Any
 
 from ..diagnostics import Diagnostic
 from ..params import parse_ncnn_param
-from .ncnn_check import ncnn_errors
+from .ncnn_runs import ncnn_errors
 
 CLOSER = 10.0  # how much nearer the reference the tanh form must bring the outputs
 

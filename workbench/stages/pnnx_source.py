@@ -24,6 +24,7 @@ from ..errors import ConversionError, InputError, WorkbenchError
 from ..graph import remember_summary
 from ..inputs import as_tensor_tuple, run_torch
 from ..onnx_io import check_external_location
+from ..onnx_weights import rename_location
 from ..runtime.onnx_wire import external_files, structure
 from ..runtime.ort_runner import OrtRunner
 from .export_errors import warning_diagnostics
@@ -112,18 +113,14 @@ def _stage_model(path: Path, model_file: Path) -> None:
     runtime/onnx_wire.py) written naming it. Several files are linked as they are."""
     import onnx
 
-    files = _weight_files(path)
-    data = model_file.name + ".data"
     model = structure(path)
-    inline = any(e.key == "location" and e.value == path.name  # weights inside the .onnx
-                 for t in model.graph.initializer for e in t.external_data)
+    files = _weight_files(path, model)
+    data = model_file.name + ".data"
+    inline = path.name in external_files(model)  # weights inside the .onnx (onnx_wire)
     if len(files) == 1 and files[0] != data and not inline:
         renamed = onnx.ModelProto()
         renamed.CopyFrom(model)
-        for t in renamed.graph.initializer:
-            for e in t.external_data:
-                if e.key == "location" and e.value == files[0]:
-                    e.value = data
+        rename_location(renamed, files[0], data)
         model_file.write_bytes(renamed.SerializeToString())
         link_or_copy(path.parent / files[0], model_file.parent / data)
         return
@@ -133,11 +130,11 @@ def _stage_model(path: Path, model_file: Path) -> None:
         link_or_copy(path.parent / rel, model_file.parent / rel)
 
 
-def _weight_files(path: Path) -> list[str]:
+def _weight_files(path: Path, model: Any) -> list[str]:
     """The files (relative to ``path``'s folder, each checked to stay inside it) the model
-    at ``path`` reads its weights from, read from its structure (runtime/onnx_wire.py: the
-    weights inline in the .onnx are not read, nor counted)."""
-    locations = external_files(structure(path)) - {path.name}
+    at ``path`` reads its weights from, read from its ``structure`` (runtime/onnx_wire.py:
+    the weights inline in the .onnx are not read, nor counted)."""
+    locations = external_files(model) - {path.name}
     return [check_external_location(path, rel) for rel in sorted(locations)]
 
 
