@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import engine_state  # bench/ is on sys.path
-from scale_report import report
+from scale_report import not_judged, report
 from scale_run import Job, run_job
 
 STAGES = ("export", "simplify", "to_ncnn", "compare")
@@ -94,8 +94,9 @@ def _ref(job: Job | None) -> dict[str, Any] | None:
 
 
 def run_model(name: str, layers: int | None, args: argparse.Namespace, workdir: Path,
-              counter: list[int], total: int) -> list[Job]:
-    """Every stage of one model, wb then bare (per repeat, the order alternating)."""
+              counter: list[int], total: int, decoders: list[str]) -> list[Job]:
+    """Every stage of one model, wb then bare (per repeat, the order alternating); a figure
+    no target judges (scale_report.not_judged) is run once whatever ``--repeat`` says."""
     mdir = workdir / name
     (mdir / "logs").mkdir(parents=True, exist_ok=True)
     spec = {"model": "cnn" if layers is None else "decoder", "layers": layers,
@@ -107,19 +108,26 @@ def run_model(name: str, layers: int | None, args: argparse.Namespace, workdir: 
         if inputs is None:
             print(f"{name} {stage}: skipped (no input: the earlier stage failed on both sides)")
             continue
-        for r in range(args.repeat):
-            for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
-                counter[0] += 1
-                job = Job(name, layers, stage, side)
-                s = dict(spec, stage=stage, side=side, inputs=inputs[side],
-                         out=str(mdir / f"bare-{stage}-{r}"))
-                log = mdir / "logs" / f"{stage}-{side}-{r}.log"
-                run_job(job, s, timeout_for(layers, args.small, args.timeout_scale), log,
-                        tag=f"[{counter[0]}/{total}] ",
-                        floor_kb=int(args.memory_floor * 1024 * 1024))
-                jobs.append(job)
-                first.setdefault((stage, side), job)
+        for r, side in runs_of(name, stage, decoders, args.repeat):
+            counter[0] += 1
+            job = Job(name, layers, stage, side)
+            s = dict(spec, stage=stage, side=side, inputs=inputs[side],
+                     out=str(mdir / f"bare-{stage}-{r}"))
+            log = mdir / "logs" / f"{stage}-{side}-{r}.log"
+            run_job(job, s, timeout_for(layers, args.small, args.timeout_scale), log,
+                    tag=f"[{counter[0]}/{total}] ",
+                    floor_kb=int(args.memory_floor * 1024 * 1024))
+            jobs.append(job)
+            first.setdefault((stage, side), job)
     return jobs
+
+
+def runs_of(model: str, stage: str, decoders: list[str], repeat: int) -> list[tuple[int, str]]:
+    """The (run, side) jobs of one stage of ``model``: wb then bare, then bare then wb...
+    (neither side always first), ``repeat`` times when a target judges the figure, else
+    once."""
+    runs = 1 if not_judged(model, stage, decoders) else max(1, repeat)
+    return [(r, side) for r in range(runs) for side in (SIDES if r % 2 == 0 else SIDES[::-1])]
 
 
 def _inputs(stage: str, done: dict[tuple[str, str], Job]) -> dict[str, Any] | None:
@@ -148,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="--layers 4 (development)")
     p.add_argument("--small", action="store_true", help="the decoders at test widths (tests)")
     p.add_argument("--tokens", type=int, default=64, help="decoder input length (default 64)")
-    p.add_argument("--repeat", type=int, default=1, help="runs of each job (median; default 1)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each judged job, the wb/bare order alternating (median; "
+                        "default 1; a figure printed for contrast runs once)")
     p.add_argument("--timeout-scale", type=float, default=1.0, help="scale every timeout")
     p.add_argument("--stages", default=",".join(STAGES),
                    help=f"a subset of {','.join(STAGES)} (a later one reads the latest earlier "
@@ -174,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cnn:
         models.append(("cnn", None))
     args.repeat = max(1, args.repeat)
-    total = len(models) * len(args.stages) * len(SIDES) * args.repeat
+    decoders = [m for m, n in models if n is not None]
+    total = sum(len(runs_of(m, st, decoders, args.repeat)) for m, _ in models for st in args.stages)
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="h1_scale-", dir="/tmp"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -188,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; workdir {workdir}", flush=True)
         for name, n in models:
             try:
-                jobs += run_model(name, n, args, workdir, [len(jobs)], total)
+                jobs += run_model(name, n, args, workdir, [len(jobs)], total, decoders)
             except Exception:  # the harness broke on this model: say so, go on
                 traceback.print_exc()
         figures = report(jobs, args.repeat)

@@ -110,7 +110,7 @@ def _model_table(model: str, agg: dict, repeat: int,
                       gb(b["peak_kb"]) if b.get("peak_kb") else "-", _x(pr),
                       pair("start_kb"), pair("hwm_kb"), pair("rss_sum_kb")))
         t_target, p_target = TARGETS[stage]
-        why = _not_judged(model, stage, decoders)
+        why = not_judged(model, stage, decoders)
         figures += [_figure(f"{model} {stage} time wb/bare", tr, t_target, why),
                     _figure(f"{model} {stage} peak wb/bare", pr, p_target, why)]
         for side, d in (("wb", w), ("bare", b)):
@@ -127,7 +127,7 @@ def _model_table(model: str, agg: dict, repeat: int,
     return figures
 
 
-def _not_judged(model: str, stage: str, decoders: list[str]) -> str:
+def not_judged(model: str, stage: str, decoders: list[str]) -> str:
     """Why a figure is printed but not judged ("" when it is): issue 34 sets the export,
     simplify and to_ncnn targets on the decoder at each depth and the compare targets on
     the largest one (24 layers; the largest measured here); the CNN is there for

@@ -130,13 +130,29 @@ def test_tree_sampler_calls_the_low_memory_guard_once():
 def test_the_report_judges_what_issue_34_sets_and_shows_the_rest():
     """export/simplify/to_ncnn judged on each decoder, compare on the largest decoder
     only, the CNN shown for contrast: a figure not judged is neither met nor missed."""
-    from scale_report import _figure, _not_judged
+    from scale_report import _figure, not_judged
 
     decoders = ["decoder-4L", "decoder-24L", "decoder-12L"]
-    assert _not_judged("decoder-4L", "to_ncnn", decoders) == ""
-    assert _not_judged("decoder-24L", "compare", decoders) == ""
-    assert "decoder-24L" in _not_judged("decoder-12L", "compare", decoders)
-    assert "contrast" in _not_judged("cnn", "simplify", decoders)
+    assert not_judged("decoder-4L", "to_ncnn", decoders) == ""
+    assert not_judged("decoder-24L", "compare", decoders) == ""
+    assert "decoder-24L" in not_judged("decoder-12L", "compare", decoders)
+    assert "contrast" in not_judged("cnn", "simplify", decoders)
     assert _figure("f", 1.3, 1.25)["met"] is False and _figure("f", 1.25, 1.25)["met"]
     shown = _figure("f", 25.8, 1.25, "contrast")
     assert shown["met"] is None and not shown["judged"] and shown["value"] == 25.8
+
+
+def test_repeats_alternate_the_sides_and_contrast_figures_run_once():
+    """``--repeat`` runs each judged job that many times, wb first then bare first in turn
+    (a side always first would always find the page cache the other left); figures no
+    target judges (the CNN, compare below the largest decoder) run once."""
+    from scale import runs_of
+
+    decoders = ["decoder-4L", "decoder-24L"]
+    assert runs_of("decoder-4L", "to_ncnn", decoders, 3) == [
+        (0, "wb"), (0, "bare"), (1, "bare"), (1, "wb"), (2, "wb"), (2, "bare")]
+    assert runs_of("decoder-24L", "compare", decoders, 2) == [
+        (0, "wb"), (0, "bare"), (1, "bare"), (1, "wb")]
+    assert runs_of("decoder-4L", "compare", decoders, 3) == [(0, "wb"), (0, "bare")]
+    assert runs_of("cnn", "export", decoders, 3) == [(0, "wb"), (0, "bare")]
+    assert runs_of("decoder-4L", "export", decoders, 0) == [(0, "wb"), (0, "bare")]

@@ -71,3 +71,28 @@ def test_an_import_whose_weights_file_has_another_name_converts(tmp_path, locati
     nc = wb.to_ncnn(art, (x,))
     assert nc.metrics["max_abs"] < 1e-4, nc.diagnostics
     art.check_files()  # the import's own files untouched
+
+
+def test_pnnx_writes_no_onnx_export_of_its_graph(tmp_path):
+    """pnnx's own ONNX of its graph (model.pnnx.onnx, the model's size) goes to the null
+    device: the command pnnx runs with converts as before and leaves no such file."""
+    import os
+    import subprocess
+
+    from workbench.stages.pnnx_command import pnnx_command
+
+    w = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w])
+    # IR 8: pnnx 20261020's onnxruntime (1.30) refuses onnx's default IR 14 (a segfault)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "model.onnx"))
+    cmd = pnnx_command(tmp_path / "model.onnx", (torch.zeros(1, 16),), None, optlevel=2,
+                       fp16=False, moduleop=[])
+    assert f"pnnxonnx={os.devnull}" in cmd
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "model.ncnn.param").exists() and (tmp_path / "model.ncnn.bin").exists()
+    assert not (tmp_path / "model.pnnx.onnx").exists()
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)  # still the device

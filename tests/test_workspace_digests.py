@@ -139,3 +139,72 @@ def test_another_process_trusts_a_file_its_record_still_describes(tmp_path, read
     for key, other in (("inode", st.st_ino + 1), ("bytes", st.st_size - 1),
                        ("mtime_ns", st.st_mtime_ns - 1), ("device", st.st_dev + 1)):
         assert not fileio.matches_record(st, {**meta, key: other}), key
+
+
+@pytest.fixture
+def slow_reads(monkeypatch):
+    """sha256_file taking 0.3 s a file: (files read, most read at once)."""
+    import threading
+
+    seen: list[str] = []
+    at_once = [0, 0]
+    lock = threading.Lock()
+    real = fileio.sha256_file
+
+    def slow(path, *a, **k):
+        with lock:
+            seen.append(Path(path).name)
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+        time.sleep(0.3)
+        try:
+            return real(path, *a, **k)
+        finally:
+            with lock:
+                at_once[0] -= 1
+
+    monkeypatch.setattr(fileio, "sha256_file", slow)
+    return seen, at_once
+
+
+def _old_files(folder: Path, n: int) -> list[Path]:
+    files = []
+    for i in range(n):
+        f = folder / f"w{i}.bin"
+        f.write_bytes(os.urandom(1000))
+        files.append(f)
+    time.sleep(fileio.RACY_NS / 1e9 + 0.01)  # old enough to be kept
+    return files
+
+
+def test_hashing_ahead_takes_at_most_hashers_threads_and_an_early_ask_hashes_itself(
+        tmp_path, slow_reads, monkeypatch):
+    seen, at_once = slow_reads
+    files = _old_files(tmp_path, 4)
+    fileio.hash_ahead(files)
+    # the last file is still queued behind the others: its asker hashes it now, once
+    assert fileio.file_sha256(files[3]) == _sha(files[3].read_bytes())
+    for f in files:
+        assert fileio.file_sha256(f) == _sha(f.read_bytes())
+    assert sorted(seen) == sorted(f.name for f in files)  # each read once, ahead or here
+    # the hashing threads, plus this thread's own ask, never more
+    assert at_once[1] <= fileio.HASHERS + 1
+
+
+def test_a_forked_child_asks_for_a_file_its_parent_was_hashing_ahead(tmp_path, slow_reads):
+    import multiprocessing
+
+    files = _old_files(tmp_path, 2)
+    fileio.hash_ahead(files)  # under way in this process's threads, none in the child's
+
+    def child() -> None:
+        ok = all(fileio.file_sha256(f) == _sha(f.read_bytes()) for f in files)
+        os._exit(0 if ok else 3)
+
+    p = multiprocessing.get_context("fork").Process(target=child)
+    p.start()
+    p.join(20)
+    alive = p.is_alive()
+    if alive:
+        p.kill()
+    assert not alive and p.exitcode == 0  # the old code waited on the parent's futures

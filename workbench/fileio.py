@@ -5,8 +5,10 @@ A file's sha256 is computed once per process while the file is unchanged: ``file
 keeps each digest by what identifies the file's content without reading it (device, inode,
 size, mtime and ctime: any write changes the ctime, which nothing can set back, and a
 rename keeps all five), so the workspace's commit and a runner's check of the same
-1.3 GB file hash it once. ``hash_ahead`` starts the hashing in a thread while the caller
-waits on something else (hashlib and file reads let go of the GIL). Across processes, a
+1.3 GB file hash it once. ``hash_ahead`` hashes files in the background while the caller
+waits on something else (hashlib and file reads let go of the GIL), on one core fewer than
+the machine has: to_ncnn's check loads a 2.5 GB ncnn net while pnnx's two 2.5 GB files are
+hashed, and two hashing threads beside it on 2 cores slowed its load by half. Across processes, a
 record keeps a file's device, inode and mtime beside its digest (``stat_record``), and a
 later check trusts a file that still matches them (``matches_record``) as it trusts, within
 one process, a file it hashed: a 0.5B decoder's 2 GB were otherwise read again by each stage
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -58,7 +61,11 @@ def file_sha256(path: Path) -> str:
         pending = _PENDING.get(key)
     if digest is not None:
         return digest
-    if pending is not None:
+    if pending is not None and pending.cancel():  # still queued: hashed here, now
+        with _LOCK:
+            if _PENDING.get(key) is pending:
+                del _PENDING[key]
+    elif pending is not None:
         with contextlib.suppress(Exception):  # its error is found again below
             pending.result()
         with _LOCK:  # kept when the file did not change while it was read
@@ -117,9 +124,10 @@ def matches_record(st: os.stat_result, meta: dict[str, Any]) -> bool:
 
 
 def hash_ahead(paths: list[Path]) -> None:
-    """Start hashing each file of ``paths`` in a thread of its own (a daemon: nothing waits
-    for it but ``file_sha256`` of that file). A file that changes meanwhile is hashed again
-    by whoever asks; an error is left to them too."""
+    """Queue each file of ``paths`` to be hashed in the background, in order, by at most
+    ``HASHERS`` threads (daemons: nothing waits for them but ``file_sha256`` of that file,
+    which waits for its turn). A file that changes meanwhile is hashed again by whoever
+    asks; an error is left to them too."""
     for path in paths:
         try:
             key = content_key(os.stat(path))
@@ -130,18 +138,56 @@ def hash_ahead(paths: list[Path]) -> None:
             if key in _DIGESTS or key in _PENDING:
                 continue
             _PENDING[key] = future
-        threading.Thread(target=_run_ahead, args=(Path(path), key, future), daemon=True,
-                         name="wb-hash-ahead").start()
+            _QUEUE.put((Path(path), key, future))
+            if _HASHERS[0] < HASHERS and _QUEUE.qsize() > _IDLE[0]:
+                _HASHERS[0] += 1
+                threading.Thread(target=_hasher, daemon=True, name="wb-hash-ahead").start()
+
+
+# threads hashing ahead: one core left to the work the hashing runs beside (sha256 reads
+# ~1.4 GB/s per core here; a thread per file took both cores from to_ncnn's check). Written
+# here rather than with a ThreadPoolExecutor: its threads are joined at interpreter exit, so
+# a process could not end before files nobody asks for any more were hashed
+HASHERS = max(1, (os.cpu_count() or 2) - 1)
+_QUEUE: queue.SimpleQueue = queue.SimpleQueue()
+_HASHERS = [0]  # threads started (under _LOCK)
+_IDLE = [0]  # of them, waiting on the queue (under _LOCK)
+
+
+def _hasher() -> None:
+    while True:
+        with _LOCK:
+            _IDLE[0] += 1
+        path, key, future = _QUEUE.get()
+        with _LOCK:
+            _IDLE[0] -= 1
+        _run_ahead(path, key, future)
 
 
 def _run_ahead(path: Path, key: tuple, future: Future) -> None:
+    if not future.set_running_or_notify_cancel():  # its caller did not wait: hashed there
+        return
     try:
         future.set_result(_hash_and_keep(path))
     except BaseException as e:  # noqa: BLE001 - handed to whoever waits on it
         future.set_exception(e)
     finally:
         with _LOCK:
-            _PENDING.pop(key, None)
+            if _PENDING.get(key) is future:
+                del _PENDING[key]
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of its parent's hashing threads: what they had queued or
+    begun is hashed again by whoever asks (waiting on it would wait forever)."""
+    global _QUEUE, _LOCK
+    _LOCK = threading.Lock()  # another thread may have held it at the fork
+    _PENDING.clear()
+    _QUEUE = queue.SimpleQueue()
+    _HASHERS[0] = _IDLE[0] = 0
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
