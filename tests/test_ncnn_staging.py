@@ -17,13 +17,20 @@ from workbench.onnx_io import load_onnx
 from workbench.stages.pnnx_source import summary_without_weights
 
 
-def test_the_summary_from_the_graph_without_weights_is_the_whole_parse(tmp_path):
-    w = numpy_helper.from_array(np.arange(64 * 64, dtype=np.float32).reshape(64, 64), "w")
+def _matmul_onnx(path, n: int = 16) -> None:
+    """y = x @ w, x [1, n], w [n, n] (0, 1, 2...), saved at IR 8: pnnx 20261020's
+    onnxruntime (1.30) refuses onnx's default IR 14 (pnnx segfaults)."""
+    w = numpy_helper.from_array(np.arange(n * n, dtype=np.float32).reshape(n, n), "w")
     g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [w])
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(path))
+
+
+def test_the_summary_from_the_graph_without_weights_is_the_whole_parse(tmp_path):
     path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    _matmul_onnx(path, 64)
     summary_without_weights(path)
     got = summarize(path)  # served from what summary_without_weights kept
     assert got == summarize_onnx(load_onnx(path, external_data=False))
@@ -81,13 +88,7 @@ def test_pnnx_writes_no_onnx_export_of_its_graph(tmp_path):
 
     from workbench.stages.pnnx_command import pnnx_command
 
-    w = numpy_helper.from_array(np.ones((16, 16), np.float32), "w")
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [w])
-    # IR 8: pnnx 20261020's onnxruntime (1.30) refuses onnx's default IR 14 (a segfault)
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
-              str(tmp_path / "model.onnx"))
+    _matmul_onnx(tmp_path / "model.onnx")
     cmd = pnnx_command(tmp_path / "model.onnx", (torch.zeros(1, 16),), None, optlevel=2,
                        fp16=False, moduleop=[])
     assert f"pnnxonnx={os.devnull}" in cmd
@@ -96,3 +97,28 @@ def test_pnnx_writes_no_onnx_export_of_its_graph(tmp_path):
     assert (tmp_path / "model.ncnn.param").exists() and (tmp_path / "model.ncnn.bin").exists()
     assert not (tmp_path / "model.pnnx.onnx").exists()
     assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)  # still the device
+
+
+def test_pnnx_has_written_its_graph_when_it_announces_pass_ncnn(tmp_path):
+    """to_ncnn stages and hashes model.pnnx.bin when pnnx announces pass_ncnn, while pnnx
+    converts on: pnnx has written the pnnx graph by then, and never writes it again."""
+    import os
+
+    from workbench.stages.pnnx_command import pnnx_command
+    from workbench.stages.pnnx_run import _run_pnnx
+
+    _matmul_onnx(tmp_path / "model.onnx")
+    cmd = pnnx_command(tmp_path / "model.onnx", (torch.zeros(1, 16),), None, optlevel=2,
+                       fp16=False, moduleop=[])
+    seen: list[tuple[str, tuple | None]] = []
+
+    def on_pass(name: str) -> None:
+        f = tmp_path / "model.pnnx.bin"
+        seen.append((name, (f.stat().st_size, f.stat().st_mtime_ns) if f.exists() else None))
+
+    log, rc = _run_pnnx(cmd, tmp_path, 120, None, on_pass)
+    assert rc == 0, log[-2000:]
+    names = [n for n, _ in seen]
+    assert names[-1] == "ncnn" and names[0] == "level0", names
+    final = os.stat(tmp_path / "model.pnnx.bin")
+    assert seen[-1][1] == (final.st_size, final.st_mtime_ns)  # complete then, unchanged since

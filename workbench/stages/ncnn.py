@@ -136,7 +136,12 @@ def to_ncnn(
                            moduleop=moduleop)
         steps.advance()
         warm(NCNN_WARM)  # the check's worker, while pnnx runs
-        log = _convert(cmd, tmp, timeout, steps, diags, src.parent)
+
+        def on_pass(name: str) -> None:  # the pnnx graph is written: hashed while pnnx goes on
+            if name == "ncnn":
+                _stage_weights(tmp, {pnnx_dir: PNNX_FILES[1]})
+
+        log = _convert(cmd, tmp, timeout, steps, diags, src.parent, on_pass)
         ncnn_finish(tmp / NCNN_FILES[0], custom, [tmp / PNNX_FILES[0]])  # named custom layers
         _stage_weights(tmp, {pnnx_dir: PNNX_FILES[1], ncnn_dir: NCNN_FILES[1]})
         params = _params(source, src, args2, cmd, fp16=fp16, optlevel=optlevel,
@@ -169,12 +174,19 @@ def to_ncnn(
 
 def _stage_weights(tmp: Path, where: dict[Path, str]) -> None:
     """Each weights file pnnx wrote (``where``: staging folder -> name in ``tmp``) linked
-    into its artifact's staging folder now, and hashed there in threads while the output
-    check runs (Workspace.prepare_commit); a link made later would change the file's ctime
-    and so the key its hash is kept by (fileio.content_key). pnnx never writes a .bin again;
-    the small files are linked at the commit (the output check may set a .param right)."""
+    into its artifact's staging folder now, and hashed there in the background while pnnx
+    goes on or the output check runs (Workspace.prepare_commit); a link made later would
+    change the file's ctime and so the key its hash is kept by (fileio.content_key). pnnx
+    never writes a .bin again; the small files are linked at the commit (the output check
+    may set a .param right). A file staged already is left as it is.
+
+    The pnnx graph's .bin is staged when pnnx announces pass_ncnn: pnnx wrote and closed it
+    before (its main: the pnnx graph saved, then its ONNX, then pass_ncnn), and the second
+    core hashes it while pnnx (one thread there) converts to ncnn: 12 s of a 2 GB
+    decoder's 52. Were a later pnnx to write it after, its digest would not be kept (the
+    file changed while hashed: fileio._hash_and_keep) and the commit would hash it again."""
     for folder, name in where.items():
-        if (tmp / name).exists():
+        if (tmp / name).exists() and not (folder / name).exists():
             link_or_copy(tmp / name, folder / name)
             Workspace.prepare_commit(folder)
 
@@ -199,11 +211,13 @@ def _params(source: Any, src: PnnxSource, args2: tuple | None, cmd: list[str], *
 
 
 def _convert(cmd: list[str], tmp: Path, timeout: float, steps: Steps,
-             diags: list[Diagnostic], parent: Artifact | None) -> str:
+             diags: list[Diagnostic], parent: Artifact | None,
+             on_pass: Callable[[str], None] | None = None) -> str:
     """Run pnnx in ``tmp``, its log kept as ``pnnx.log`` and its warnings added to
-    ``diags``; the log. Raises ConversionError when pnnx failed, naming the likely cause
-    (a dropped submodule result, an opset past pnnx's)."""
-    log, rc = _run_pnnx(cmd, tmp, timeout, steps)
+    ``diags`` (``on_pass``: called with each pass pnnx announces); the log. Raises
+    ConversionError when pnnx failed, naming the likely cause (a dropped submodule result,
+    an opset past pnnx's)."""
+    log, rc = _run_pnnx(cmd, tmp, timeout, steps, on_pass)
     diags += _log_diagnostics(log)
     (tmp / "pnnx.log").write_text(log)
     _check_exit(rc, log, cmd, [d for d in diags if d.code == "unused-module-output"]

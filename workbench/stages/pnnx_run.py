@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from ..diagnostics import Diagnostic
@@ -16,9 +17,10 @@ from ..progress import Steps
 PNNX_PASSES = ("level0", "level1", "level2", "level3", "level4", "level5", "ncnn")
 
 
-def _run_pnnx(cmd: list[str], cwd: Path, timeout: float, steps: Steps | None = None
-              ) -> tuple[str, int]:
-    """Run pnnx, its log read line by line as it goes (each pass it announces is a step)."""
+def _run_pnnx(cmd: list[str], cwd: Path, timeout: float, steps: Steps | None = None,
+              on_pass: Callable[[str], None] | None = None) -> tuple[str, int]:
+    """Run pnnx, its log read line by line as it goes (each pass it announces is a step,
+    and ``on_pass`` is called with its name: "level0"... "ncnn")."""
     import threading
 
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
@@ -33,9 +35,12 @@ def _run_pnnx(cmd: list[str], cwd: Path, timeout: float, steps: Steps | None = N
         for line in proc.stdout:  # type: ignore[union-attr]
             lines.append(line)
             m = re.match(r"#+ pass_(\w+)", line)
-            if steps is not None and m and m.group(1) in PNNX_PASSES:
-                steps.phase(f"pnnx pass_{m.group(1)}")
-                steps.advance()
+            if m and m.group(1) in PNNX_PASSES:
+                if steps is not None:
+                    steps.phase(f"pnnx pass_{m.group(1)}")
+                    steps.advance()
+                if on_pass is not None:
+                    on_pass(m.group(1))
         rc = proc.wait()
     finally:
         timer.cancel()
