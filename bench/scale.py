@@ -119,7 +119,28 @@ def run_model(name: str, layers: int | None, args: argparse.Namespace, workdir: 
                     floor_kb=int(args.memory_floor * 1024 * 1024))
             jobs.append(job)
             first.setdefault((stage, side), job)
+            if r > 0:  # nothing reads a repeat's files: gone now (a 24-layer to_ncnn: 5 GB)
+                _drop_outputs(job, Path(s["workspace"]), Path(s["out"]))
     return jobs
+
+
+def _drop_outputs(job: Job, ws: Path, bare_out: Path) -> None:
+    """A repeated job's files removed: the bare tool's folder, or the workbench's artifact
+    folder (and a to_ncnn's pnnx parent). The workspace's manifest then lists them as lost,
+    which no later job minds (each opens the workspace by its sidecars)."""
+    if job.side == "bare":
+        shutil.rmtree(bare_out, ignore_errors=True)
+        return
+    folder = Path(job.result["dir"]) if job.ok and job.result.get("dir") else None
+    if folder is None or folder.parent != ws:
+        return
+    try:
+        parent = json.loads((folder / "artifact.json").read_text()).get("parent")
+    except (OSError, ValueError):
+        parent = None
+    if job.stage == "to_ncnn" and parent:
+        shutil.rmtree(ws / parent, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def runs_of(model: str, stage: str, decoders: list[str], repeat: int) -> list[tuple[int, str]]:

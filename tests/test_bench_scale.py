@@ -156,3 +156,28 @@ def test_repeats_alternate_the_sides_and_contrast_figures_run_once():
     assert runs_of("decoder-4L", "compare", decoders, 3) == [(0, "wb"), (0, "bare")]
     assert runs_of("cnn", "export", decoders, 3) == [(0, "wb"), (0, "bare")]
     assert runs_of("decoder-4L", "export", decoders, 0) == [(0, "wb"), (0, "bare")]
+
+
+def test_a_repeats_outputs_are_dropped_and_a_to_ncnn_takes_its_pnnx_parent(tmp_path):
+    """Nothing reads a repeat's files (later stages read the first run's): a 24-layer
+    to_ncnn writes 5 GB a run, so each repeat's are removed once it is measured; only the
+    job's own folders go."""
+    from scale import _drop_outputs
+    from scale_run import Job
+
+    ws = tmp_path / "ws"
+    for name, parent in (("0001-simplify", None), ("0002-pnnx", "0001-simplify"),
+                         ("0003-ncnn", "0002-pnnx")):
+        (ws / name).mkdir(parents=True)
+        (ws / name / "artifact.json").write_text(json.dumps({"id": name, "parent": parent}))
+    job = Job("decoder-4L", 4, "to_ncnn", "wb", ok=True,
+              result={"dir": str(ws / "0003-ncnn"), "id": "0003-ncnn"})
+    _drop_outputs(job, ws, tmp_path / "bare-to_ncnn-1")
+    assert sorted(p.name for p in ws.iterdir()) == ["0001-simplify"]
+    bare = tmp_path / "bare-to_ncnn-1"
+    (bare / "x").mkdir(parents=True)
+    _drop_outputs(Job("decoder-4L", 4, "to_ncnn", "bare", ok=True), ws, bare)
+    assert not bare.exists() and (ws / "0001-simplify").exists()
+    failed = Job("decoder-4L", 4, "simplify", "wb", ok=False, error="timeout")
+    _drop_outputs(failed, ws, bare)  # nothing named: nothing removed
+    assert (ws / "0001-simplify").exists()
