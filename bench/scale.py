@@ -47,6 +47,12 @@ size). The CNN's figures are printed for contrast and not judged (scale_report.p
 largest decoder of each figure, and the end-to-end time of the largest decoder through
 export -> simplify -> to_ncnn -> compare (ORT and ncnn candidates).
 
+With ``--repeat N`` each judged job runs N times, wb first then bare first in turn (neither
+side always finds the page cache the other left), and the medians are judged: single runs of
+the bare tools vary by 20-50% at 24 layers here. Figures printed for contrast run once. A
+repeat's files are removed once it is measured, and each model's folder once its stages are
+done (``--keep`` keeps them).
+
 Jobs run one at a time (a 24-layer export may peak past 10 GB); each has a timeout scaled
 with the layers (``--timeout-scale``), and is stopped when the machine's MemAvailable falls
 below ``--memory-floor`` (reported as out of memory: the kernel's OOM killer would pick the
@@ -223,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                 jobs += run_model(name, n, args, workdir, [len(jobs)], total, decoders)
             except Exception:  # the harness broke on this model: say so, go on
                 traceback.print_exc()
+            if not args.keep:  # its artifacts done with (the three decoders' are 80 GB)
+                shutil.rmtree(workdir / name, ignore_errors=True)
         figures = report(jobs, args.repeat)
         print(f"whole run {time.perf_counter() - t_start:.0f} s; load average at the end "
               f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
