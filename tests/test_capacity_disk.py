@@ -95,3 +95,16 @@ def test_other_os_errors_pass_through(tmp_path):
     with pytest.raises(NotEnoughDisk) as e, disk_errors(tmp_path, "x", need=10):
         raise OSError(28, os.strerror(28))
     assert "it needs 10 bytes" in e.value.message
+
+
+def test_a_full_disk_with_nothing_written_here_says_what_is_free_not_a_need_of_zero(tmp_path):
+    """ENOSPC where the failing stage wrote nothing in its own folder (pnnx filled the disk
+    from a folder beside it): the message gives the space free on that disk, not "it needs
+    more than the 0 bytes free" (what a to_ncnn on a full disk said)."""
+    with pytest.raises(NotEnoughDisk) as e, disk_errors(tmp_path, "the ncnn model"):
+        raise OSError(28, os.strerror(28))
+    import re
+
+    # the space free then (another process may write meanwhile: not compared to now's)
+    assert re.search(r"; [\d,]+ bytes \([^)]*\) is free on that disk now", e.value.message)
+    assert "needs more than the" not in e.value.message

@@ -320,8 +320,8 @@ def disk_full(error: OSError, folder: str | os.PathLike[str], what: str,
     elif written:  # the room it had: what it wrote (freed when removed) and what is left
         said = (f"{show(written)} had been written when the disk filled, so it needs more "
                 f"than the {show(written + free)} there was room for")
-    else:
-        said = f"it needs more than the {show(free)} free"
+    else:  # nothing of it written here: what filled the disk was written elsewhere
+        said = f"{show(free)} is free on that disk now"
     return NotEnoughDisk(
         f"{what} could not be written in {str(folder)!r}: {_FULL[error.errno]} "
         f"({os.strerror(error.errno)}); {said}"
