@@ -38,6 +38,10 @@ class Job:
     wall: float | None = None  # the child's whole life (imports, model build, exit)
     start_kb: int = 0  # the tree when the stage started (model, imports, inputs)
     peak_kb: int = 0
+    peak_anon_kb: int = 0  # the peak's RssAnon, summed over the tree
+    peak_file_kb: int = 0  # its RssFile (pages of files the processes map)
+    peak_child_kb: int = 0  # the job child's own share of the peak (the rest: worker, pnnx)
+    peak_at: float = 0.0  # seconds into the stage
     rss_sum_kb: int = 0
     hwm_kb: int = 0
     procs: int = 0
@@ -103,8 +107,9 @@ def run_job(job: Job, spec: dict[str, Any], timeout: float, log: Path,
     _fill(job, state, sampler, proc.returncode, log)
     if job.ok:
         print(f"{tag}{job.label}: {job.seconds:.1f} s, peak {gb(job.peak_kb)} (from "
-              f"{gb(job.start_kb)} at the start; {job.procs} process(es)); child "
-              f"{job.wall:.0f} s in all", flush=True)
+              f"{gb(job.start_kb)} at the start; {job.procs} process(es); at {job.peak_at:.1f} s: "
+              f"anon {gb(job.peak_anon_kb)}, file {gb(job.peak_file_kb)}, the child "
+              f"{gb(job.peak_child_kb)}); child {job.wall:.0f} s in all", flush=True)
     else:
         print(f"{tag}{job.label}: FAILED after {job.wall:.0f} s: {job.error}", flush=True)
     return job
@@ -145,6 +150,9 @@ def _fill(job: Job, state: dict[str, Any], s: TreeSampler, rc: int | None, log: 
     if start:
         job.model_bytes = start["model_bytes"]
     job.start_kb, job.peak_kb, job.rss_sum_kb = s.start_kb, s.peak_kb, s.peak_rss_sum_kb
+    job.peak_anon_kb = s.peak_parts.get("RssAnon", 0)
+    job.peak_file_kb = s.peak_parts.get("RssFile", 0)
+    job.peak_child_kb, job.peak_at = s.peak_per_pid.get(s.root, 0), round(s.peak_at, 2)
     job.hwm_kb, job.procs, job.samples = s.hwm_kb, s.procs, s.samples
     if done:
         job.ok, job.seconds, job.result = True, done["seconds"], done["result"] or {}

@@ -14,6 +14,10 @@ too little. What is counted, and why not PSS:
   Shared library pages mapped by both the child and the worker stay counted twice (tens of
   MB; they are in the bare runs too, once); /dev/shm files nobody maps are not counted.
 - ``rss_sum_kb``: the plain sum of RSS (double counting the shared pages), printed beside;
+- ``peak_parts`` / ``peak_per_pid`` / ``peak_at``: the peak reading's RssAnon, RssFile and
+  RssShmem apart, each process's share, and when it came (seconds into the stage): whether
+  a peak is the process's own memory or file pages it maps (onnxruntime maps external
+  data), and whose;
 - ``hwm_kb``: the sum over the tree of each process's own ``VmHWM`` (the last value read
   while armed), an upper bound: the processes peak at different moments. The job child
   resets its own with ``/proc/self/clear_refs`` when its stage starts.
@@ -85,22 +89,28 @@ class TreeReading:
     rss_sum_kb: int
     pids: list[int]
     hwm: dict[int, int]  # pid -> its VmHWM (kB)
+    parts: dict[str, int] = field(default_factory=dict)  # RssAnon, RssFile, RssShmem (kB)
+    per_pid: dict[int, int] = field(default_factory=dict)  # pid -> its RssAnon + RssFile
 
 
 def read_tree(root: int, parents: _Parents | None = None) -> TreeReading:
     """The memory of ``root`` and its descendants now (see the module docstring)."""
     pids = (parents or _Parents()).descendants(root)
-    kb = rss = shm = 0
-    hwm = {}
+    rss = shm = 0
+    hwm, per_pid = {}, {}
+    parts = {"RssAnon": 0, "RssFile": 0}
     for pid in pids:
         s = status(pid)
         if not s:
             continue
-        kb += s.get("RssAnon", 0) + s.get("RssFile", 0)
+        for k in parts:
+            parts[k] += s.get(k, 0)
+        per_pid[pid] = s.get("RssAnon", 0) + s.get("RssFile", 0)
         shm = max(shm, s.get("RssShmem", 0))
         rss += s.get("VmRSS", 0)
         hwm[pid] = s.get("VmHWM", 0)
-    return TreeReading(kb + shm, rss, pids, hwm)
+    parts["RssShmem"] = shm
+    return TreeReading(sum(parts.values()), rss, pids, hwm, parts, per_pid)
 
 
 def mem_available_kb() -> int:
@@ -132,6 +142,9 @@ class TreeSampler:
     armed: bool = False
     start_kb: int = 0  # the tree at arm()
     peak_kb: int = 0
+    peak_parts: dict[str, int] = field(default_factory=dict)  # the peak's RssAnon, RssFile...
+    peak_per_pid: dict[int, int] = field(default_factory=dict)  # each process at the peak
+    peak_at: float = 0.0  # seconds from arm() to the peak
     peak_rss_sum_kb: int = 0
     last_kb: int = 0
     samples: int = 0
@@ -140,6 +153,7 @@ class TreeSampler:
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _armed_at: float = field(default=0.0, repr=False)
 
     def start(self) -> TreeSampler:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="tree-sampler")
@@ -164,7 +178,9 @@ class TreeSampler:
             if not self.armed:
                 return
             self.samples += 1
-            self.peak_kb = max(self.peak_kb, r.kb)
+            if r.kb > self.peak_kb:
+                self.peak_kb, self.peak_parts, self.peak_per_pid = r.kb, r.parts, r.per_pid
+                self.peak_at = time.monotonic() - self._armed_at
             self.peak_rss_sum_kb = max(self.peak_rss_sum_kb, r.rss_sum_kb)
             self.procs = max(self.procs, len(r.hwm))
             self.hwm.update(r.hwm)
@@ -175,6 +191,7 @@ class TreeSampler:
         with self._lock:
             self.armed = True
             self.start_kb = r.kb
+            self._armed_at = time.monotonic()
         self._take(r)
 
     def disarm(self) -> None:

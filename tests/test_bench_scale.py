@@ -43,6 +43,11 @@ def test_tree_sampler_counts_a_grandchilds_memory():
     assert sampler.peak_kb >= 200 * MB, sampler
     assert sampler.hwm_kb >= 200 * MB and sampler.procs == 2, sampler
     assert reading.rss_sum_kb >= reading.kb - 1 * MB  # shared pages counted once, not less
+    # the peak taken apart: the 200 MB are the grandchild's own memory, not the child's
+    assert sampler.peak_parts["RssAnon"] >= 200 * MB > sampler.peak_parts["RssFile"], sampler
+    assert sum(sampler.peak_parts.values()) == sampler.peak_kb
+    assert sampler.peak_per_pid[proc.pid] < 100 * MB
+    assert max(sampler.peak_per_pid.values()) >= 200 * MB and sampler.peak_at > 0
 
 
 def test_scale_bench_measures_the_tiny_decoder(tmp_path):
