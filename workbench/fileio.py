@@ -126,8 +126,9 @@ def matches_record(st: os.stat_result, meta: dict[str, Any]) -> bool:
 def hash_ahead(paths: list[Path]) -> None:
     """Queue each file of ``paths`` to be hashed in the background, in order, by at most
     ``HASHERS`` threads (daemons: nothing waits for them but ``file_sha256`` of that file,
-    which waits for its turn). A file that changes meanwhile is hashed again by whoever
-    asks; an error is left to them too."""
+    which hashes a file still queued itself and waits for one under way). A file that
+    changes meanwhile is hashed again by whoever asks; an error is left to them too."""
+    global _STARTED
     for path in paths:
         try:
             key = content_key(os.stat(path))
@@ -139,8 +140,8 @@ def hash_ahead(paths: list[Path]) -> None:
                 continue
             _PENDING[key] = future
             _QUEUE.put((Path(path), key, future))
-            if _HASHERS[0] < HASHERS and _QUEUE.qsize() > _IDLE[0]:
-                _HASHERS[0] += 1
+            if _STARTED < HASHERS:  # started as work comes, then they wait on the queue
+                _STARTED += 1
                 threading.Thread(target=_hasher, daemon=True, name="wb-hash-ahead").start()
 
 
@@ -150,18 +151,12 @@ def hash_ahead(paths: list[Path]) -> None:
 # a process could not end before files nobody asks for any more were hashed
 HASHERS = max(1, (os.cpu_count() or 2) - 1)
 _QUEUE: queue.SimpleQueue = queue.SimpleQueue()
-_HASHERS = [0]  # threads started (under _LOCK)
-_IDLE = [0]  # of them, waiting on the queue (under _LOCK)
+_STARTED = 0  # hashing threads started (under _LOCK)
 
 
 def _hasher() -> None:
     while True:
-        with _LOCK:
-            _IDLE[0] += 1
-        path, key, future = _QUEUE.get()
-        with _LOCK:
-            _IDLE[0] -= 1
-        _run_ahead(path, key, future)
+        _run_ahead(*_QUEUE.get())
 
 
 def _run_ahead(path: Path, key: tuple, future: Future) -> None:
@@ -180,11 +175,11 @@ def _run_ahead(path: Path, key: tuple, future: Future) -> None:
 def _forget_in_child() -> None:
     """A forked child has none of its parent's hashing threads: what they had queued or
     begun is hashed again by whoever asks (waiting on it would wait forever)."""
-    global _QUEUE, _LOCK
+    global _QUEUE, _LOCK, _STARTED
     _LOCK = threading.Lock()  # another thread may have held it at the fork
     _PENDING.clear()
     _QUEUE = queue.SimpleQueue()
-    _HASHERS[0] = _IDLE[0] = 0
+    _STARTED = 0
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
