@@ -358,3 +358,36 @@ def test_model_left_in_eval_mode_and_weights_untouched(ws):
     art = wb.export(model, (torch.rand(2, 4),), workspace=ws)
     assert art.metrics["max_abs"] < 1e-5  # dropout off: torch and ORT agree
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+class _CountsThreads(nn.Module):
+    """Records torch's intra-op thread count at each forward()."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.seen = nn.Conv2d(3, 4, 3), []
+
+    def forward(self, x):
+        self.seen.append(torch.get_num_threads())
+        return self.conv(x)
+
+
+def test_exporter_runs_on_one_thread_and_the_count_comes_back(ws):
+    """stages/export.py's _one_thread: the exporter's trace on one torch thread (its peak
+    memory then stays put run to run); the reference run and the caller keep theirs, and an
+    exporter that fails gives the count back too. (dynamo's trace does not call forward()
+    in Python, so only the count after it is seen.)"""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model, x = _CountsThreads().eval(), torch.randn(1, 3, 8, 8)
+        wb.export(model, x, workspace=ws)
+        assert model.seen[:2] == [2, 1]  # the reference run, then the trace
+        assert torch.get_num_threads() == 2
+        wb.export(model, x, workspace=ws, exporter="dynamo")
+        assert torch.get_num_threads() == 2
+        with pytest.raises(wb.ExportError):
+            wb.export(tm.Asinh(), (torch.rand(2, 3),), workspace=ws, opset=9)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -1,31 +1,68 @@
-"""The glibc heap policy of the processes that run models: keep freed memory, one arena.
+"""The glibc heap policy of the processes that run models: keep freed memory, one arena,
+and every block from the heap while torch's exporter copies the weights.
 
 capture="all" returns every activation in fresh arrays, run after run, on several threads;
 glibc's defaults hand that memory back to the OS and fault it in again each run. Linux and
-glibc only; nothing elsewhere.
+glibc only; nothing elsewhere, and nothing where the user set glibc's malloc tunables
+(``MALLOC_ARENA_MAX``, ``MALLOC_TRIM_THRESHOLD_``... or
+``GLIBC_TUNABLES=glibc.malloc...``): theirs win.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import platform
+from collections.abc import Iterator
+from typing import Any
+
+# malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
+MMAP_MAX_DEFAULT = 65536  # glibc's DEFAULT_MMAP_MAX
+INT_MAX = 2**31 - 1  # mallopt takes an int
+# glibc's environment names for what these settings set (mallopt(3))
+USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
+                 "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_")
 
 
-def _mallopt(*settings: tuple[int, int]) -> None:
-    """glibc's mallopt(param, value) for each setting; nothing off Linux/glibc, or where
-    ctypes cannot load (an interpreter without libffi)."""
+def user_tuned(environ: Any = None) -> bool:
+    """True when the user set glibc's malloc tunables for this process (their choice stands)."""
+    env = os.environ if environ is None else environ
+    return (any(k in env for k in USER_SETTINGS)
+            or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""))
+
+
+@functools.cache
+def _libc() -> Any:
+    """glibc through ctypes; None off Linux/glibc, or where ctypes cannot load (an
+    interpreter without libffi)."""
     try:
         import ctypes  # deferred: it needs libffi, which a minimal sysroot may lack
     except ImportError:
-        return
+        return None
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return
+        return None
     try:
-        libc = ctypes.CDLL("libc.so.6")
+        return ctypes.CDLL("libc.so.6")
     except OSError:  # pragma: no cover
-        return
+        return None
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's mallopt(param, value) for each setting; False (nothing done) off glibc or
+    where the user tuned malloc themselves."""
+    libc = _libc()
+    if libc is None or user_tuned():
+        return False
     for param, value in settings:
         libc.mallopt(param, value)
+    return True
+
+
+# 32 MB: glibc's own dynamic maximum
+KEPT = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 512 << 20), (M_MMAP_MAX,
+                                                                       MMAP_MAX_DEFAULT))
 
 
 @functools.cache
@@ -37,9 +74,31 @@ def keep_freed_memory() -> None:
     freed, so every capture faulted each page in again (~30k page faults for torch, more
     than its hooks cost). With fixed thresholds the next capture reuses that memory. Called
     by the runners that capture, and by the worker process."""
-    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    # 32 MB: glibc's own dynamic maximum
-    _mallopt((m_mmap_threshold, 32 << 20), (m_trim_threshold, 512 << 20))
+    _mallopt(*KEPT)
+
+
+@contextlib.contextmanager
+def heap_held() -> Iterator[bool]:
+    """Every block from the heap, none handed back, while the body runs (glibc); after it,
+    ``keep_freed_memory``'s policy and the freed memory returned to the OS (malloc_trim).
+    Yields whether the policy applies here.
+
+    torch's exporter copies each weight several times (constant folding's transposes, the
+    protobuf's bytes, the external data files). glibc serves a block past 32 MB with a
+    fresh mmap and unmaps it when freed, and trims the heap top past its threshold, so each
+    copy faulted its pages in again. A 24-layer decoder's export (2.5 GB of weights): 3.6M
+    page faults and 21-22 s with ``keep_freed_memory``'s thresholds, 4.6-9.8M and 22-35 s
+    with glibc's defaults, 0.42M and 14-16 s with no mmap and no trim; its peak the same
+    4.1 GB, on one torch thread (stages/export.py). The process's own memory policy
+    afterwards is ``keep_freed_memory``'s: glibc cannot be put back in its dynamic mode."""
+    if not _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, INT_MAX)):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        _mallopt(*KEPT)
+        _libc().malloc_trim(0)
 
 
 def one_heap() -> None:
@@ -49,5 +108,4 @@ def one_heap() -> None:
     runs on several threads (the worker runs ONNX Runtime and ncnn at once for compare)
     each kept a full run's memory: +200 MB on a ResNet-50's plain runs. One arena lets them
     reuse each other's freed memory; the runs allocate large blocks, so its lock is cheap."""
-    m_arena_max = -8  # malloc.h
-    _mallopt((m_arena_max, 1))
+    _mallopt((M_ARENA_MAX, 1))
