@@ -79,19 +79,30 @@ def keep_freed_memory() -> None:
 
 @contextlib.contextmanager
 def heap_held() -> Iterator[bool]:
-    """Every block from the heap, none handed back, while the body runs (glibc); after it,
+    """Freed blocks kept for reuse while the body runs, none handed back to the OS (glibc):
+    blocks under 32 MB from the heap, larger ones in mappings of their own. After it,
     ``keep_freed_memory``'s policy and the freed memory returned to the OS (malloc_trim).
     Yields whether the policy applies here.
 
     torch's exporter copies each weight several times (constant folding's transposes, the
-    protobuf's bytes, the external data files). glibc serves a block past 32 MB with a
-    fresh mmap and unmaps it when freed, and trims the heap top past its threshold, so each
-    copy faulted its pages in again. A 24-layer decoder's export (2.5 GB of weights): 3.6M
-    page faults and 21-22 s with ``keep_freed_memory``'s thresholds, 4.6-9.8M and 22-35 s
-    with glibc's defaults, 0.42M and 14-16 s with no mmap and no trim; its peak the same
-    4.1 GB, on one torch thread (stages/export.py). The process's own memory policy
-    afterwards is ``keep_freed_memory``'s: glibc cannot be put back in its dynamic mode."""
-    if not _mallopt((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, INT_MAX)):
+    protobuf's bytes, the files it writes). With glibc's defaults a freed block is often
+    handed back and the next copy faults its pages in again. Measured on Qwen2-shaped
+    decoders, the exporter alone on one torch thread (stages/export.py); page faults,
+    seconds, peak:
+
+    - 24 layers (2.5 GB written as a file per tensor): glibc's defaults 4.0-7.7M, 24-30 s,
+      4.1 or 6.4 GB from run to run; held 3.6M, 20-24 s, 4.1 GB in each of eight runs.
+    - 4 layers (1.3 GB, one protobuf in memory): defaults 5.6M, 18 s, 5.2 GB; held 4.9M,
+      17 s, 5.2 GB.
+
+    Every block from the heap (no mapping at all, ``M_MMAP_MAX`` 0) faulted least (0.42M,
+    14-16 s at 24 layers) but grew the 4-layer peak to 6.6 GB: blocks of the model's size
+    (the embedding, the protobuf's bytes) found no freed place large enough and the heap
+    grew past them; blocks to 600 MB from the heap, 5.3 GB at 24 layers. Not used.
+
+    The process's own policy afterwards is ``keep_freed_memory``'s: glibc cannot be put
+    back in its dynamic mode."""
+    if not _mallopt(KEPT[0], (M_TRIM_THRESHOLD, INT_MAX)):
         yield False
         return
     try:

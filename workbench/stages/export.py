@@ -258,8 +258,8 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
 def _one_thread(torch: Any) -> Iterator[None]:
     """torch on one intra-op thread while it exports (its own count again after). With
     runtime/heap.py's ``heap_held``, a 24-layer decoder's export peaked at 4.1 GB in each of
-    five runs on one thread and at 6.4 GB in each of three on two; on glibc's defaults two
-    threads gave 4.1, 5.3 or 6.4 GB from run to run. The exporter's work is serial: the
+    eight runs on one thread and at 5.3-6.4 GB in each of six on two; on glibc's defaults
+    two threads gave 4.1, 5.3 or 6.4 GB from run to run. The exporter's work is serial: the
     trace's one forward pass is the only part two threads could share."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
