@@ -186,3 +186,23 @@ def test_a_repeats_outputs_are_dropped_and_a_to_ncnn_takes_its_pnnx_parent(tmp_p
     failed = Job("decoder-4L", 4, "simplify", "wb", ok=False, error="timeout")
     _drop_outputs(failed, ws, bare)  # nothing named: nothing removed
     assert (ws / "0001-simplify").exists()
+
+
+def test_a_jobs_input_files_are_read_before_it_starts(tmp_path):
+    """Both sides start with their inputs in the page cache: every file of each input's
+    folder is read (the model and its weights), nothing else."""
+    from scale_jobs import input_files, warm_inputs
+
+    a, b, other = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    for d, files in ((a, {"model.onnx": 10, "model.onnx.data": 3000}),
+                     (b, {"model.ncnn.param": 5, "model.ncnn.bin": 700}), (other, {"x": 9})):
+        d.mkdir()
+        for name, size in files.items():
+            (d / name).write_bytes(b"w" * size)
+    spec = {"inputs": {"onnx": {"path": str(a / "model.onnx")}}}
+    assert input_files(spec) == [a / "model.onnx", a / "model.onnx.data"]
+    assert warm_inputs(spec) == 3010
+    cands = {"inputs": {"candidates": [{"path": str(a / "model.onnx")},
+                                       {"path": str(b / "model.ncnn.param")}]}}
+    assert warm_inputs(cands) == 3010 + 705
+    assert input_files({"inputs": {}}) == []  # export reads nothing

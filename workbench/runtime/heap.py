@@ -73,7 +73,7 @@ def keep_freed_memory() -> None:
     serves blocks that large with mmap at first, and trims the heap top once they are
     freed, so every capture faulted each page in again (~30k page faults for torch, more
     than its hooks cost). With fixed thresholds the next capture reuses that memory. Called
-    by the runners that capture, and by the worker process."""
+    by the runners that capture, by the worker process, and left set by ``heap_held``."""
     _mallopt(*KEPT)
 
 
