@@ -372,15 +372,22 @@ class _CountsThreads(nn.Module):
         return self.conv(x)
 
 
-def test_exporter_runs_on_one_thread_and_the_count_comes_back(ws):
-    """stages/export.py's _one_thread: the exporter's trace on one torch thread (its peak
-    memory then stays put run to run); the reference run and the caller keep theirs, and an
-    exporter that fails gives the count back too. (dynamo's trace does not call forward()
-    in Python, so only the count after it is seen.)"""
+def test_a_large_model_exports_on_one_thread_and_the_count_comes_back(ws, monkeypatch):
+    """stages/export.py's _threads: a model of ONE_THREAD_FROM bytes is traced on one torch
+    thread (its peak memory then stays put run to run), a smaller one on the caller's; the
+    reference run and the caller keep theirs, and an exporter that fails gives the count
+    back too. (dynamo's trace does not call forward() in Python, so only the count after
+    it is seen.)"""
+    from workbench.stages import export as stage
+
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         model, x = _CountsThreads().eval(), torch.randn(1, 3, 8, 8)
+        wb.export(model, x, workspace=ws)
+        assert model.seen[:2] == [2, 2]  # 448 bytes of weights: the caller's threads
+        monkeypatch.setattr(stage, "ONE_THREAD_FROM", 448)
+        model.seen.clear()
         wb.export(model, x, workspace=ws)
         assert model.seen[:2] == [2, 1]  # the reference run, then the trace
         assert torch.get_num_threads() == 2

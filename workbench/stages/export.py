@@ -55,6 +55,9 @@ MAIN = "model.onnx"
 # torch 2.13: the dynamo exporter implements its ops from opset 18 and converts anything
 # lower down with onnx's version converter; the TorchScript exporter's default stays 17.
 DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
+# models with this many bytes of weights export on one torch thread (_threads): measured
+# on decoders of 0.78-2 GB (one thread) and a CNN of 80 MB (two)
+ONE_THREAD_FROM = 256 << 20
 
 
 def export(
@@ -228,7 +231,8 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
 
     error: Exception | None = None
     args = copies(args)  # the trace runs forward(): a write into an input stays in the copy
-    with capture() as cap, heap_held(), _one_thread(torch):
+    threads = 1 if module_bytes(model) >= ONE_THREAD_FROM else None
+    with capture() as cap, heap_held(), _threads(torch, threads):
         try:
             if exporter == "torchscript":
                 torch.onnx.export(model, args, str(path), dynamo=False,
@@ -255,14 +259,20 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
 
 
 @contextlib.contextmanager
-def _one_thread(torch: Any) -> Iterator[None]:
-    """torch on one intra-op thread while it exports (its own count again after). With
-    runtime/heap.py's ``heap_held``, a 24-layer decoder's export peaked at 4.1 GB in each of
-    eight runs on one thread and at 5.3-6.4 GB in each of six on two; on glibc's defaults
-    two threads gave 4.1, 5.3 or 6.4 GB from run to run. The exporter's work is serial: the
-    trace's one forward pass is the only part two threads could share."""
+def _threads(torch: Any, n: int | None) -> Iterator[None]:
+    """torch on ``n`` intra-op threads while it exports (its own count again after; None:
+    as it is). A model of ONE_THREAD_FROM bytes exports on one: its export is copying
+    weights, serial work, and a second thread raised the peak. With runtime/heap.py's
+    ``heap_held`` a 24-layer decoder (2 GB) peaked at 4.1 GB in each of eight runs on one
+    thread and at 5.3-6.4 GB in each of six on two (on glibc's defaults two threads gave
+    4.1, 5.3 or 6.4 GB from run to run). A small model's export is its trace's forward
+    pass and constant folding, compute that two threads share: a wide CNN (80 MB) took 3.5
+    s on one thread against 2.75 s on two."""
+    if n is None:
+        yield
+        return
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
