@@ -373,7 +373,7 @@ class _CountsThreads(nn.Module):
 
 
 def test_a_large_model_exports_on_one_thread_and_the_count_comes_back(ws, monkeypatch):
-    """stages/export.py's _threads: a model of ONE_THREAD_FROM bytes is traced on one torch
+    """stages/export.py's _run_exporter: a model of ONE_THREAD_FROM bytes is traced on one torch
     thread (its peak memory then stays put run to run), a smaller one on the caller's; the
     reference run and the caller keep theirs, and an exporter that fails gives the count
     back too. (dynamo's trace does not call forward() in Python, so only the count after

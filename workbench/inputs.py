@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from .errors import InputError, MissingOpError
@@ -121,3 +122,22 @@ def copies(args: tuple) -> tuple:
 def _eval(model: Any) -> Any:
     model.eval()
     return model
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Any:
+    """torch's intra-op threads set to ``n`` for the block (process-wide), then restored.
+
+    The comparison's torch runs take one thread (comparison/schedule.py's ``Schedule``), and
+    so do the runs made after it from its report (the task step, the sensitivity ranking):
+    on a loaded 2-core machine a 2-thread torch run of a small model waits on its busy
+    second thread (eight forwards of an inverted-residual CNN at load 3.3: 12 s with two
+    threads, 0.17 s with one). A large model's export takes one too (stages/export.py)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

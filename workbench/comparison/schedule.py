@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..inputs import torch_threads
 from .align import samples
 
 if TYPE_CHECKING:
@@ -188,24 +189,6 @@ class Captures:
         """No further captures; those running finish in the worker."""
         self.stopped = True
         self.slots.release(len(self.futures))
-
-
-@contextlib.contextmanager
-def torch_threads(n: int) -> Any:
-    """torch's intra-op threads set to ``n`` for the block (process-wide), then restored.
-
-    The comparison's torch runs take one thread (``Schedule``), and so do the runs made after
-    it from its report (the task step, the sensitivity ranking): on a loaded 2-core machine a
-    2-thread torch run of a small model waits on its busy second thread (eight forwards of
-    an inverted-residual CNN at load 3.3: 12 s with two threads, 0.17 s with one)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _warm_metrics() -> None:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from ..diagnostics import Diagnostic
 from ..errors import InputError
 from ..fileio import atomic_write_bytes
 from ..graph import remember_summary, summarize_onnx
-from ..inputs import as_tensor_tuple, copies, run_torch
+from ..inputs import as_tensor_tuple, copies, run_torch, torch_threads
 from ..onnx_io import external_locations, load_onnx, lower_ir_version, mark_readable
 from ..onnx_weights import (
     EXTERNAL_AT,
@@ -55,7 +54,7 @@ MAIN = "model.onnx"
 # torch 2.13: the dynamo exporter implements its ops from opset 18 and converts anything
 # lower down with onnx's version converter; the TorchScript exporter's default stays 17.
 DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
-# models with this many bytes of weights export on one torch thread (_threads): measured
+# models with this many bytes of weights export on one torch thread (_run_exporter): measured
 # on decoders of 0.78-2 GB (one thread) and a CNN of 80 MB (two)
 ONE_THREAD_FROM = 256 << 20
 
@@ -231,8 +230,15 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
 
     error: Exception | None = None
     args = copies(args)  # the trace runs forward(): a write into an input stays in the copy
-    threads = 1 if module_bytes(model) >= ONE_THREAD_FROM else None
-    with capture() as cap, heap_held(), _threads(torch, threads):
+    # A model of ONE_THREAD_FROM bytes exports on one thread: its export is copying weights,
+    # serial work, and a second thread raised the peak. With heap_held a 24-layer decoder
+    # (2 GB) peaked at 4.1 GB in each of eight runs on one thread and at 5.3-6.4 GB in each
+    # of six on two (on glibc's defaults two threads gave 4.1, 5.3 or 6.4 GB run to run). A
+    # small model's export is its trace's forward pass and constant folding, compute that
+    # two threads share: a wide CNN (80 MB) took 3.5 s on one thread, 2.75 s on two.
+    one = module_bytes(model) >= ONE_THREAD_FROM
+    with (capture() as cap, heap_held(),
+          torch_threads(1) if one else contextlib.nullcontext()):
         try:
             if exporter == "torchscript":
                 torch.onnx.export(model, args, str(path), dynamo=False,
@@ -256,27 +262,6 @@ def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int
     diags.extend(warning_diagnostics(cap))
     if error is not None:
         raise export_error(error, exporter, opset, cap.output) from error
-
-
-@contextlib.contextmanager
-def _threads(torch: Any, n: int | None) -> Iterator[None]:
-    """torch on ``n`` intra-op threads while it exports (its own count again after; None:
-    as it is). A model of ONE_THREAD_FROM bytes exports on one: its export is copying
-    weights, serial work, and a second thread raised the peak. With runtime/heap.py's
-    ``heap_held`` a 24-layer decoder (2 GB) peaked at 4.1 GB in each of eight runs on one
-    thread and at 5.3-6.4 GB in each of six on two (on glibc's defaults two threads gave
-    4.1, 5.3 or 6.4 GB from run to run). A small model's export is its trace's forward
-    pass and constant folding, compute that two threads share: a wide CNN (80 MB) took 3.5
-    s on one thread against 2.75 s on two."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _repair_down_converted(path: Path, opset: int, diags: list[Diagnostic]) -> None:
