@@ -3,16 +3,18 @@ and every block from the heap while torch's exporter copies the weights.
 
 capture="all" returns every activation in fresh arrays, run after run, on several threads;
 glibc's defaults hand that memory back to the OS and fault it in again each run. Linux and
-glibc only; nothing elsewhere, and nothing where the user set glibc's malloc tunables
-(``MALLOC_ARENA_MAX``, ``MALLOC_TRIM_THRESHOLD_``... or
-``GLIBC_TUNABLES=glibc.malloc...``): theirs win.
+glibc only; nothing elsewhere.
+
+The environment's ``MALLOC_*`` settings are not taken as the user's choice: dask's nanny
+writes ``MALLOC_TRIM_THRESHOLD_`` into its parent's ``os.environ`` before it spawns workers
+(``distributed.nanny.pre-spawn-environ``), so after a sweep every process started later
+carries it (a check that deferred to it stopped these policies in the test suite).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import platform
 from collections.abc import Iterator
 from typing import Any
@@ -21,16 +23,6 @@ from typing import Any
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
 MMAP_MAX_DEFAULT = 65536  # glibc's DEFAULT_MMAP_MAX
 INT_MAX = 2**31 - 1  # mallopt takes an int
-# glibc's environment names for what these settings set (mallopt(3))
-USER_SETTINGS = ("MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST", "MALLOC_MMAP_MAX_",
-                 "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_TRIM_THRESHOLD_")
-
-
-def user_tuned(environ: Any = None) -> bool:
-    """True when the user set glibc's malloc tunables for this process (their choice stands)."""
-    env = os.environ if environ is None else environ
-    return (any(k in env for k in USER_SETTINGS)
-            or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""))
 
 
 @functools.cache
@@ -50,10 +42,9 @@ def _libc() -> Any:
 
 
 def _mallopt(*settings: tuple[int, int]) -> bool:
-    """glibc's mallopt(param, value) for each setting; False (nothing done) off glibc or
-    where the user tuned malloc themselves."""
+    """glibc's mallopt(param, value) for each setting; False (nothing done) off glibc."""
     libc = _libc()
-    if libc is None or user_tuned():
+    if libc is None:
         return False
     for param, value in settings:
         libc.mallopt(param, value)
