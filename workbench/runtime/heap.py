@@ -1,5 +1,5 @@
 """The glibc heap policy of the processes that run models: keep freed memory, one arena,
-and every block from the heap while torch's exporter copies the weights.
+and freed blocks kept for reuse while torch's exporter copies the weights.
 
 capture="all" returns every activation in fresh arrays, run after run, on several threads;
 glibc's defaults hand that memory back to the OS and fault it in again each run. Linux and
