@@ -5,10 +5,10 @@ job ("bare"), on a model built here from its seed.
 The child builds the model and its inputs, imports the libraries both sides use (torch,
 transformers, onnx, onnxruntime, onnxslim, ncnn, workbench), opens the artifacts the job
 reads, reads their files once (``warm_inputs``: the job starts with them in the page cache,
-whichever side runs first), collects garbage, resets its VmHWM (``/proc/self/clear_refs``) and prints the start
-marker; the parent samples the process tree from then until the done marker, which carries
-the job's seconds (measured here) and what it wrote. The worker the workbench starts, and
-pnnx, are children of this process and count in the tree.
+whichever side runs first), collects garbage, resets its VmHWM (``/proc/self/clear_refs``)
+and prints the start marker; the parent samples the process tree from then until the done
+marker, which carries the job's seconds (measured here) and what it wrote. The worker the
+workbench starts, and pnnx, are children of this process and count in the tree.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 # malloc.h
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -3, -4, -8
-MMAP_MAX_DEFAULT = 65536  # glibc's DEFAULT_MMAP_MAX
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 INT_MAX = 2**31 - 1  # mallopt takes an int
 
 
@@ -51,9 +50,8 @@ def _mallopt(*settings: tuple[int, int]) -> bool:
     return True
 
 
-# 32 MB: glibc's own dynamic maximum
-KEPT = ((M_MMAP_THRESHOLD, 32 << 20), (M_TRIM_THRESHOLD, 512 << 20), (M_MMAP_MAX,
-                                                                       MMAP_MAX_DEFAULT))
+MAPPED_FROM = (M_MMAP_THRESHOLD, 32 << 20)  # glibc's own dynamic maximum
+KEPT = (MAPPED_FROM, (M_TRIM_THRESHOLD, 512 << 20))
 
 
 @functools.cache
@@ -86,14 +84,14 @@ def heap_held() -> Iterator[bool]:
     - 4 layers (1.3 GB, one protobuf in memory): defaults 5.6M, 18 s, 5.2 GB; held 4.9M,
       17 s, 5.2 GB.
 
-    Every block from the heap (no mapping at all, ``M_MMAP_MAX`` 0) faulted least (0.42M,
+    Every block from the heap (no mapping at all, mallopt's ``M_MMAP_MAX`` 0) faulted least (0.42M,
     14-16 s at 24 layers) but grew the 4-layer peak to 6.6 GB: blocks of the model's size
     (the embedding, the protobuf's bytes) found no freed place large enough and the heap
     grew past them; blocks to 600 MB from the heap, 5.3 GB at 24 layers. Not used.
 
     The process's own policy afterwards is ``keep_freed_memory``'s: glibc cannot be put
     back in its dynamic mode."""
-    if not _mallopt(KEPT[0], (M_TRIM_THRESHOLD, INT_MAX)):
+    if not _mallopt(MAPPED_FROM, (M_TRIM_THRESHOLD, INT_MAX)):
         yield False
         return
     try:

@@ -54,7 +54,8 @@ MAIN = "model.onnx"
 # torch 2.13: the dynamo exporter implements its ops from opset 18 and converts anything
 # lower down with onnx's version converter; the TorchScript exporter's default stays 17.
 DEFAULT_OPSET = {"torchscript": 17, "dynamo": 18}
-# models with this many bytes of weights export on one torch thread (_run_exporter): measured
+# models with this many bytes of weights export on one torch thread (_run_exporter's
+# comment says why): measured
 # on decoders of 0.78-2 GB (one thread) and a CNN of 80 MB (two)
 ONE_THREAD_FROM = 256 << 20
 
@@ -141,7 +142,8 @@ def export(
     args2 = _second_inputs(inputs2, args)
     ws = as_workspace(workspace)
     # refused before the exporter runs when the memory available cannot hold its peak
-    check_fits(module_bytes(model), f"exporting {type(model).__name__}", stage="export")
+    weights = module_bytes(model)
+    check_fits(weights, f"exporting {type(model).__name__}", stage="export")
 
     diags: list[Diagnostic] = []
     with steps, ws.staging() as stage_dir:
@@ -150,7 +152,7 @@ def export(
         steps.phase(f"exporting (torch.onnx.export, {exporter}, opset {opset})")
         with hooks_restored(model, modules), plan.applied(), outputs_watched(plan, model):
             _run_exporter(model, args, path, exporter, opset, input_names, output_names, axes,
-                          diags, ref_cap, modules)
+                          diags, ref_cap, modules, one_thread=weights >= ONE_THREAD_FROM)
         steps.advance()
         steps.phase("checking the rewriters against the model as written")
         with capture():  # the rewriters that fired, against the model as written
@@ -224,21 +226,20 @@ def _inputs_record(args: tuple) -> dict[str, list]:
 def _run_exporter(model: Any, args: tuple, path: Path, exporter: str, opset: int,
                   input_names: list[str], output_names: list[str],
                   axes: dict[str, dict[int, str]], diags: list[Diagnostic],
-                  earlier: Any = None, modules: set | None = None) -> None:
+                  earlier: Any = None, modules: set | None = None,
+                  one_thread: bool = False) -> None:
     import torch
-
 
     error: Exception | None = None
     args = copies(args)  # the trace runs forward(): a write into an input stays in the copy
-    # A model of ONE_THREAD_FROM bytes exports on one thread: its export is copying weights,
+    # ``one_thread``: a model of ONE_THREAD_FROM bytes exports on one thread. Its export is copying weights,
     # serial work, and a second thread raised the peak. With heap_held a 24-layer decoder
     # (2 GB) peaked at 4.1 GB in each of eight runs on one thread and at 5.3-6.4 GB in each
     # of six on two (on glibc's defaults two threads gave 4.1, 5.3 or 6.4 GB run to run). A
     # small model's export is its trace's forward pass and constant folding, compute that
     # two threads share: a wide CNN (80 MB) took 3.5 s on one thread, 2.75 s on two.
-    one = module_bytes(model) >= ONE_THREAD_FROM
     with (capture() as cap, heap_held(),
-          torch_threads(1) if one else contextlib.nullcontext()):
+          torch_threads(1) if one_thread else contextlib.nullcontext()):
         try:
             if exporter == "torchscript":
                 torch.onnx.export(model, args, str(path), dynamo=False,
